@@ -1,0 +1,33 @@
+# One-command set-up: `make demo` and `make test` install into .venv first when needed.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: install demo test test-gpu clean
+
+install: $(STAMP)
+
+# Re-runs only when the requirement files or the package metadata change, so a second
+# `make install` takes seconds.
+$(STAMP): requirements.txt requirements-colossalai.txt pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps -r requirements-colossalai.txt
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
+	$(PY) -c "import colossalai.booster, opendit_lite" 2>/dev/null
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) train.py --config configs/demo.yaml
+	$(PY) sample.py --config configs/demo.yaml
+
+test: $(STAMP)
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+test-gpu: $(STAMP)
+	$(PY) -m pytest -q -m gpu $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) outputs .pytest_cache

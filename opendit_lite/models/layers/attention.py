@@ -1,0 +1,67 @@
+"""Attention with a swappable inner op.
+
+``Attention`` owns the projections (state-dict keys ``qkv.*`` and ``proj.*``, as in timm's
+``Attention`` that Meta's DiT uses) and delegates the softmax(QK^T)V core to ``self.attn_op``,
+a parameter-free submodule. The module converter swaps ``attn_op`` for another backend
+(flash-attn) and the sequence-parallel conversion wraps it (Ulysses all-to-all), so model code is
+the same for every backend and for serial and sequence-parallel runs.
+
+Every attention op takes and returns the ``[B, N, H, Dh]`` layout (flash-attn's layout).
+"""
+
+from typing import Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class AttentionOp(nn.Module):
+    """Base class of the inner attention computation: ``(q, k, v) -> out``.
+
+    q: [B, Nq, H, Dh]; k, v: [B, Nk, H, Dh]; attn_mask: optional boolean ``[B, 1|H, Nq, Nk]``
+    (True = may attend) or additive float mask; returns [B, Nq, H, Dh].
+    """
+
+    backend = "base"
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                attn_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        raise NotImplementedError
+
+    def extra_repr(self) -> str:
+        return f"backend={self.backend}"
+
+
+class SDPAAttentionOp(AttentionOp):
+    """torch.nn.functional.scaled_dot_product_attention (picks flash/mem-efficient/math itself)."""
+
+    backend = "sdpa"
+
+    def forward(self, q, k, v, attn_mask=None):
+        # [B, N, H, Dh] -> [B, H, N, Dh] for SDPA, and back.
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=attn_mask
+        )
+        return out.transpose(1, 2)
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention: ``qkv`` projection, ``attn_op``, ``proj`` projection."""
+
+    def __init__(self, dim: int, num_heads: int = 8, qkv_bias: bool = True):
+        super().__init__()
+        if dim % num_heads != 0:
+            raise ValueError(f"Attention: dim={dim} must be divisible by num_heads={num_heads}")
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.attn_op: AttentionOp = SDPAAttentionOp()
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        B, N, C = x.shape
+        qkv = self.qkv(x).view(B, N, 3, self.num_heads, self.head_dim)  # [B, N, 3, H, Dh]
+        q, k, v = qkv.unbind(dim=2)                                     # 3 x [B, N, H, Dh]
+        out = self.attn_op(q, k, v, attn_mask=attn_mask)                # [B, N, H, Dh]
+        return self.proj(out.reshape(B, N, C))                          # [B, N, C]

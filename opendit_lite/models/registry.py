@@ -1,0 +1,29 @@
+"""Name-keyed model registry: ``register_model("DiT-XL/2")(factory)`` and ``build_model(name, **kw)``."""
+
+import difflib
+from typing import Callable, Dict
+
+import torch.nn as nn
+
+MODELS: Dict[str, Callable[..., nn.Module]] = {}
+
+
+def register_model(name: str) -> Callable[[Callable[..., nn.Module]], Callable[..., nn.Module]]:
+    """Decorator registering a model factory under ``name``; a duplicate name is an error."""
+
+    def wrap(factory: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
+        if name in MODELS:
+            raise ValueError(f"model {name!r} is already registered (by {MODELS[name].__module__})")
+        MODELS[name] = factory
+        return factory
+
+    return wrap
+
+
+def build_model(name: str, **kwargs) -> nn.Module:
+    """Instantiate a registered model; an unknown name lists the closest registered names."""
+    if name not in MODELS:
+        close = difflib.get_close_matches(name, list(MODELS), n=3)
+        hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
+        raise KeyError(f"unknown model {name!r}.{hint} Registered: {', '.join(sorted(MODELS))}")
+    return MODELS[name](**kwargs)
