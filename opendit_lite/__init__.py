@@ -1,3 +1,25 @@
-"""opendit_lite: fast, cheap diffusion-transformer training on Colossal-AI."""
+"""opendit_lite: fast, cheap diffusion-transformer training on Colossal-AI.
+
+The main entry points are imported lazily, so ``import opendit_lite`` stays cheap:
+``ModuleConverter`` (kernel / sequence-parallel module swaps), ``OpenDiTPlugin`` (the booster
+plugin) and ``LiteGen`` (the LiteGen-compatible facade).
+"""
+
+import importlib
 
 __version__ = "0.1.0"
+
+_LAZY = {
+    "ModuleConverter": "opendit_lite.converter",
+    "OpenDiTPlugin": "opendit_lite.plugins",
+    "LiteGen": "opendit_lite.litegen",
+}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'opendit_lite' has no attribute {name!r}")
+
+
+__all__ = list(_LAZY)

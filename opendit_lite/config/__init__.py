@@ -1,0 +1,27 @@
+from .loader import (
+    ConfigError,
+    exit_on_config_error,
+    from_dict,
+    load_config,
+    parse_cli,
+    parse_overrides,
+    to_dict,
+    validate,
+    validate_world,
+)
+from .schema import (
+    DataConfig,
+    DiffusionConfig,
+    EMAConfig,
+    EncoderConfig,
+    ModelConfig,
+    SampleConfig,
+    TrainConfig,
+    VAEConfig,
+)
+
+__all__ = [
+    "ConfigError", "exit_on_config_error", "from_dict", "load_config", "parse_cli", "parse_overrides", "to_dict",
+    "validate", "validate_world", "DataConfig", "DiffusionConfig", "EMAConfig", "EncoderConfig",
+    "ModelConfig", "SampleConfig", "TrainConfig", "VAEConfig",
+]

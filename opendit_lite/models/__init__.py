@@ -1,1 +1,14 @@
 from .registry import MODELS, build_model, register_model
+from .dit import DiT, DiT_models, DiTBlock, FinalLayer
+from .dit_checkpoint import load_original_dit_checkpoint
+
+__all__ = [
+    "MODELS",
+    "build_model",
+    "register_model",
+    "DiT",
+    "DiT_models",
+    "DiTBlock",
+    "FinalLayer",
+    "load_original_dit_checkpoint",
+]

@@ -1,4 +1,12 @@
 from .attention import Attention, AttentionOp, SDPAAttentionOp
+from .embeddings import (
+    LabelEmbedder,
+    PatchEmbed,
+    TimestepEmbedder,
+    get_1d_sincos_pos_embed,
+    get_2d_sincos_pos_embed,
+    sincos_embed_from_positions,
+)
 from .modulate import LayerNormModulate, modulate
 from .sequence import SequenceGather, SequenceSplit
 
@@ -6,6 +14,12 @@ __all__ = [
     "Attention",
     "AttentionOp",
     "SDPAAttentionOp",
+    "LabelEmbedder",
+    "PatchEmbed",
+    "TimestepEmbedder",
+    "get_1d_sincos_pos_embed",
+    "get_2d_sincos_pos_embed",
+    "sincos_embed_from_positions",
     "LayerNormModulate",
     "modulate",
     "SequenceGather",

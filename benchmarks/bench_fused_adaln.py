@@ -1,0 +1,87 @@
+"""Benchmark the fused AdaLN kernel (LayerNorm + modulate, forward and backward) on one GPU.
+
+    python benchmarks/bench_fused_adaln.py                  # every shape of the issue, bf16
+    python benchmarks/bench_fused_adaln.py --quick          # two small shapes, a smoke run
+    python benchmarks/bench_fused_adaln.py --layout token   # per-token modulation [B, N, D]
+
+Providers: ``eager`` (``reference_adaln`` from tests/kernels/test_fused_adaln.py: torch LayerNorm,
+then the multiply and add, as ``LayerNormModulate`` runs), ``compile`` (``torch.compile`` of the
+same function) and ``triton`` (``opendit_lite.kernels.fused_adaln``). Writes
+benchmarks/results/fused_adaln[_token]_<gpu>.csv and .png.
+
+Effective bandwidth counts the bytes an ideal fused implementation must move, the same for every
+provider (M = B*N rows of D features, s bytes per element, per-sample modulation [B, D]):
+
+* forward:  read x (M*D*s) and shift, scale (2*B*D*s); write y (M*D*s) and fp32 mean, rstd (2*M*4);
+* backward: read dy, x (2*M*D*s), scale (B*D*s), mean, rstd (2*M*4); write dx (M*D*s) and
+  dshift, dscale (2*B*D*s);
+* full: the sum.
+
+Per-token modulation counts M rows of shift/scale instead of B. Targets (issue 4, bf16): full >=
+2x eager, >= 1.0x compile and >= 80% of the measured copy bandwidth on every shape.
+"""
+
+from typing import Tuple
+
+import torch
+
+import common
+
+# (B, N, D): DiT-XL/2 at 256px (N = 16 x 16 patches), then video latents with 8k..64k tokens.
+DIT_SHAPES = [(b, 256, 1152) for b in (32, 64, 128, 256)]
+VIDEO_SHAPES = [(b, n, 1152) for b in (1, 2, 4) for n in (8192, 16384, 32768, 65536)]
+QUICK_SHAPES = [(8, 256, 1152), (1, 8192, 1152)]
+
+EPS = 1e-6
+
+
+def bytes_moved(B: int, N: int, D: int, elem: int, layout: str) -> dict:
+    M = B * N
+    mod_rows = M if layout == "token" else B
+    forward = M * D * elem + 2 * mod_rows * D * elem + M * D * elem + 2 * M * 4
+    backward = 2 * M * D * elem + mod_rows * D * elem + 2 * M * 4 + M * D * elem + 2 * mod_rows * D * elem
+    return {"forward": forward, "backward": backward, "full": forward + backward}
+
+
+def providers():
+    from opendit_lite.kernels import fused_adaln
+    from tests.kernels.test_fused_adaln import reference_adaln
+
+    torch._dynamo.reset()  # a fresh compile per shape; the recompile limit would fall back to eager
+    compiled = torch.compile(reference_adaln, dynamic=False)
+    return {
+        "eager": lambda x, s, c: reference_adaln(x, s, c, EPS),
+        "compile": lambda x, s, c: compiled(x, s, c, EPS),
+        "triton": lambda x, s, c: fused_adaln(x, s, c, EPS),
+    }
+
+
+def bench_shape(shape: Tuple[int, int, int], layout: str, dtype: torch.dtype, copy_gbps: float, rep: int, info):
+    B, N, D = shape
+    mod_shape = (B, N, D) if layout == "token" else (B, D)
+    x = torch.randn(B, N, D, device="cuda", dtype=dtype, requires_grad=True)
+    shift = (0.5 * torch.randn(mod_shape, device="cuda", dtype=dtype)).requires_grad_()
+    scale = (0.5 * torch.randn(mod_shape, device="cuda", dtype=dtype)).requires_grad_()
+    dy = torch.randn(B, N, D, device="cuda", dtype=dtype)
+    return common.bench_providers(
+        "fused_adaln", f"B{B} N{N} D{D} {layout}", providers(), (x, shift, scale), dy, info, rep,
+        bytes_moved=bytes_moved(B, N, D, x.element_size(), layout), copy_gbps=copy_gbps,
+    )
+
+
+def main() -> None:
+    parser = common.base_parser(__doc__)
+    parser.add_argument("--layout", choices=("sample", "token"), default="sample",
+                        help="shift/scale per sample [B, D] (DiT) or per token [B, N, D]")
+    args = parser.parse_args()
+    dtype, rep, info, copy_gbps = common.setup(args)
+    rows = []
+    for shape in QUICK_SHAPES if args.quick else DIT_SHAPES + VIDEO_SHAPES:
+        rows += bench_shape(shape, args.layout, dtype, copy_gbps, rep, info)
+    kernel = "fused_adaln" if args.layout == "sample" else "fused_adaln_token"
+    common.finish(rows, kernel, args.quick, "gbps", "effective GB/s", "eager",
+                  copy_gbps, "device copy bandwidth")
+
+
+if __name__ == "__main__":
+    main()

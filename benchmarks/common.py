@@ -1,0 +1,228 @@
+"""Shared by the kernel benchmarks: timing, peak memory, the device's copy bandwidth, CSV and plot.
+
+Every number is taken in the same run on the same device: times are ``triton.testing.do_bench``
+quantiles (p20/p50/p80, L2 flushed before each call), bandwidths count bytes read plus bytes
+written, and the reference bandwidth is a large device-to-device copy measured the same way.
+"""
+
+import argparse
+import csv
+import dataclasses
+import os
+import re
+import sys
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:  # the references live in tests/kernels/, imported as tests.kernels.*
+    sys.path.insert(0, ROOT)
+
+RESULTS_DIR = os.path.join(ROOT, "benchmarks", "results")
+QUANTILES = [0.2, 0.5, 0.8]
+MODES = ("forward", "backward", "full")
+MIB = 2**20
+
+
+@dataclasses.dataclass
+class Row:
+    """One CSV row: one provider, mode and shape."""
+
+    kernel: str
+    provider: str
+    mode: str
+    shape: str
+    dtype: str
+    ms_p20: float
+    ms_p50: float
+    ms_p80: float
+    gbps: Optional[float]             # effective GB/s: the bytes counted in the script / p50 time
+    frac_of_copy_bw: Optional[float]  # gbps / the measured device-to-device copy bandwidth
+    tflops: Optional[float]           # for compute-bound kernels (attention)
+    baseline: str                     # the provider the speedup is measured against
+    speedup: Optional[float]          # baseline p50 / this p50, same mode, shape and dtype
+    peak_mem_mib: float               # allocated during one call beyond what was allocated before it
+    gpu: str
+    torch_version: str
+    triton_version: str
+
+
+def require_cuda() -> None:
+    if not torch.cuda.is_available():
+        sys.exit("this benchmark needs a CUDA GPU: torch.cuda.is_available() is False")
+
+
+def versions() -> Tuple[str, str, str]:
+    """(GPU name, torch version, triton version)."""
+    import triton
+
+    return torch.cuda.get_device_name(), torch.__version__, triton.__version__
+
+
+def time_ms(fn: Callable[[], object], grad_to_none: Sequence[torch.Tensor] = (), rep: int = 100) -> List[float]:
+    """[p20, p50, p80] milliseconds of ``fn``."""
+    import triton.testing
+
+    return triton.testing.do_bench(fn, rep=rep, quantiles=QUANTILES, grad_to_none=list(grad_to_none) or None)
+
+
+def peak_memory_mib(fn: Callable[[], object]) -> float:
+    """MiB allocated at the peak of one call of ``fn`` beyond what was allocated before it."""
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - before) / MIB
+
+
+def copy_bandwidth_gbps(nbytes: int = 2 * 2**30, rep: int = 200) -> float:
+    """Device-to-device copy bandwidth in GB/s (bytes read + bytes written), from a copy of
+    ``nbytes`` (default 2 GiB, far beyond any L2) timed at its median."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    ms = time_ms(lambda: dst.copy_(src), rep=rep)[1]
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * nbytes / (ms * 1e-3) / 1e9
+
+
+def modes_for(fn: Callable[[], torch.Tensor], dy: torch.Tensor) -> Dict[str, Callable[[], object]]:
+    """The callables timed for forward, backward and full (forward + backward) of ``fn``."""
+    out = fn()
+
+    def backward():
+        out.backward(dy, retain_graph=True)
+
+    def full():
+        fn().backward(dy)
+
+    return {"forward": fn, "backward": backward, "full": full}
+
+
+def bench_providers(kernel: str, label: str, fns: Dict[str, Callable[..., torch.Tensor]],
+                    inputs: Sequence[torch.Tensor], dy: torch.Tensor, info: Tuple[str, str, str], rep: int,
+                    bytes_moved: Optional[Dict[str, int]] = None, copy_gbps: Optional[float] = None,
+                    flops: Optional[Dict[str, float]] = None) -> List[Row]:
+    """Time forward, backward and full of each provider ``fns[name](*inputs)`` on one shape.
+
+    ``bytes_moved[mode]`` (with ``copy_gbps``) gives the GB/s columns of memory-bound kernels,
+    ``flops[mode]`` the TFLOP/s column of compute-bound ones. The inputs' gradients are reset
+    before each timed call.
+    """
+    rows = []
+    for provider, fn in fns.items():
+        calls = modes_for(lambda: fn(*inputs), dy)
+        for mode, call in calls.items():
+            p20, p50, p80 = time_ms(call, grad_to_none=inputs, rep=rep)
+            seconds = p50 * 1e-3
+            gbps = bytes_moved[mode] / seconds / 1e9 if bytes_moved else None
+            rows.append(Row(
+                kernel=kernel, provider=provider, mode=mode, shape=label, dtype=str(dy.dtype).replace("torch.", ""),
+                ms_p20=p20, ms_p50=p50, ms_p80=p80, gbps=gbps,
+                frac_of_copy_bw=gbps / copy_gbps if gbps and copy_gbps else None,
+                tflops=flops[mode] / seconds / 1e12 if flops else None, baseline="", speedup=None,
+                peak_mem_mib=peak_memory_mib(call), gpu=info[0], torch_version=info[1], triton_version=info[2],
+            ))
+        del calls  # frees the retained graph before the next provider
+        for t in inputs:
+            t.grad = None
+    return rows
+
+
+def fill_speedups(rows: List[Row], baseline: str) -> None:
+    """Set ``speedup`` of every row from the baseline provider's p50 at the same mode, shape and dtype."""
+    base = {(r.mode, r.shape, r.dtype): r.ms_p50 for r in rows if r.provider == baseline}
+    for r in rows:
+        ref = base.get((r.mode, r.shape, r.dtype))
+        r.baseline, r.speedup = baseline, (None if ref is None else ref / r.ms_p50)
+
+
+def base_parser(doc: str) -> argparse.ArgumentParser:
+    """--quick, --dtype and --rep, shared by the benchmarks; the script's docstring is its help."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="two small shapes and short timings (a smoke run)")
+    parser.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16")
+    parser.add_argument("--rep", type=int, default=100, help="milliseconds of timed repetitions per measurement")
+    return parser
+
+
+def setup(args: argparse.Namespace, measure_copy: bool = True) -> Tuple[torch.dtype, int, Tuple[str, str, str], Optional[float]]:
+    """(dtype, rep, (gpu, torch, triton), copy GB/s or None) for parsed ``base_parser`` arguments;
+    exits without a GPU."""
+    require_cuda()
+    info = versions()
+    copy_gbps = copy_bandwidth_gbps() if measure_copy else None
+    copy = f"device-to-device copy {copy_gbps:.0f} GB/s (read + write); " if copy_gbps else ""
+    print(f"{info[0]}: {copy}torch {info[1]}, triton {info[2]}")
+    return getattr(torch, args.dtype), (20 if args.quick else args.rep), info, copy_gbps
+
+
+def finish(rows: List[Row], kernel: str, quick: bool, metric: str, ylabel: str, baseline: str = "eager",
+           reference: Optional[float] = None, reference_label: str = "") -> None:
+    """Speedups over ``baseline``, a printed table, the CSV and the plot under benchmarks/results/."""
+    fill_speedups(rows, baseline)
+    print_rows(rows)
+    name = result_name(kernel + ("_quick" if quick else ""), rows[0].gpu)
+    print("wrote", write_csv(rows, name))
+    print("wrote", plot(rows, name, metric, ylabel, reference, reference_label))
+
+
+def write_csv(rows: List[Row], name: str) -> str:
+    os.makedirs(RESULTS_DIR, exist_ok=True)
+    path = os.path.join(RESULTS_DIR, f"{name}.csv")
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=[field.name for field in dataclasses.fields(Row)])
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in dataclasses.asdict(row).items()})
+    return path
+
+
+def plot(rows: List[Row], name: str, metric: str, ylabel: str, reference: Optional[float] = None,
+         reference_label: str = "") -> str:
+    """One panel per mode: ``metric`` per shape (x axis) for each provider; optional horizontal line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shapes = list(dict.fromkeys(r.shape for r in rows))
+    providers = list(dict.fromkeys(r.provider for r in rows))
+    fig, axes = plt.subplots(1, len(MODES), figsize=(6 * len(MODES), 4.5), sharey=True)
+    for ax, mode in zip(axes, MODES):
+        for provider in providers:
+            values = {r.shape: getattr(r, metric) for r in rows if r.mode == mode and r.provider == provider}
+            ax.plot(range(len(shapes)), [values.get(s) for s in shapes], marker="o", label=provider)
+        if reference is not None:
+            ax.axhline(reference, color="gray", linestyle="--", label=reference_label)
+        ax.set_title(mode)
+        ax.set_xticks(range(len(shapes)))
+        ax.set_xticklabels(shapes, rotation=60, ha="right", fontsize=7)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel(ylabel)
+    axes[-1].legend(fontsize=8)
+    gpu = rows[0].gpu if rows else ""
+    fig.suptitle(f"{name} on {gpu}")
+    fig.tight_layout()
+    os.makedirs(RESULTS_DIR, exist_ok=True)
+    path = os.path.join(RESULTS_DIR, f"{name}.png")
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def result_name(kernel: str, gpu: str) -> str:
+    """``<kernel>_<gpu>`` with the GPU name made file-safe, e.g. fused_adaln_NVIDIA_H100_80GB_HBM3."""
+    return f"{kernel}_{re.sub(r'[^A-Za-z0-9]+', '_', gpu).strip('_')}"
+
+
+def print_rows(rows: List[Row]) -> None:
+    header = f"{'provider':<10} {'mode':<9} {'shape':<24} {'p50 ms':>9} {'GB/s':>8} {'copy%':>6} {'TFLOP/s':>8} {'speedup':>7} {'MiB':>9}"
+    print(header)
+    for r in rows:
+        fmt = lambda v, spec: format(v, spec) if v is not None else "-"  # noqa: E731
+        print(f"{r.provider:<10} {r.mode:<9} {r.shape:<24} {r.ms_p50:>9.4f} {fmt(r.gbps, '8.0f'):>8} "
+              f"{fmt(None if r.frac_of_copy_bw is None else 100 * r.frac_of_copy_bw, '6.1f'):>6} "
+              f"{fmt(r.tflops, '8.1f'):>8} {fmt(r.speedup, '7.2f'):>7} {r.peak_mem_mib:>9.1f}")

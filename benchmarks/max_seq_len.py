@@ -1,0 +1,324 @@
+"""Maximum trainable tokens per GPU with activation checkpointing and CPU offload of activations.
+
+For one registered model, a binary search finds the largest input (resolution for image models,
+frame count for video models) whose training step fits in GPU memory, at batch 1 in bf16, in
+each mode:
+
+    none     no activation checkpointing
+    full     every block checkpointed (selective_ratio 0)
+    offload  every block checkpointed and its inputs offloaded to pinned CPU memory
+
+Then every mode is timed at every mode's maximum where it fits, so that the cost of offload is
+read at the sizes checkpointing alone reaches (target: offload reaches >= 1.4x the tokens of
+checkpointing alone at <= 15% more step time).
+
+A step is forward, backward and a fused AdamW step under bf16 autocast with fp32 weights
+(weights + gradients + two Adam moments: 16 bytes per parameter), the memory layout of
+single-GPU mixed-precision training. Probes near the maximum run a full step each, so long
+sequences make this a long benchmark: bound it with --max-size.
+
+One GPU, from the project root:
+
+    python benchmarks/max_seq_len.py --model DiT-XL/2
+    python benchmarks/max_seq_len.py --model DiT-XL/2 --modes full offload --max-size 8192
+
+Writes benchmarks/results/max_seq_len_<model>_<gpu>.csv (one row per measurement) and .png.
+
+Model families plug in with ``register_input_builder``: a function building the model and a
+batch-1 input of a given size (see ``build_dit``). DiT is built in; video families register
+theirs with unit "frames".
+"""
+
+import argparse
+import csv
+import gc
+import math
+import os
+import re
+import statistics
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch.nn as nn
+
+from opendit_lite.memory import apply_activation_checkpointing, find_checkpoint_blocks
+from opendit_lite.models import build_model
+
+RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+
+# mode -> apply_activation_checkpointing arguments (None: leave the model as it is)
+MODES: Dict[str, Optional[dict]] = {
+    "none": None,
+    "full": dict(selective_ratio=0.0, offload=False),
+    "offload": dict(selective_ratio=0.0, offload=True),
+}
+
+# Dense bf16 peak of known GPUs in TFLOP/s, for MFU; checked in order, first substring match wins.
+PEAK_BF16_TFLOPS: Sequence[Tuple[str, float]] = (
+    ("H100 PCIe", 756.0), ("H100", 989.0), ("H200", 989.0), ("A100", 312.0),
+)
+
+
+# ----------------------------------------------------------------------------------------------
+# Model families: how to build a model and a batch-1 input of a given size
+# ----------------------------------------------------------------------------------------------
+
+@dataclass
+class Trial:
+    model: nn.Module
+    inputs: tuple   # positional arguments of model.forward
+    tokens: int     # tokens the transformer blocks see (per GPU: batch 1, no sequence parallelism)
+    flops: float    # model FLOPs of one training step (forward + backward, no recomputation)
+
+
+@dataclass(frozen=True)
+class InputBuilder:
+    unit: str                                 # what the searched size counts: "resolution" (px) or "frames"
+    granularity: Callable[[str], int]         # model name -> sizes are multiples of this
+    default_range: Tuple[int, int]            # (smallest, largest) size searched unless given
+    build: Callable[[str, int], Trial]        # (model name, size) -> trial, on the current default device
+
+
+INPUT_BUILDERS: Dict[str, InputBuilder] = {}
+
+
+def register_input_builder(family: str, unit: str, granularity: Callable[[str], int],
+                           default_range: Tuple[int, int]):
+    """Register ``build(name, size) -> Trial`` for the models named ``<family>-...``."""
+
+    def wrap(build: Callable[[str, int], Trial]) -> Callable[[str, int], Trial]:
+        if family in INPUT_BUILDERS:
+            raise ValueError(f"an input builder for model family {family!r} is already registered")
+        INPUT_BUILDERS[family] = InputBuilder(unit, granularity, default_range, build)
+        return build
+
+    return wrap
+
+
+def input_builder_for(model_name: str) -> InputBuilder:
+    family = model_name.split("-", 1)[0]
+    if family not in INPUT_BUILDERS:
+        raise KeyError(f"no input builder for model {model_name!r} (family {family!r}); known families: "
+                       f"{', '.join(sorted(INPUT_BUILDERS))}. Register one with register_input_builder.")
+    return INPUT_BUILDERS[family]
+
+
+def transformer_step_flops(blocks: List[nn.Module], tokens: int, hidden: int) -> float:
+    """Training FLOPs of a stack of transformer blocks: 6 per parameter per token for the matmuls
+    (2 forward, 4 backward) plus attention's two N x N x D matmuls (4 N^2 D forward, x3 with backward)."""
+    block_params = sum(p.numel() for block in blocks for p in block.parameters())
+    return 6.0 * block_params * tokens + 12.0 * len(blocks) * tokens ** 2 * hidden
+
+
+VAE_DOWNSAMPLE = 8  # the SD VAE maps 8x8 pixels to one latent pixel
+
+
+def _dit_patch(name: str) -> int:
+    return int(name.rsplit("/", 1)[1])  # "DiT-XL/2" -> 2
+
+
+@register_input_builder("DiT", unit="resolution", granularity=lambda name: VAE_DOWNSAMPLE * _dit_patch(name),
+                        default_range=(256, 16384))
+def build_dit(name: str, resolution: int) -> Trial:
+    latent = resolution // VAE_DOWNSAMPLE
+    model = build_model(name, input_size=latent)
+    x = torch.randn(1, model.in_channels, latent, latent)       # [1, C, H, W] latents
+    t = torch.randint(0, 1000, (1,))                             # [1] timestep
+    y = torch.zeros(1, dtype=torch.long)                         # [1] class label
+    tokens = (latent // model.patch_size) ** 2
+    hidden = model.pos_embed.shape[-1]
+    return Trial(model, (x, t, y), tokens, transformer_step_flops(find_checkpoint_blocks(model), tokens, hidden))
+
+
+# ----------------------------------------------------------------------------------------------
+# Measuring
+# ----------------------------------------------------------------------------------------------
+
+@dataclass
+class Measurement:
+    tokens: int
+    step_ms: float      # median over the timed steps (nan when only probed)
+    peak_bytes: int
+    flops: float
+
+
+def largest_fitting(fits: Callable[[int], bool], lo: int, hi: int) -> Optional[int]:
+    """Largest ``k`` in ``[lo, hi]`` with ``fits(k)``, for ``fits`` true up to a threshold and false
+    beyond it; None when even ``lo`` does not fit."""
+    if not fits(lo):
+        return None
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def _measure(builder: InputBuilder, name: str, size: int, mode: str, device: torch.device,
+             timed_steps: int) -> Measurement:
+    with torch.device(device):
+        trial = builder.build(name, size)
+    model = trial.model.train()
+    if MODES[mode] is not None:
+        apply_activation_checkpointing(model, **MODES[mode])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = model(*trial.inputs)
+        out.float().square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    torch.cuda.reset_peak_memory_stats(device)
+    step()  # warm-up; also allocates the optimizer state, so one step decides whether it fits
+    times = []
+    for _ in range(timed_steps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        step()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    torch.cuda.synchronize(device)
+    return Measurement(trial.tokens, statistics.median(times) if times else math.nan,
+                       torch.cuda.max_memory_allocated(device), trial.flops)
+
+
+def measure(builder: InputBuilder, name: str, size: int, mode: str, device: torch.device,
+            timed_steps: int) -> Optional[Measurement]:
+    """One size in one mode; None when it runs out of GPU memory."""
+    try:
+        return _measure(builder, name, size, mode, device, timed_steps)
+    except torch.cuda.OutOfMemoryError:
+        return None
+    except RuntimeError as error:  # libraries' workspace allocations fail with their own errors
+        if "CUBLAS_STATUS_ALLOC_FAILED" in str(error) or "out of memory" in str(error):
+            return None
+        raise
+    finally:
+        gc.collect()  # the model, optimizer and activations of this trial, also after an OOM
+        torch.cuda.empty_cache()
+
+
+def peak_tflops(device_name: str) -> Optional[float]:
+    return next((peak for key, peak in PEAK_BF16_TFLOPS if key in device_name), None)
+
+
+def run(model_name: str, modes: Sequence[str], size_range: Tuple[int, int], timed_steps: int,
+        device: torch.device) -> List[dict]:
+    builder = input_builder_for(model_name)
+    grain = builder.granularity(model_name)
+    lo, hi = -(-size_range[0] // grain), size_range[1] // grain  # search k, size = k * grain
+    gpu = torch.cuda.get_device_name(device)
+    peak = peak_tflops(gpu)
+
+    maxima: Dict[str, Optional[int]] = {}
+    for mode in modes:
+        def fits(k: int, mode=mode) -> bool:
+            ok = measure(builder, model_name, k * grain, mode, device, timed_steps=0) is not None
+            print(f"  {mode:8s} {builder.unit} {k * grain}: {'fits' if ok else 'out of memory'}", flush=True)
+            return ok
+
+        k = largest_fitting(fits, lo, hi)
+        maxima[mode] = None if k is None else k * grain
+        print(f"{mode}: largest {builder.unit} {maxima[mode]}", flush=True)
+
+    rows = []
+    sizes = sorted({s for s in maxima.values() if s is not None})
+    for mode in modes:
+        for size in sizes:
+            if maxima[mode] is None or size > maxima[mode]:
+                continue
+            m = measure(builder, model_name, size, mode, device, timed_steps)
+            if m is None:  # fitted while probing, not now (fragmentation): report, do not guess
+                print(f"  {mode} at {size}: out of memory when timed", flush=True)
+                continue
+            tflops = m.flops / (m.step_ms * 1e-3) / 1e12
+            rows.append(dict(model=model_name, mode=mode, unit=builder.unit, size=size, tokens=m.tokens,
+                             is_max=size == maxima[mode], step_ms=round(m.step_ms, 2),
+                             tflops=round(tflops, 1), mfu=round(tflops / peak, 4) if peak else "",
+                             peak_gib=round(m.peak_bytes / 2 ** 30, 2), device=gpu, torch=torch.__version__))
+            print(f"  {mode:8s} {builder.unit} {size} ({m.tokens} tokens): {m.step_ms:.1f} ms/step, "
+                  f"{tflops:.0f} TFLOP/s, peak {m.peak_bytes / 2 ** 30:.1f} GiB", flush=True)
+    return rows
+
+
+def summarize(rows: List[dict]) -> str:
+    best = {r["mode"]: r for r in rows if r["is_max"]}
+    lines = [f"{mode:8s} max {r['tokens']} tokens ({r['unit']} {r['size']}), {r['step_ms']} ms/step"
+             for mode, r in best.items()]
+    if "full" in best and "offload" in best:
+        gain = best["offload"]["tokens"] / best["full"]["tokens"]
+        at = {r["mode"]: r["step_ms"] for r in rows if r["size"] == best["full"]["size"]}
+        overhead = at["offload"] / at["full"] - 1 if "offload" in at else math.nan
+        lines.append(f"offload vs full checkpointing: {gain:.2f}x tokens, {overhead:+.1%} step time at "
+                     f"{best['full']['tokens']} tokens")
+    return "\n".join(lines)
+
+
+def write_results(rows: List[dict], out_dir: str, model_name: str) -> Tuple[str, str]:
+    os.makedirs(out_dir, exist_ok=True)
+    slug = re.sub(r"[^A-Za-z0-9]+", "_", f"{model_name}_{rows[0]['device']}").strip("_")
+    csv_path = os.path.join(out_dir, f"max_seq_len_{slug}.csv")
+    with open(csv_path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    modes = list(dict.fromkeys(r["mode"] for r in rows))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    # a mode that fitted at its maximum while probing but not when timed has no maximum row: 0
+    maxima = [next((r["tokens"] for r in rows if r["mode"] == m and r["is_max"]), 0) for m in modes]
+    bars = left.bar(modes, [t / 1e3 for t in maxima])
+    left.bar_label(bars, labels=[f"{t / 1e3:.0f}k" for t in maxima])
+    left.set_ylabel("max tokens per GPU (thousands)")
+    left.set_title("largest trainable input (batch 1, bf16)")
+    for mode in modes:
+        points = sorted((r["tokens"], r["step_ms"]) for r in rows if r["mode"] == mode)
+        right.plot([p[0] / 1e3 for p in points], [p[1] / 1e3 for p in points], marker="o", label=mode)
+    right.set_xlabel("tokens per GPU (thousands)")
+    right.set_ylabel("step time (s)")
+    right.set_title("step time")
+    right.legend()
+    fig.suptitle(f"{model_name} on {rows[0]['device']}")
+    fig.tight_layout()
+    png_path = csv_path[:-4] + ".png"
+    fig.savefig(png_path, dpi=120)
+    return csv_path, png_path
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True, help="registered model name, e.g. DiT-XL/2")
+    parser.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES),
+                        help="none: no checkpointing; full: every block checkpointed; "
+                             "offload: full + block inputs in pinned CPU memory")
+    parser.add_argument("--min-size", type=int, help="smallest size searched (the family's unit)")
+    parser.add_argument("--max-size", type=int, help="largest size searched (the family's unit)")
+    parser.add_argument("--steps", type=int, default=3, help="timed steps per measurement (median reported)")
+    parser.add_argument("--out-dir", default=RESULTS_DIR, help="where the CSV and PNG go")
+    args = parser.parse_args(argv)
+
+    if not torch.cuda.is_available():
+        raise SystemExit("error: this benchmark measures GPU memory and needs a CUDA device; none is visible.")
+    builder = input_builder_for(args.model)
+    size_range = (args.min_size or builder.default_range[0], args.max_size or builder.default_range[1])
+    rows = run(args.model, args.modes, size_range, args.steps, torch.device("cuda", torch.cuda.current_device()))
+    if not rows:
+        raise SystemExit(f"error: {args.model} does not fit at {builder.unit} {size_range[0]} in any mode.")
+    print(summarize(rows))
+    for path in write_results(rows, args.out_dir, args.model):
+        print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

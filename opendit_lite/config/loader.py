@@ -1,0 +1,331 @@
+"""YAML + command-line loading of the typed schema, with one-paragraph errors.
+
+    cfg = load_config("configs/dit_s2.yaml", ["lr=2e-4", "model.name=DiT-B/2"])
+
+Values given on the command line are parsed as YAML scalars (``true``, ``1e-4``, ``[1, 2]``, ``null``).
+Every problem raises :class:`ConfigError` whose message says what was wrong and what is allowed;
+scripts turn it into exit code 2 without a traceback (:func:`exit_on_config_error`).
+"""
+
+import dataclasses
+import difflib
+import functools
+import sys
+import typing
+from typing import Any, Dict, Iterable, List, Optional, Sequence
+
+import yaml
+
+from .schema import ALIASES, TrainConfig
+
+
+class ConfigError(ValueError):
+    """A configuration problem explained in one paragraph for the user."""
+
+
+# --------------------------------------------------------------------------------------------------
+# Schema introspection
+# --------------------------------------------------------------------------------------------------
+
+def _fields(cls) -> Dict[str, dataclasses.Field]:
+    return {f.name: f for f in dataclasses.fields(cls)}
+
+
+@functools.lru_cache(maxsize=None)
+def _hints(cls) -> Dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def all_keys(cls=TrainConfig, prefix: str = "") -> List[str]:
+    """Every dotted key of the schema (sections and leaves)."""
+    keys = []
+    for name, tp in _hints(cls).items():
+        key = prefix + name
+        keys.append(key)
+        if dataclasses.is_dataclass(tp):
+            keys.extend(all_keys(tp, key + "."))
+    return keys
+
+
+def _closest(key: str) -> str:
+    candidates = all_keys()
+    match = difflib.get_close_matches(key, candidates, n=1, cutoff=0.5)
+    if not match:  # compare the last component too: "ema.decy" vs "decay"
+        leaf = key.rsplit(".", 1)[-1]
+        by_leaf = {k.rsplit(".", 1)[-1]: k for k in candidates}
+        m = difflib.get_close_matches(leaf, list(by_leaf), n=1, cutoff=0.6)
+        match = [by_leaf[m[0]]] if m else []
+    return f" Did you mean '{match[0]}'?" if match else ""
+
+
+def _type_name(tp) -> str:
+    origin = typing.get_origin(tp)
+    if origin is typing.Union:
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return f"{_type_name(args[0])} or null"
+    if origin in (list, List):
+        return f"list of {_type_name(typing.get_args(tp)[0])}"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(key: str, value: Any, tp) -> Any:
+    """Check ``value`` against the annotation ``tp``; convert where lossless (int -> float)."""
+    origin = typing.get_origin(tp)
+    if origin is typing.Union:
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if value is None:
+            return None
+        return _coerce(key, value, args[0])
+    if origin in (list, List):
+        (item_tp,) = typing.get_args(tp)
+        if isinstance(value, (int, float, str)) and not isinstance(value, bool):
+            value = [value]  # `class_labels=3` means [3]
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"'{key}' must be a {_type_name(tp)}, got {value!r}.")
+        return [_coerce(f"{key}[{i}]", v, item_tp) for i, v in enumerate(value)]
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"'{key}' must be true or false, got {value!r}.")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise ConfigError(f"'{key}' must be an integer, got {value!r}.")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads "1e-4" (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"'{key}' must be a number, got {value!r}.")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise ConfigError(f"'{key}' must be a string, got {value!r}.")
+    return value
+
+
+# --------------------------------------------------------------------------------------------------
+# Building a config from nested dicts
+# --------------------------------------------------------------------------------------------------
+
+def _build(cls, values: Dict[str, Any], prefix: str = ""):
+    if not isinstance(values, dict):
+        raise ConfigError(f"'{prefix.rstrip('.') or 'config'}' must be a mapping of keys to values, got {values!r}.")
+    fields, hints = _fields(cls), _hints(cls)
+    kwargs = {}
+    for raw_key, value in values.items():
+        name = ALIASES.get(raw_key, raw_key) if not prefix else raw_key
+        key = prefix + str(name)
+        if name not in fields:
+            raise ConfigError(
+                f"Unknown config key '{prefix + str(raw_key)}'.{_closest(prefix + str(raw_key))} "
+                f"Run with --help to list every key with its meaning."
+            )
+        tp = hints[name]
+        if dataclasses.is_dataclass(tp):
+            kwargs[name] = _build(tp, value if value is not None else {}, key + ".")
+            continue
+        value = _coerce(key, value, tp)
+        choices = fields[name].metadata.get("choices")
+        if choices is not None and value not in choices:
+            allowed = ", ".join("null" if c is None else repr(c) for c in choices)
+            raise ConfigError(f"'{key}' must be one of {allowed}; got {value!r}.")
+        kwargs[name] = value
+    return cls(**kwargs)
+
+
+def from_dict(cls, values: Dict[str, Any], prefix: str = ""):
+    """Build (and type-check) the dataclass ``cls`` from a nested dict, e.g. a saved config section."""
+    return _build(cls, values, prefix)
+
+
+def _set_dotted(tree: Dict[str, Any], key: str, value: Any) -> None:
+    parts = key.split(".")
+    node = tree
+    for part in parts[:-1]:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            child = {}
+            node[part] = child
+        node = child
+    node[parts[-1]] = value
+
+
+def parse_overrides(overrides: Iterable[str]) -> Dict[str, Any]:
+    """``["a=1", "b.c=x"]`` -> ``{"a": 1, "b": {"c": "x"}}`` (values parsed as YAML)."""
+    tree: Dict[str, Any] = {}
+    for item in overrides:
+        if "=" not in item or item.startswith("="):
+            raise ConfigError(
+                f"Cannot read the argument '{item}': overrides are written key=value "
+                f"(e.g. lr=2e-4 or model.name=DiT-B/2)."
+            )
+        key, text = item.split("=", 1)
+        try:
+            value = yaml.safe_load(text) if text != "" else None
+        except yaml.YAMLError:
+            value = text
+        _set_dotted(tree, key.strip(), value)
+    return tree
+
+
+def _merge(base: Dict[str, Any], top: Dict[str, Any]) -> Dict[str, Any]:
+    out = dict(base)
+    for k, v in top.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = _merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def _read_yaml(path: str) -> Dict[str, Any]:
+    try:
+        with open(path) as f:
+            data = yaml.safe_load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"Config file '{path}' does not exist. Pass an existing YAML file with --config.") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(f"Config file '{path}' is not valid YAML{where}: {getattr(e, 'problem', e)}.") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"Config file '{path}' must hold a mapping of keys to values at the top level.")
+    return data
+
+
+def load_config(path: Optional[str] = None, overrides: Sequence[str] = ()) -> TrainConfig:
+    """Defaults < YAML file < ``key=value`` overrides, type-checked and range-checked."""
+    tree = _read_yaml(path) if path else {}
+    tree = {ALIASES.get(k, k): v for k, v in tree.items()}
+    cfg = _build(TrainConfig, _merge(tree, parse_overrides(overrides)))
+    validate(cfg)
+    return cfg
+
+
+# --------------------------------------------------------------------------------------------------
+# Range checks
+# --------------------------------------------------------------------------------------------------
+
+def validate(cfg: TrainConfig) -> None:
+    """Checks that need no knowledge of the launch (world size is checked by validate_world)."""
+    if not 0.0 <= cfg.selective_ratio <= 1.0:
+        raise ConfigError(
+            f"'selective_ratio' must lie in [0, 1] (the fraction of blocks NOT checkpointed: "
+            f"0 checkpoints every block, 1 none); got {cfg.selective_ratio}."
+        )
+    if cfg.ac_offload and cfg.selective_ratio >= 1.0:
+        raise ConfigError(
+            "'ac_offload' offloads the inputs of checkpointed blocks, but selective_ratio=1 checkpoints "
+            "none: set selective_ratio below 1 (0 checkpoints every block) or ac_offload=false."
+        )
+    for key in ("sp_size", "global_batch_size", "max_steps", "grad_accum_steps", "log_every"):
+        if getattr(cfg, key) < 1:
+            raise ConfigError(f"'{key}' must be a positive integer; got {getattr(cfg, key)}.")
+    for key in ("lr", "weight_decay", "grad_clip"):
+        if getattr(cfg, key) < 0:
+            raise ConfigError(f"'{key}' must be >= 0; got {getattr(cfg, key)}.")
+    if not 0.0 <= cfg.ema.decay <= 1.0:
+        raise ConfigError(f"'ema.decay' must lie in [0, 1]; got {cfg.ema.decay}.")
+    if cfg.data.type in ("image_folder", "latents") and not cfg.data.path:
+        raise ConfigError(
+            f"'data.path' is required for data.type={cfg.data.type!r}: point it at "
+            + ("a folder with one sub-folder of images per class." if cfg.data.type == "image_folder"
+               else "a folder written by scripts/extract_latents.py.")
+        )
+    if cfg.data.path:
+        import os
+        if not os.path.isdir(cfg.data.path):
+            raise ConfigError(f"'data.path' {cfg.data.path!r} does not exist or is not a folder.")
+    if cfg.model.input_size is not None and len(cfg.model.input_size) not in (1, 2):
+        raise ConfigError(f"'model.input_size' must be [size] or [H, W]; got {cfg.model.input_size}.")
+
+
+def validate_world(cfg: TrainConfig, world_size: int) -> None:
+    """Checks that depend on the number of ranks: the SP degree and the global batch."""
+    if world_size % cfg.sp_size != 0:
+        raise ConfigError(
+            f"'sp_size'={cfg.sp_size} must divide the number of ranks ({world_size}); "
+            f"choose a divisor of {world_size} or launch a multiple of {cfg.sp_size} ranks."
+        )
+    dp = world_size // cfg.sp_size
+    per_step = dp * cfg.grad_accum_steps
+    if cfg.global_batch_size % per_step != 0:
+        raise ConfigError(
+            f"'global_batch_size'={cfg.global_batch_size} must be divisible by data-parallel size x "
+            f"grad_accum_steps = {dp} x {cfg.grad_accum_steps} = {per_step}; e.g. use "
+            f"{max(per_step, cfg.global_batch_size // per_step * per_step)}."
+        )
+
+
+# --------------------------------------------------------------------------------------------------
+# Command line
+# --------------------------------------------------------------------------------------------------
+
+def format_help(cls=TrainConfig, prefix: str = "") -> str:
+    lines = []
+    hints = _hints(cls)
+    for f in dataclasses.fields(cls):
+        key, tp = prefix + f.name, hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            lines.append(f"\n  [{key}] {f.metadata.get('help', '')}")
+            lines.append(format_help(tp, key + "."))
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        choices = f.metadata.get("choices")
+        allowed = f" {{{', '.join('null' if c is None else str(c) for c in choices)}}}" if choices else ""
+        lines.append(f"  {key:<28} {f.metadata.get('help', '')} (default: {default!r}){allowed}")
+    return "\n".join(lines)
+
+
+def parse_cli(argv: Sequence[str], description: str) -> TrainConfig:
+    """``[--config FILE] [key=value ...]``; --help lists every key."""
+    argv = list(argv)
+    if "-h" in argv or "--help" in argv:
+        print(f"{description}\n\nusage: [--config FILE.yaml] [key=value ...]\n\nkeys:{format_help()}")
+        sys.exit(0)
+    path = None
+    rest = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--config":
+            if i + 1 >= len(argv):
+                raise ConfigError("--config needs a YAML file path after it.")
+            path, i = argv[i + 1], i + 2
+            continue
+        if arg.startswith("--config="):
+            path = arg.split("=", 1)[1]
+        elif arg.startswith("--"):
+            raise ConfigError(f"Unknown option '{arg}'. Options are --config FILE and --help; settings are key=value.")
+        else:
+            rest.append(arg)
+        i += 1
+    return load_config(path, rest)
+
+
+def exit_on_config_error(fn):
+    """Decorator for script entry points: a ConfigError prints its paragraph and exits with 2."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except ConfigError as e:
+            print(f"error: {e}", file=sys.stderr)
+            sys.exit(2)
+
+    return wrapper
+
+
+def to_dict(cfg) -> Dict[str, Any]:
+    return dataclasses.asdict(cfg)

@@ -1,0 +1,139 @@
+"""The typed configuration schema of train.py and sample.py.
+
+Every field carries a one-line help string (``help=`` metadata) that ``--help`` prints. Field names of
+the top level follow LiteGen's so its users' YAML files load unchanged (``exp_name``, ``results_dir``,
+``zero_degree``, ``selective_ratio``, ``ema.sharded``, ``encoder.fsdp``, ...). Precedence: command line
+``key=value`` > YAML file > the defaults below.
+"""
+
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+
+def _f(default, help: str, choices=None, **kw):
+    """A dataclass field with a help string (and optionally the allowed values)."""
+    meta = {"help": help}
+    if choices is not None:
+        meta["choices"] = tuple(choices)
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda d=default: type(d)(d), metadata=meta, **kw)
+    return field(default=default, metadata=meta, **kw)
+
+
+def _section(cls, help: str):
+    return field(default_factory=cls, metadata={"help": help})
+
+
+@dataclass
+class ModelConfig:
+    name: str = _f("DiT-S/2", "registered model name, e.g. DiT-XL/2 (see opendit_lite.models.MODELS)")
+    input_size: Optional[List[int]] = _f(None, "latent (or pixel) size [H, W] the model is built for; None: from data")
+    in_channels: Optional[int] = _f(None, "input channels; None: 4 with a VAE, 3 in pixel space")
+    num_classes: Optional[int] = _f(None, "class-label vocabulary; None: from the dataset")
+    learn_sigma: bool = _f(True, "predict the variance too (output channels doubled), as DiT")
+    class_dropout_prob: float = _f(0.1, "label dropout probability for classifier-free guidance")
+
+
+@dataclass
+class DataConfig:
+    type: str = _f("shapes", "dataset kind", choices=("shapes", "image_folder", "latents"))
+    path: Optional[str] = _f(None, "image folder (one sub-folder per class) or precomputed-latent folder")
+    image_size: int = _f(32, "image side in pixels after DiT's centre crop (shapes: generated size)")
+    num_samples: int = _f(4096, "shapes: number of generated samples")
+    random_flip: bool = _f(True, "horizontal flip augmentation (image_folder)")
+
+
+@dataclass
+class VAEConfig:
+    path: Optional[str] = _f(None, "local diffusers AutoencoderKL folder; None trains in pixel space")
+    scale_factor: float = _f(0.18215, "latent scale applied after encoding (SD VAE's constant)")
+
+
+@dataclass
+class DiffusionConfig:
+    scheduler: str = _f("iddpm", "training objective", choices=("iddpm", "rflow"))
+    noise_schedule: str = _f("linear", "IDDPM beta schedule", choices=("linear", "cosine"))
+    diffusion_steps: int = _f(1000, "number of diffusion timesteps used in training")
+
+
+@dataclass
+class EMAConfig:
+    enable: bool = _f(True, "keep an exponential moving average of the weights")
+    sharded: bool = _f(True, "shard the fp32 EMA across the ZeRO group (4 B x params / ranks per rank)")
+    resume_from: Optional[str] = _f(None, "EMA checkpoint to resume from (LiteGen's ema.resume_from)")
+    decay: float = _f(0.9999, "EMA decay per optimizer step")
+
+
+@dataclass
+class EncoderConfig:
+    fsdp: bool = _f(False, "shard frozen encoders' parameters across ranks (inference only)")
+    group: bool = _f(False, "with fsdp: shard within a node only")
+
+
+@dataclass
+class SampleConfig:
+    ckpt: Optional[str] = _f(None, "checkpoint to sample from: ours (folder) or an original DiT .pt; None: latest of this run")
+    use_ema: bool = _f(True, "sample with the EMA weights when the checkpoint has them")
+    sampler: str = _f("ddpm", "sampling method", choices=("ddpm", "ddim", "euler"))
+    num_sampling_steps: int = _f(250, "respaced number of sampling steps")
+    cfg_scale: float = _f(4.0, "classifier-free guidance scale (1 disables guidance)")
+    class_labels: Optional[List[int]] = _f(None, "labels to sample, one grid row each; None: every class")
+    samples_per_class: int = _f(8, "images per class label (grid columns)")
+    seed: int = _f(0, "sampling seed: the same seed gives the same images")
+    output: Optional[str] = _f(None, "PNG path of the grid; None: <run dir>/samples.png")
+
+
+@dataclass
+class TrainConfig:
+    # experiment and paths (LiteGen names)
+    exp_name: str = _f("dit", "experiment name: run folder and checkpoint prefix")
+    results_dir: str = _f("outputs", "root folder of runs; this run writes to <results_dir>/<exp_name>")
+    checkpoint_dir: Optional[str] = _f(None, "where checkpoints are written and searched; None: <run dir>/checkpoints")
+    init_from: Optional[str] = _f(None, "weights to start from (model only; step 0)")
+    resume_from: Optional[str] = _f(None, "checkpoint to resume model, optimizer and state from")
+    auto_resume: bool = _f(False, "resume from the newest complete checkpoint when resume_from is empty")
+    # precision
+    precision: str = _f("bf16", "parameter/compute precision", choices=("fp32", "tf32", "bf16", "fp16"))
+    grad_precision: Optional[str] = _f(None, "gradient reduction precision (None: as precision)",
+                                       choices=(None, "fp32", "tf32", "bf16", "fp16"))
+    allow_tf32: bool = _f(True, "allow TF32 matmuls and convolutions on Ampere+ GPUs")
+    # optimizer
+    lr: float = _f(1e-4, "AdamW learning rate")
+    weight_decay: float = _f(0.0, "AdamW weight decay")
+    fused_optimizer: bool = _f(True, "use the fused AdamW implementation where available")
+    warmup_steps: int = _f(0, "linear learning-rate warm-up steps")
+    grad_clip: float = _f(1.0, "clip the global gradient norm to this value (0 disables)")
+    # distributed strategy
+    zero_degree: int = _f(0, "0: DDP, 1/2: ZeRO-1/2 (LowLevelZero), 3: ZeRO-3 (Gemini)", choices=(0, 1, 2, 3))
+    group_zero: bool = _f(False, "shard ZeRO state within a node and replicate across nodes")
+    sp_size: int = _f(1, "sequence-parallel degree (consecutive ranks form a group)")
+    # module conversion
+    fused_layernorm: bool = _f(False, "swap affine LayerNorms for apex/Triton fused LayerNorm")
+    fused_adaln: bool = _f(False, "swap LayerNorm+modulate for the Triton fused AdaLN kernel")
+    attention_backend: str = _f("sdpa", "attention kernel", choices=("sdpa", "flash", "auto"))
+    # activation memory
+    ac_offload: bool = _f(False, "offload checkpointed blocks' saved inputs to pinned CPU memory")
+    selective_ratio: float = _f(1.0, "fraction of blocks NOT checkpointed (0: all checkpointed, 1: none)")
+    # training
+    global_seed: int = _f(0, "global random seed (rank r uses global_seed * world_size + r)")
+    max_steps: int = _f(1000, "optimizer steps to train")
+    global_batch_size: int = _f(32, "samples per optimizer step across all ranks")
+    grad_accum_steps: int = _f(1, "micro-batches accumulated per optimizer step")
+    num_workers: int = _f(0, "data-loader worker processes per rank")
+    pin_memory: bool = _f(False, "pin data-loader memory")
+    log_every: int = _f(50, "steps between logged metrics (the only host syncs of the loop)")
+    ckpt_every: int = _f(0, "steps between checkpoints (0: only at the end)")
+    keep_last: int = _f(0, "keep only this many newest checkpoints (0: keep all)")
+    compile: bool = _f(False, "torch.compile the model")
+    # sections
+    model: ModelConfig = _section(ModelConfig, "model to train")
+    data: DataConfig = _section(DataConfig, "training data")
+    vae: VAEConfig = _section(VAEConfig, "latent autoencoder")
+    diffusion: DiffusionConfig = _section(DiffusionConfig, "diffusion objective")
+    ema: EMAConfig = _section(EMAConfig, "exponential moving average")
+    encoder: EncoderConfig = _section(EncoderConfig, "frozen encoders")
+    sample: SampleConfig = _section(SampleConfig, "sample.py settings")
+
+
+# Other names users of LiteGen/MaxDiffusion write for our fields.
+ALIASES = {"result_dir": "results_dir", "output_dir": "results_dir", "run_name": "exp_name", "seed": "global_seed"}

@@ -1,0 +1,105 @@
+"""The built-in conversions, registered in the default registry when ``opendit_lite.converter`` is
+imported:
+
+=================  ====================  ==========================================  ====================
+name               source type           replacement                                 switched on by
+=================  ====================  ==========================================  ====================
+fused_adaln        LayerNormModulate     FusedLayerNormModulate (Triton)             ``fused_adaln``
+fused_layernorm    nn.LayerNorm          apex FusedLayerNorm, else TritonLayerNorm   ``fused_layernorm``
+attention_backend  SDPAAttentionOp       FlashAttentionOp                            ``attention_backend``
+=================  ====================  ==========================================  ====================
+
+All use ``PRIORITY_BACKEND``. ``opendit_lite.kernels`` is imported inside the functions, at
+conversion time, not here: this module is imported with ``opendit_lite`` itself, and importing the
+kernels decorates them for compilation or, when ``TRITON_INTERPRET=1`` is set by then, for the
+interpreter. Deferring the import lets a test session set the variable after ``opendit_lite`` is
+imported, and keeps Triton and flash-attn out of programs that never build a converter.
+"""
+
+from typing import Any, Optional, Tuple
+
+import torch.nn as nn
+
+from opendit_lite.models.layers.attention import SDPAAttentionOp
+from opendit_lite.models.layers.modulate import LayerNormModulate
+
+from .registry import CONVERSIONS, ConversionRegistry, config_value
+
+
+# ----------------------------------------------------------------------------- fused AdaLN
+
+def _fused_adaln_enabled(config: Any) -> bool:
+    return bool(config_value(config, "fused_adaln"))
+
+
+def _fused_adaln_describe(config: Any) -> Optional[str]:
+    if not _fused_adaln_enabled(config):
+        return None
+    from opendit_lite.kernels import triton_unavailable_reason
+
+    reason = triton_unavailable_reason()
+    if reason is not None:
+        return f"torch path ({reason})"
+    return "Triton kernels on CUDA tensors, torch path on CPU tensors"
+
+
+def _to_fused_adaln(module: LayerNormModulate, config: Any, context: dict) -> nn.Module:
+    from opendit_lite.kernels import FusedLayerNormModulate
+
+    return FusedLayerNormModulate.from_module(module)
+
+
+# ----------------------------------------------------------------------------- fused LayerNorm
+
+def _fused_layernorm_enabled(config: Any) -> bool:
+    return bool(config_value(config, "fused_layernorm"))
+
+
+def _fused_layernorm_describe(config: Any) -> Optional[str]:
+    if not _fused_layernorm_enabled(config):
+        return None
+    from opendit_lite.kernels import fused_layernorm_provider
+
+    return fused_layernorm_provider()[1] + "; LayerNorms without weight and bias are kept"
+
+
+def _to_fused_layernorm(module: nn.LayerNorm, config: Any, context: dict) -> nn.Module:
+    from opendit_lite.kernels import to_fused_layernorm
+
+    return to_fused_layernorm(module)
+
+
+# ----------------------------------------------------------------------------- attention backend
+
+def _attention_backend(config: Any) -> Tuple[str, str]:
+    from opendit_lite.kernels import resolve_attention_backend
+
+    return resolve_attention_backend(config_value(config, "attention_backend"))
+
+
+def _attention_enabled(config: Any) -> bool:
+    return _attention_backend(config)[0] == "flash"
+
+
+def _attention_describe(config: Any) -> str:
+    backend, reason = _attention_backend(config)
+    return f"attention: {backend} ({reason})"
+
+
+def _to_flash_attention(module: SDPAAttentionOp, config: Any, context: dict) -> nn.Module:
+    from opendit_lite.kernels import FlashAttentionOp
+
+    return FlashAttentionOp()
+
+
+def register_builtin_conversions(registry: ConversionRegistry) -> None:
+    """Register the three conversions above in ``registry`` (done once for ``CONVERSIONS``)."""
+    registry.register(LayerNormModulate, _to_fused_adaln, name="fused_adaln",
+                      enabled=_fused_adaln_enabled, describe=_fused_adaln_describe)
+    registry.register(nn.LayerNorm, _to_fused_layernorm, name="fused_layernorm",
+                      enabled=_fused_layernorm_enabled, describe=_fused_layernorm_describe)
+    registry.register(SDPAAttentionOp, _to_flash_attention, name="attention_backend",
+                      enabled=_attention_enabled, describe=_attention_describe)
+
+
+register_builtin_conversions(CONVERSIONS)

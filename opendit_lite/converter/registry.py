@@ -1,0 +1,169 @@
+"""The conversion registry: which module types the converter replaces, by what, and when.
+
+A conversion maps a source module TYPE to a factory::
+
+    factory(module, config, context) -> nn.Module
+
+``module`` is the instance found in the model, ``config`` the object given to
+``ModuleConverter`` (read it with ``config_value``), ``context`` the dict of runtime objects given
+to it as keyword arguments (e.g. ``sp_group=<ProcessGroup>``; factories may also keep state shared
+by one converter's calls there). The factory returns the replacement, which may wrap ``module``,
+or ``module`` itself: unchanged, or changed in place, in which case the direct children it swapped
+are reported. It must keep the parameters (share the same ``nn.Parameter`` objects) and state-dict
+keys.
+
+``enabled(config) -> bool`` switches the conversion from config keys, and ``describe(config) ->
+str`` (optional) gives one line for the report saying what was chosen and why, e.g.
+"attention: sdpa (flash-attn not installed)".
+
+Order: conversions run one after the other, by ascending ``priority`` and, within a priority, in
+registration order; each one sees the model as the previous ones left it. Backend swaps use
+``PRIORITY_BACKEND`` (0); conversions that wrap whatever backend is in place (sequence-parallel
+attention) use ``PRIORITY_WRAPPER`` (100), so they wrap the final backend rather than one that is
+about to be replaced.
+
+Registering with the default registry is one call::
+
+    register_conversion(MyNorm, lambda m, cfg, ctx: MyFastNorm.from_module(m),
+                        name="my_fast_norm", enabled=lambda cfg: config_value(cfg, "fused_layernorm"))
+
+This module has no side effects on import, so other packages can register their conversions from
+their own modules. The built-in conversions live in ``builtin.py``.
+"""
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, Callable, Dict, Iterator, List, Optional
+
+import torch.nn as nn
+
+PRIORITY_BACKEND = 0
+PRIORITY_WRAPPER = 100
+
+Factory = Callable[[nn.Module, Any, Dict[str, Any]], nn.Module]
+
+# Defaults of the config keys the built-in and sequence-parallel conversions read; a config
+# object may lack any of them.
+CONFIG_DEFAULTS: Dict[str, Any] = {
+    "fused_layernorm": False,  # nn.LayerNorm -> apex FusedLayerNorm / Triton LayerNorm (LiteGen's key)
+    "fused_adaln": False,      # LayerNormModulate -> FusedLayerNormModulate (Triton)
+    "attention_backend": "sdpa",  # "sdpa" | "flash" | "auto" (flash when flash-attn imports)
+    "sp_size": 1,              # sequence-parallel degree
+}
+
+_NO_DEFAULT = object()
+
+
+def config_value(config: Any, key: str, default: Any = _NO_DEFAULT) -> Any:
+    """``config.key`` for an attribute-style config (dataclass, EasyDict, namespace) or ``config[key]``
+    for a mapping; when missing (or ``config`` is None): ``default``, else ``CONFIG_DEFAULTS[key]``."""
+    if default is _NO_DEFAULT:
+        if key not in CONFIG_DEFAULTS:
+            raise KeyError(f"config key {key!r} has no default; pass one: config_value(config, {key!r}, default)")
+        default = CONFIG_DEFAULTS[key]
+    if config is None:
+        return default
+    if isinstance(config, Mapping):
+        return config.get(key, default)
+    return getattr(config, key, default)
+
+
+def _always(config: Any) -> bool:
+    return True
+
+
+@dataclasses.dataclass(frozen=True)
+class Conversion:
+    """One registered conversion (see the module docstring for the contract of each field)."""
+
+    name: str
+    source_type: type
+    factory: Factory
+    enabled: Callable[[Any], bool] = _always
+    describe: Optional[Callable[[Any], str]] = None
+    priority: int = PRIORITY_BACKEND
+    include_subclasses: bool = False  # match subclasses of source_type too, not only the exact type
+
+    def matches(self, module: nn.Module) -> bool:
+        if self.include_subclasses:
+            return isinstance(module, self.source_type)
+        return type(module) is self.source_type
+
+
+class ConversionRegistry:
+    """Conversions in registration order; ``ordered()`` gives the order the converter applies them."""
+
+    def __init__(self):
+        self._conversions: List[Conversion] = []
+
+    def register(
+        self,
+        source_type: type,
+        factory: Factory,
+        *,
+        name: str,
+        enabled: Optional[Callable[[Any], bool]] = None,
+        describe: Optional[Callable[[Any], str]] = None,
+        priority: int = PRIORITY_BACKEND,
+        include_subclasses: bool = False,
+    ) -> Conversion:
+        """Add a conversion; the same ``(source_type, name)`` twice is an error."""
+        if not (isinstance(source_type, type) and issubclass(source_type, nn.Module)):
+            raise TypeError(f"conversion {name!r}: source_type must be an nn.Module subclass, got {source_type!r}")
+        if not callable(factory):
+            raise TypeError(f"conversion {name!r}: factory must be callable (module, config, context) -> nn.Module")
+        for existing in self._conversions:
+            if existing.source_type is source_type and existing.name == name:
+                raise ValueError(
+                    f"conversion {name!r} for {source_type.__qualname__} is already registered (factory "
+                    f"{getattr(existing.factory, '__qualname__', existing.factory)!r} from "
+                    f"{getattr(existing.factory, '__module__', '?')}); unregister it first or choose another name"
+                )
+        conversion = Conversion(
+            name=name, source_type=source_type, factory=factory, enabled=enabled or _always,
+            describe=describe, priority=int(priority), include_subclasses=include_subclasses,
+        )
+        self._conversions.append(conversion)
+        return conversion
+
+    def unregister(self, source_type: type, name: str) -> Conversion:
+        """Remove and return the conversion registered as ``(source_type, name)``."""
+        for i, existing in enumerate(self._conversions):
+            if existing.source_type is source_type and existing.name == name:
+                return self._conversions.pop(i)
+        raise KeyError(f"no conversion {name!r} is registered for {source_type.__qualname__}")
+
+    def ordered(self) -> List[Conversion]:
+        """By ascending priority; ties keep registration order (the sort is stable)."""
+        return sorted(self._conversions, key=lambda c: c.priority)
+
+    def __iter__(self) -> Iterator[Conversion]:
+        return iter(self.ordered())
+
+    def __len__(self) -> int:
+        return len(self._conversions)
+
+
+# The registry ``ModuleConverter`` uses unless given another.
+CONVERSIONS = ConversionRegistry()
+
+
+def register_conversion(
+    source_type: type,
+    factory: Factory,
+    *,
+    name: str,
+    enabled: Optional[Callable[[Any], bool]] = None,
+    describe: Optional[Callable[[Any], str]] = None,
+    priority: int = PRIORITY_BACKEND,
+    include_subclasses: bool = False,
+    registry: Optional[ConversionRegistry] = None,
+) -> Conversion:
+    """Register ``factory`` for ``source_type`` modules in ``registry`` (default: ``CONVERSIONS``).
+
+    See the module docstring for the factory signature, ``enabled``, ``describe`` and ordering.
+    """
+    return (registry if registry is not None else CONVERSIONS).register(
+        source_type, factory, name=name, enabled=enabled, describe=describe,
+        priority=priority, include_subclasses=include_subclasses,
+    )

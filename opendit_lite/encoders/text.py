@@ -1,0 +1,141 @@
+"""Frozen text encoders for captions: transformers' T5 encoder and CLIP text model, loaded from a
+local folder (nothing is downloaded), and a "sharded text encoder" for inference.
+
+``TextEncoder.encode(prompts)`` returns ``(states [B, max_length, width], mask [B, max_length])``
+with captions padded/truncated to ``max_length`` tokens, the layout the video models take.
+
+Sharded text encoder (LiteGen's ``encoder.fsdp``): T5-XXL's 4.7B parameters in bf16 take ~9.5 GB
+on every rank when replicated. ``shard_text_encoder`` keeps 1/P of each parameter per rank (P =
+the world, or the ranks of this node with ``encoder.group``) and all-gathers each layer's
+parameters just before that layer runs, dropping them after it, so the resident parameter memory
+is ~1/P plus one layer. Since the gathered values are the original ones, the output is the
+unsharded encoder's bit for bit. It is an inference-only scheme (the encoder is frozen): hooks
+on forward, no gradient reduction.
+"""
+
+import os
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+TEXT_ENCODER_KINDS = ("t5", "clip")
+
+
+class TextEncoder:
+    """A frozen tokenizer + encoder pair; ``kind`` is ``"t5"`` or ``"clip"``."""
+
+    def __init__(self, tokenizer, model: nn.Module, max_length: int, kind: str):
+        if kind not in TEXT_ENCODER_KINDS:
+            raise ValueError(f"unknown text encoder kind {kind!r}; choose one of {TEXT_ENCODER_KINDS}")
+        self.tokenizer = tokenizer
+        self.model = model.eval().requires_grad_(False)
+        self.max_length = max_length
+        self.kind = kind
+        # Read once: a sharded encoder holds no parameters between forwards.
+        self.device = next(model.parameters()).device
+
+    @property
+    def width(self) -> int:
+        return self.model.config.hidden_size if self.kind == "clip" else self.model.config.d_model
+
+    def tokenize(self, prompts: Sequence[str]) -> Tuple[torch.Tensor, torch.Tensor]:
+        tokens = self.tokenizer(list(prompts), max_length=self.max_length, padding="max_length",
+                                truncation=True, return_tensors="pt")
+        return tokens.input_ids, tokens.attention_mask
+
+    @torch.no_grad()
+    def encode_ids(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Token ids [B, L] -> last hidden states [B, L, width]."""
+        out = self.model(input_ids=input_ids.to(self.device), attention_mask=attention_mask.to(self.device))
+        return out.last_hidden_state
+
+    def encode(self, prompts: Sequence[str]) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Prompts -> (states [B, max_length, width], bool mask [B, max_length], True = real token)."""
+        ids, mask = self.tokenize(prompts)
+        return self.encode_ids(ids, mask), mask.bool().to(self.device)
+
+
+def load_text_encoder(kind: str, path: str, max_length: int, dtype: torch.dtype = torch.float32,
+                      device="cpu") -> TextEncoder:
+    """Load a T5 encoder (``T5EncoderModel``) or CLIP text model from a local folder holding both
+    the model (``save_pretrained``) and its tokenizer."""
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"text encoder folder {path!r} not found: point text_encoder.path at a local "
+                                f"folder with the model and tokenizer (save_pretrained output); nothing is downloaded")
+    import transformers
+
+    model_cls = {"t5": transformers.T5EncoderModel, "clip": transformers.CLIPTextModel}.get(kind)
+    if model_cls is None:
+        raise ValueError(f"unknown text encoder kind {kind!r}; choose one of {TEXT_ENCODER_KINDS}")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+    model = model_cls.from_pretrained(path, torch_dtype=dtype, local_files_only=True).to(device)
+    return TextEncoder(tokenizer, model, max_length, kind)
+
+
+# ----------------------------------------------------------------------------------------------
+# Sharded text encoder
+# ----------------------------------------------------------------------------------------------
+
+class _ShardedParameters:
+    """Flat 1/P shard of one module's own parameters, all-gathered around its forward."""
+
+    def __init__(self, module: nn.Module, group: Optional[dist.ProcessGroup]):
+        self.group = group
+        self.size = dist.get_world_size(group)
+        rank = dist.get_rank(group)
+        self.params: List[Tuple[str, torch.Size]] = [(n, p.shape) for n, p in module.named_parameters(recurse=False)]
+        flat = torch.cat([p.detach().reshape(-1) for _, p in module.named_parameters(recurse=False)])
+        self.numel = flat.numel()
+        chunk = -(-self.numel // self.size)
+        flat = torch.nn.functional.pad(flat, (0, chunk * self.size - self.numel))
+        self.shard = flat[rank * chunk:(rank + 1) * chunk].clone()      # this rank's 1/P
+        for name, _ in self.params:                                      # drop the full copies
+            delattr(module, name)
+            setattr(module, name, None)
+        module.register_forward_pre_hook(self._gather)
+        module.register_forward_hook(self._release)
+
+    def _gather(self, module: nn.Module, args) -> None:
+        full = self.shard.new_empty(self.shard.numel() * self.size)
+        dist.all_gather_into_tensor(full, self.shard, group=self.group)
+        offset = 0
+        for name, shape in self.params:
+            n = shape.numel()
+            setattr(module, name, full[offset:offset + n].view(shape))
+            offset += n
+
+    def _release(self, module: nn.Module, args, output) -> None:
+        for name, _ in self.params:
+            setattr(module, name, None)
+
+
+def shard_text_encoder(encoder: TextEncoder, group: Optional[dist.ProcessGroup] = None) -> TextEncoder:
+    """Shard the encoder's parameters over ``group`` (all ranks when None) in place.
+
+    Every module that owns parameters directly (each Linear, LayerNorm, embedding) keeps a flat
+    1/P shard and gathers the full tensors only for its own forward. All ranks of the group must
+    call ``encode`` together (the gathers are collectives), e.g. each with its own prompts.
+    A parameter tied between modules (T5's ``shared`` and ``encoder.embed_tokens``) is sharded
+    with each of them, costing one more 1/P shard of it.
+    """
+    if not dist.is_initialized() or dist.get_world_size(group) == 1:
+        return encoder
+    owners = [m for m in encoder.model.modules() if any(True for _ in m.parameters(recurse=False))]
+    encoder.sharded = [_ShardedParameters(m, group) for m in owners]
+    return encoder
+
+
+def node_group() -> Optional[dist.ProcessGroup]:
+    """The process group of this node's ranks (``encoder.group``: shard within a node, where the
+    per-layer all-gathers use NVLink); every rank must call it, in the same order."""
+    world, local = dist.get_world_size(), int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size()))
+    if world % local != 0:
+        raise ValueError(f"world size {world} is not a multiple of LOCAL_WORLD_SIZE={local}")
+    mine = None
+    for start in range(0, world, local):
+        group = dist.new_group(list(range(start, start + local)))
+        if start <= dist.get_rank() < start + local:
+            mine = group
+    return mine

@@ -1,0 +1,36 @@
+"""The latent autoencoder: diffusers' AutoencoderKL loaded from a local folder.
+
+Nothing is fetched from a hub: ``path`` must be a folder with ``config.json`` and the weights, as
+written by ``AutoencoderKL.save_pretrained``. ``encode``/``decode`` apply the scale factor so the
+diffusion model sees unit-variance latents.
+"""
+
+import os
+
+import torch
+
+
+def load_vae(path: str, dtype: torch.dtype = torch.float32, device="cpu"):
+    if not os.path.isdir(path) or not os.path.exists(os.path.join(path, "config.json")):
+        raise FileNotFoundError(
+            f"VAE folder {path!r} not found or has no config.json: point vae.path at a local "
+            f"AutoencoderKL folder (AutoencoderKL.save_pretrained output); nothing is downloaded."
+        )
+    from diffusers.models import AutoencoderKL
+
+    vae = AutoencoderKL.from_pretrained(path, torch_dtype=dtype, local_files_only=True)
+    return vae.to(device).eval().requires_grad_(False)
+
+
+@torch.no_grad()
+def vae_encode(vae, images: torch.Tensor, scale_factor: float, sample: bool = True) -> torch.Tensor:
+    """images [B, 3, H, W] in [-1, 1] -> latents [B, C, H/8, W/8] times ``scale_factor``."""
+    dist = vae.encode(images.to(vae.dtype)).latent_dist
+    z = dist.sample() if sample else dist.mode()
+    return z * scale_factor
+
+
+@torch.no_grad()
+def vae_decode(vae, latents: torch.Tensor, scale_factor: float) -> torch.Tensor:
+    """latents [B, C, h, w] (scaled) -> images [B, 3, 8h, 8w] in [-1, 1]."""
+    return vae.decode(latents.to(vae.dtype) / scale_factor).sample.clamp(-1, 1)

@@ -1,0 +1,124 @@
+"""Fused AdaLN: ``LayerNorm(x) * (1 + scale) + shift`` in one pass over ``x``, forward and backward.
+
+Unfused, DiT's norm-then-modulate reads and writes the activation three times (LayerNorm, the
+multiply, the add) and autograd keeps the intermediates; the fused kernel reads ``x`` once and
+writes ``y`` once, and keeps for the backward only ``x`` and two fp32 numbers per row (mean, rstd).
+
+* ``x``: [B, N, D] in fp32, bf16 or fp16;
+* ``shift``, ``scale``: per sample [B, D] (or [B, 1, D]), broadcast over the N tokens as in DiT,
+  or per token [B, N, D] as in video models with per-frame modulation. They may be views with any
+  strides (the chunks of the adaLN projection); only a non-contiguous feature axis is copied;
+* the output has the dtype torch's type promotion gives ``x``, ``shift`` and ``scale`` (the dtype
+  ``LayerNormModulate`` returns), computed in fp32 and rounded once; gradients come back in each
+  input's own dtype.
+
+Dispatch: the Triton kernels run on CUDA tensors, and on any tensor when Triton's interpreter is on
+(``TRITON_INTERPRET=1`` set before this module is imported). Otherwise (CPU tensors, or Triton not
+installed) the torch path below computes the same function with the same numerics: fp32
+statistics and arithmetic, one rounding at the end.
+"""
+
+import torch
+import torch.nn.functional as F
+
+from opendit_lite.models.layers.modulate import LayerNormModulate
+
+from .triton_dispatch import norm_affine_triton, triton_runs_on
+
+
+def _as_modulation(x: torch.Tensor, mod: torch.Tensor, name: str) -> torch.Tensor:
+    """Check a shift/scale against x [B, N, D] and view it as [B, 1, D] or [B, N, D]."""
+    B, N, D = x.shape
+    if mod.dim() == 2:
+        mod = mod.unsqueeze(1)
+    if mod.dim() != 3 or mod.size(0) != B or mod.size(1) not in (1, N) or mod.size(2) != D:
+        raise ValueError(
+            f"fused_adaln: {name} has shape {tuple(mod.shape)}, but for x of shape {tuple(x.shape)} it "
+            f"must be per sample [B, D] = [{B}, {D}] (or [{B}, 1, {D}]) or per token [B, N, D] = "
+            f"[{B}, {N}, {D}]"
+        )
+    if mod.device != x.device:
+        raise ValueError(f"fused_adaln: {name} is on {mod.device} but x is on {x.device}; move them together")
+    return mod if mod.stride(-1) == 1 else mod.contiguous()
+
+
+def _check_inputs(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> None:
+    if x.dim() != 3:
+        raise ValueError(f"fused_adaln expects x of shape [B, N, D], got {tuple(x.shape)}")
+    if shift.shape != scale.shape:
+        raise ValueError(
+            f"fused_adaln: shift {tuple(shift.shape)} and scale {tuple(scale.shape)} must have the same shape"
+        )
+    for name, t in (("x", x), ("shift", shift), ("scale", scale)):
+        if not t.is_floating_point():
+            raise TypeError(f"fused_adaln: {name} must be a floating-point tensor, got {t.dtype}")
+
+
+def _output_dtype(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.dtype:
+    return torch.promote_types(x.dtype, torch.promote_types(shift.dtype, scale.dtype))
+
+
+class FusedAdaLNFunction(torch.autograd.Function):
+    """Autograd wrapper of the Triton kernels; inputs already checked by ``fused_adaln``."""
+
+    @staticmethod
+    def forward(ctx, x, shift, scale, eps):
+        x3 = x.contiguous()                                    # [B, N, D]
+        shift3 = _as_modulation(x3, shift, "shift")            # [B, 1|N, D]
+        scale3 = _as_modulation(x3, scale, "scale")            # [B, 1|N, D]
+        y, mean, rstd = norm_affine_triton.norm_affine_forward(
+            x3, shift3, scale3, eps, scale_plus_one=True, out_dtype=_output_dtype(x, shift, scale)
+        )
+        ctx.save_for_backward(x3, scale3, mean, rstd)
+        ctx.shift_shape, ctx.shift_dtype = shift.shape, shift.dtype
+        return y
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dy):
+        x3, scale3, mean, rstd = ctx.saved_tensors
+        dx, dshift, dscale = norm_affine_triton.norm_affine_backward(
+            dy.contiguous(), x3, scale3, mean, rstd, scale_plus_one=True, shift_dtype=ctx.shift_dtype
+        )
+        # dshift/dscale are [B, 1|N, D]; hand them back in the shape the caller passed.
+        return dx, dshift.view(ctx.shift_shape), dscale.view(ctx.shift_shape), None
+
+
+def adaln_torch(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: float) -> torch.Tensor:
+    """The torch path: same function and numerics as the kernel (fp32 throughout, one rounding)."""
+    out_dtype = _output_dtype(x, shift, scale)
+    D = x.size(-1)
+    shift = _as_modulation(x, shift, "shift").float()          # [B, 1|N, D]
+    scale = _as_modulation(x, scale, "scale").float()          # [B, 1|N, D]
+    normed = F.layer_norm(x.float(), (D,), eps=eps)            # [B, N, D]
+    return (normed * (1 + scale) + shift).to(out_dtype)        # [B, N, D]
+
+
+def fused_adaln(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """``LayerNorm(x) * (1 + scale) + shift`` (affine-free LayerNorm, fp32 statistics).
+
+    x: [B, N, D]; shift, scale: [B, D] / [B, 1, D] per sample or [B, N, D] per token.
+    Returns [B, N, D]. Takes the Triton kernels when they can run on ``x`` (see the module
+    docstring), the torch path otherwise.
+    """
+    _check_inputs(x, shift, scale)
+    if triton_runs_on(x):
+        return FusedAdaLNFunction.apply(x, shift, scale, eps)
+    return adaln_torch(x, shift, scale, eps)
+
+
+class FusedLayerNormModulate(LayerNormModulate):
+    """Drop-in replacement of ``LayerNormModulate`` running the fused AdaLN kernel.
+
+    Same constructor, attributes and (empty) state dict as the module it replaces; only the
+    forward differs. x: [B, N, D]; shift, scale: [B, D] or [B, N, D]; returns [B, N, D].
+    """
+
+    def forward(self, x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        if x.size(-1) != self.hidden_size:
+            raise ValueError(f"{type(self).__name__}({self.hidden_size}) got x with {x.size(-1)} features")
+        return fused_adaln(x, shift, scale, self.eps)
+
+    @classmethod
+    def from_module(cls, module: LayerNormModulate) -> "FusedLayerNormModulate":
+        return cls(module.hidden_size, eps=module.eps)

@@ -1,0 +1,15 @@
+"""Activation memory: selective activation checkpointing of repeated blocks and CPU offload of
+the checkpointed blocks' inputs. Applied from outside the model, like the other training strategies.
+"""
+
+from .blocks import find_checkpoint_blocks, select_blocks
+from .checkpoint import CheckpointReport, apply_activation_checkpointing
+from .offload import ActivationOffloader
+
+__all__ = [
+    "ActivationOffloader",
+    "CheckpointReport",
+    "apply_activation_checkpointing",
+    "find_checkpoint_blocks",
+    "select_blocks",
+]

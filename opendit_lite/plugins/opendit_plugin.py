@@ -1,0 +1,381 @@
+"""OpenDiTPlugin: DDP, ZeRO-1/2, Gemini ZeRO-3 and grouped ZeRO behind one Colossal-AI booster plugin,
+with a data x sequence mesh and a sharded EMA.
+
+    from colossalai.booster import Booster
+    from opendit_lite.plugins import OpenDiTPlugin
+
+    plugin = OpenDiTPlugin(zero_degree=2, sp_size=1, precision="bf16", grad_clip=1.0)
+    optimizer = plugin.build_optimizer(model.parameters(), lr=1e-4, weight_decay=0.0)
+    loader = plugin.prepare_dataloader(dataset, batch_size=global_batch_size // plugin.dp_size, seed=seed)
+    booster = Booster(plugin=plugin)
+    model, optimizer, _, loader, _ = booster.boost(model, optimizer, dataloader=loader)
+    for batch in loader:
+        loss = ...
+        booster.backward(loss, optimizer)
+        optimizer.step()
+        optimizer.zero_grad()
+        plugin.update_ema(model, decay=0.9999)
+    torch.save(plugin.ema_state_dict(only_rank_0=True), "ema.pt")  # on rank 0
+
+Decisions (the tests in tests/plugins/ check each of them):
+
+- **Strategies.** ``zero_degree`` 0: PyTorch DDP, fp32 weights with autocast (``ddp.py``); 1 and 2:
+  Colossal-AI's LowLevelZero stage 1 / 2 (``zero.py``); 3: Gemini, chunk-based ZeRO-3 with
+  placement policy and offload fractions (``gemini.py``, CUDA only, bf16/fp16 only).
+- **Mesh.** ``sp_size`` groups consecutive ranks into sequence-parallel groups ([0..sp-1],
+  [sp..2sp-1], ...); a data-parallel group takes the ranks with the same ``sp_rank``.
+  ``prepare_dataloader`` shards the dataset over the DP axis only (``num_replicas=dp_size``,
+  ``rank=dp_rank``) and seeds data-loader workers per DP rank, so the ranks of one SP group get
+  identical batches, random augmentations included.
+- **Gradient reduction and ZeRO group.** Gradients are averaged over the whole world (dp x sp)
+  and ZeRO shards over the whole world. This is exact under sequence parallelism because the
+  sequence-parallel collectives leave on each SP rank an equal share of the gradient whose average
+  over the SP group is the full gradient, so the world mean equals the DP mean; and sharding over
+  all ranks, not just the DP axis, divides the optimizer memory by the full world size.
+- **Grouped ZeRO** (``group_zero=True``, any ``zero_degree`` > 0): ZeRO shards inside a node
+  (``node_size`` consecutive ranks) and every node keeps a replica; gradient shards are averaged
+  across nodes once per step. Colossal-AI's ``extra_dp_size`` does not shard per node (see
+  ``zero.py``), so the groups are built here.
+- **EMA.** The plugin owns one fp32 EMA of the trainable parameters of the model it boosted with
+  an optimizer, sharded over the ZeRO group with the partition of the fp32 master weights and
+  updated from the master shard (no communication per step); under DDP it is a flat partition of
+  all parameters over the world (``ema.py``). ``ema_state_dict()`` gathers the full state dict on
+  every rank (``only_rank_0=True``: on global rank 0 only); ``load_ema_state_dict`` takes a full
+  state dict saved at any world size.
+- **Gradient accumulation.** DDP and ZeRO-1: ``with booster.no_sync(model, optimizer):`` around the
+  backward passes before the last one (no communication). ZeRO-2 cannot skip its reduce-scatter
+  (the gradient is sharded as it is produced), and Gemini has no ``no_sync``: call backward several
+  times and step once; LowLevelZero adds the reduced gradients up internally, Gemini does so with
+  ``gemini_kwargs={"enable_gradient_accumulation": True}``. Scale the loss by 1/accum_steps.
+- **Process group.** The default process group must be initialised before the plugin is built,
+  also for a single process (``opendit_lite.training.distributed.init_distributed()`` does it for
+  ``python`` and ``torchrun`` alike); the plugin does not call ``colossalai.launch``.
+- **Precision.** "fp32", "bf16", "fp16" (fp16 with dynamic loss scaling in every strategy). Under
+  ZeRO and Gemini the model is cast to that dtype and fp32 master weights live in the optimizer;
+  under DDP the weights stay fp32 and the forward runs under autocast.
+"""
+
+import os
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from colossalai.accelerator import get_accelerator
+from colossalai.booster.plugin.dp_plugin_base import DPPluginBase
+from colossalai.booster.plugin.gemini_plugin import GeminiCheckpointIO
+from colossalai.booster.plugin.torch_ddp_plugin import TorchDDPCheckpointIO
+from colossalai.checkpoint_io import CheckpointIO
+from colossalai.interface import ModelWrapper, OptimizerWrapper
+from torch.optim import Optimizer
+from torch.utils.data import DataLoader, Dataset
+from torch.utils.data.distributed import DistributedSampler
+
+from .ddp import apply_ddp
+from .ddp_checkpoint_io import DDPCheckpointIO
+from .ema import ShardedEMA, flat_layout, gemini_layout, zero_layout
+from .gemini import apply_gemini
+from .mesh import block_groups, build_data_seq_mesh
+from .zero import ZeroCheckpointIO, apply_low_level_zero
+
+ZERO_DEGREES = (0, 1, 2, 3)
+PRECISIONS: Dict[str, Optional[torch.dtype]] = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _default_node_size(world_size: int) -> int:
+    """Ranks per node: torchrun's LOCAL_WORLD_SIZE, else the visible GPUs (at most the world)."""
+    env = os.environ.get("LOCAL_WORLD_SIZE")
+    return int(env) if env else min(torch.cuda.device_count(), world_size)
+
+
+class OpenDiTPlugin(DPPluginBase):
+    """Colossal-AI booster plugin: DDP / ZeRO-1 / ZeRO-2 / Gemini, SP mesh, sharded EMA (see module doc).
+
+    Args:
+        zero_degree: 0 DDP, 1 ZeRO-1, 2 ZeRO-2, 3 Gemini (ZeRO-3); None means 0.
+        sp_size: sequence-parallel degree; must divide the world size.
+        precision: "bf16", "fp16" or "fp32" (Gemini: bf16 or fp16).
+        grad_clip: clip the global gradient norm to this value; 0 turns clipping off.
+        group_zero: shard ZeRO state inside each node and replicate it across nodes.
+        node_size: ranks per node for ``group_zero``; default LOCAL_WORLD_SIZE or the GPU count.
+        gemini_placement_policy: "static" or "auto" (zero_degree 3).
+        gemini_offload_optim_frac / gemini_offload_param_frac: fractions of optimizer-state /
+            parameter chunks kept on the CPU under the "static" policy (zero_degree 3).
+        overlap_communication: ZeRO-1/2 reduce gradient buckets on a side stream during backward
+            (CUDA only; on the CPU collectives are synchronous anyway).
+        ddp_kwargs / zero_kwargs / gemini_kwargs: extra arguments for torch's
+            DistributedDataParallel / Colossal-AI's LowLevelZeroOptimizer / GeminiDDP.
+    """
+
+    def __init__(
+        self,
+        zero_degree: Optional[int] = 0,
+        sp_size: int = 1,
+        precision: str = "bf16",
+        grad_clip: float = 0.0,
+        group_zero: bool = False,
+        node_size: Optional[int] = None,
+        gemini_placement_policy: str = "static",
+        gemini_offload_optim_frac: float = 0.0,
+        gemini_offload_param_frac: float = 0.0,
+        overlap_communication: bool = True,
+        ddp_kwargs: Optional[dict] = None,
+        zero_kwargs: Optional[dict] = None,
+        gemini_kwargs: Optional[dict] = None,
+    ) -> None:
+        if not (dist.is_available() and dist.is_initialized()):
+            raise RuntimeError(
+                "OpenDiTPlugin needs an initialised torch.distributed default process group, also for a "
+                "single process: call opendit_lite.training.distributed.init_distributed() (or "
+                "torch.distributed.init_process_group) before creating the plugin"
+            )
+        zero_degree = 0 if zero_degree is None else zero_degree
+        if zero_degree not in ZERO_DEGREES or isinstance(zero_degree, bool):
+            raise ValueError(
+                f"zero_degree={zero_degree!r} is not supported; use 0 (DDP), 1 (ZeRO-1), 2 (ZeRO-2) or 3 (Gemini ZeRO-3)"
+            )
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision={precision!r} is not supported; use one of {sorted(PRECISIONS)}")
+        if grad_clip < 0:
+            raise ValueError(f"grad_clip={grad_clip} must be >= 0 (0 turns clipping off)")
+        if zero_degree == 3 and not torch.cuda.is_available():
+            raise ValueError(
+                "zero_degree=3 (Gemini) needs a CUDA GPU and none is visible; use zero_degree 0, 1 or 2 on this machine"
+            )
+        if zero_degree == 3 and precision == "fp32":
+            raise ValueError("zero_degree=3 (Gemini) trains in bf16 or fp16 with fp32 master weights; set precision to 'bf16' or 'fp16'")
+        if group_zero and zero_degree == 0:
+            raise ValueError("group_zero shards ZeRO state per node; it needs zero_degree 1, 2 or 3 (DDP shards nothing)")
+        super().__init__()  # sets self.rank and self.world_size
+
+        self.zero_degree = zero_degree
+        self.precision = precision
+        self.dtype = PRECISIONS[precision]
+        self.grad_clip = float(grad_clip)
+        self.overlap_communication = overlap_communication
+        self.gemini_placement_policy = gemini_placement_policy
+        self.gemini_offload_optim_frac = gemini_offload_optim_frac
+        self.gemini_offload_param_frac = gemini_offload_param_frac
+        self.ddp_kwargs = dict(ddp_kwargs or {})
+        self.zero_kwargs = dict(zero_kwargs or {})
+        self.gemini_kwargs = dict(gemini_kwargs or {})
+
+        # Validate the node size before any group exists: every rank raises the same error.
+        self.node_size = None
+        if group_zero:
+            self.node_size = _default_node_size(self.world_size) if node_size is None else node_size
+            if not isinstance(self.node_size, int) or self.node_size < 1 or self.world_size % self.node_size:
+                raise ValueError(
+                    f"group_zero shards within a node of node_size={self.node_size!r} ranks, which must be a positive "
+                    f"divisor of the world size {self.world_size}; pass node_size=<ranks per node>"
+                )
+
+        mesh = build_data_seq_mesh(sp_size)
+        self.sp_size, self.dp_size = mesh.sp_size, mesh.dp_size
+        self.sp_rank, self.dp_rank = mesh.sp_rank, mesh.dp_rank
+        self.sp_group, self.dp_group = mesh.sp_group, mesh.dp_group
+
+        # The ranks one copy of the ZeRO state (and the EMA) is sharded over, and those holding
+        # replicas of the same shard (grouped ZeRO across nodes; None when there is one copy).
+        self.zero_group, self.replica_group = dist.group.WORLD, None
+        if group_zero:
+            self.zero_group, replica_group = block_groups(self.node_size)
+            if self.node_size < self.world_size:
+                self.replica_group = replica_group
+
+        self._model: Optional[ModelWrapper] = None
+        self._optimizer: Optional[OptimizerWrapper] = None
+        self._ema: Optional[ShardedEMA] = None
+
+    # ------------------------------------------------------------------ Plugin interface
+
+    def supported_devices(self) -> List[str]:
+        return ["cuda", "cpu"]
+
+    def supported_precisions(self) -> List[str]:
+        return list(PRECISIONS)
+
+    def control_precision(self) -> bool:
+        return True
+
+    def control_device(self) -> bool:
+        return True
+
+    def control_checkpoint_io(self) -> bool:
+        return True
+
+    def support_lora(self) -> bool:
+        return False
+
+    def enable_lora(self, model: nn.Module, pretrained_dir: str, lora_config: Dict) -> nn.Module:
+        raise NotImplementedError("OpenDiTPlugin does not support LoRA")
+
+    def support_no_sync(self) -> bool:
+        return self.zero_degree in (0, 1)
+
+    def no_sync(self, model: nn.Module, optimizer: OptimizerWrapper) -> Iterator[None]:
+        """Skip gradient communication in the enclosed backward passes (DDP and ZeRO-1 only)."""
+        if self.zero_degree == 0:
+            return model.module.no_sync()
+        if self.zero_degree == 1:
+            return optimizer.no_sync()
+        raise NotImplementedError(
+            f"zero_degree={self.zero_degree} has no no_sync: call backward once per micro-batch and step once"
+        )
+
+    def get_checkpoint_io(self) -> CheckpointIO:
+        if self.zero_degree == 0:
+            return DDPCheckpointIO()  # CPU-safe optimizer loading
+        if self.zero_degree in (1, 2):
+            return ZeroCheckpointIO()
+        return GeminiCheckpointIO()
+
+    def configure(
+        self,
+        model: nn.Module,
+        optimizer: Optional[Optimizer] = None,
+        criterion: Optional[Callable] = None,
+        dataloader: Optional[DataLoader] = None,
+        lr_scheduler=None,
+    ) -> Tuple[nn.Module, Optional[OptimizerWrapper], Optional[Callable], Optional[DataLoader], object]:
+        if isinstance(model, ModelWrapper):
+            raise ValueError("the model is already boosted; pass the plain nn.Module to Booster.boost once")
+        if optimizer is not None and self._optimizer is not None:
+            raise ValueError("this OpenDiTPlugin already trains a model (and owns its EMA); use one plugin per trained model")
+        if self.zero_degree == 0:
+            model, optimizer = apply_ddp(
+                model, optimizer, device=get_accelerator().get_current_device(), dtype=self.dtype,
+                max_norm=self.grad_clip, **self.ddp_kwargs,
+            )
+        elif self.zero_degree in (1, 2):
+            model, optimizer = apply_low_level_zero(
+                model, optimizer, stage=self.zero_degree, precision=self.precision, zero_group=self.zero_group,
+                replica_group=self.replica_group, max_norm=self.grad_clip,
+                overlap_communication=self.overlap_communication and torch.cuda.is_available(), **self.zero_kwargs,
+            )
+        else:
+            model, optimizer = apply_gemini(
+                model, optimizer, dtype=self.dtype, zero_group=self.zero_group, replica_group=self.replica_group,
+                placement_policy=self.gemini_placement_policy, offload_optim_frac=self.gemini_offload_optim_frac,
+                offload_param_frac=self.gemini_offload_param_frac, max_norm=self.grad_clip, **self.gemini_kwargs,
+            )
+        if optimizer is not None:
+            self._model, self._optimizer = model, optimizer
+        return model, optimizer, criterion, dataloader, lr_scheduler
+
+    def prepare_dataloader(
+        self,
+        dataset: Dataset,
+        batch_size: int,
+        shuffle: bool = True,
+        seed: int = 1024,
+        drop_last: bool = True,
+        pin_memory: bool = False,
+        num_workers: int = 0,
+        distributed_sampler_cls=None,
+        **kwargs,
+    ) -> DataLoader:
+        """A DataLoader of ``batch_size`` samples per rank, sharded over the data-parallel axis only.
+
+        ``batch_size`` is per rank: pass ``global_batch_size // plugin.dp_size``. The sampler
+        (``distributed_sampler_cls``, default ``DistributedSampler``, built with ``num_replicas``,
+        ``rank``, ``shuffle``, ``seed``, ``drop_last``) gives every rank of an SP group the same
+        indices; call ``loader.sampler.set_epoch(epoch)`` each epoch. Worker processes are seeded
+        from ``seed + dp_rank`` so random transforms also agree inside an SP group. Randomness
+        drawn in the main process (``num_workers=0``) follows the global RNG: seed it per DP rank.
+        """
+        sampler_cls = distributed_sampler_cls or DistributedSampler
+        sampler = sampler_cls(
+            dataset, num_replicas=self.dp_size, rank=self.dp_rank, shuffle=shuffle, seed=seed, drop_last=drop_last
+        )
+        generator = torch.Generator()
+        generator.manual_seed(seed + self.dp_rank)  # workers' base seed
+        return DataLoader(
+            dataset, batch_size=batch_size, sampler=sampler, drop_last=drop_last, pin_memory=pin_memory,
+            num_workers=num_workers, generator=generator, **kwargs,
+        )
+
+    # ------------------------------------------------------------------ optimizer
+
+    def build_optimizer(
+        self,
+        params: Iterable,
+        lr: float,
+        weight_decay: float = 0.0,
+        betas: Tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        fused: Optional[bool] = None,
+    ) -> Optimizer:
+        """AdamW for this strategy: torch's (fused by default on CUDA), or Colossal-AI's HybridAdam for Gemini.
+
+        Gemini updates shards that may live on the CPU or the GPU, which only Colossal-AI's Adam
+        kernels handle; ``fused`` is ignored there.
+        """
+        if self.zero_degree == 3:
+            from colossalai.nn.optimizer import HybridAdam  # builds its CUDA/CPU kernels on first use
+
+            return HybridAdam(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, adamw_mode=True)
+        fused = torch.cuda.is_available() if fused is None else fused
+        return torch.optim.AdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, fused=fused)
+
+    # ------------------------------------------------------------------ EMA
+
+    def create_ema(self, model: ModelWrapper, optimizer: Optional[OptimizerWrapper] = None) -> ShardedEMA:
+        """Create the sharded fp32 EMA of ``model`` (boosted by this plugin), equal to its current weights.
+
+        ``optimizer`` defaults to the one boosted with ``model``; ZeRO and Gemini read their fp32
+        master shards from it.
+        """
+        if not isinstance(model, ModelWrapper):
+            raise ValueError("create the EMA after Booster.boost, from the boosted model it returned")
+        optimizer = optimizer if optimizer is not None else self._optimizer
+        if optimizer is None and self.zero_degree in (1, 2):
+            raise ValueError("the ZeRO EMA follows the optimizer's master weights; boost the model with its optimizer first")
+        module = model.unwrap()
+        if self.zero_degree == 0:
+            params = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+            layout = flat_layout(params, self.world_size, self.rank)
+            group = dist.group.WORLD
+        elif self.zero_degree in (1, 2):
+            masters = optimizer.get_working_to_master_map()
+            params = [(n, p) for n, p in module.named_parameters() if id(p) in masters]
+            layout = zero_layout(params, optimizer, dist.get_world_size(self.zero_group))
+            group = self.zero_group
+        else:
+            layout = gemini_layout(model, dist.get_world_size(self.zero_group), dist.get_rank(self.zero_group))
+            group = self.zero_group
+        self._ema = ShardedEMA(layout, group, module)
+        return self._ema
+
+    def update_ema(self, model: ModelWrapper, optimizer: Optional[OptimizerWrapper] = None, decay: float = 0.9999) -> None:
+        """``ema = decay * ema + (1 - decay) * weights`` after ``optimizer.step()``; creates the EMA on first use."""
+        if self._ema is None:
+            self.create_ema(model, optimizer)
+        elif self._ema.module is not model.unwrap():
+            raise ValueError("update_ema got a different model from the one the EMA was created for")
+        self._ema.update(decay)
+
+    def _require_ema(self) -> ShardedEMA:
+        if self._ema is None:
+            if self._model is None:
+                raise ValueError("no EMA yet: boost a model with an optimizer (and call create_ema or update_ema) first")
+            self.create_ema(self._model)
+        return self._ema
+
+    def ema_state_dict(self, only_rank_0: bool = False) -> Dict[str, torch.Tensor]:
+        """The full fp32 EMA as a CPU state dict with the model's own key names (a collective).
+
+        Every rank gets it unless ``only_rank_0`` (then other ranks get ``{}`` and never hold a
+        full copy, which is what a rank-0 checkpoint writer wants for large models). Frozen
+        parameters and buffers are included as they are in the model, so the dict loads into a
+        fresh model with ``strict=True``.
+        """
+        return self._require_ema().state_dict(only_rank_0=only_rank_0)
+
+    def load_ema_state_dict(self, state_dict: Dict[str, torch.Tensor]) -> None:
+        """Load a full EMA state dict (saved at any world size or zero_degree) into this rank's shard."""
+        self._require_ema().load_state_dict(state_dict)
+
+    def ema_numel_local(self) -> int:
+        """Elements of EMA stored on this rank: about params / group size, plus padding."""
+        return self._require_ema().numel_local()

@@ -1,0 +1,84 @@
+"""Config -> objects shared by train.py and sample.py: the dataset, the model (with its input
+geometry resolved from the data), the diffusion objective and the VAE."""
+
+from typing import Optional, Tuple
+
+import torch
+import torch.nn as nn
+
+from ..config import TrainConfig
+from ..data import build_dataset
+from ..diffusion import RectifiedFlow, build_scheduler
+from ..models import build_model
+
+VAE_DOWNSAMPLE = 8   # the SD-family AutoencoderKL halves the resolution three times
+VAE_CHANNELS = 4
+
+
+def build_dataset_from_config(cfg: TrainConfig):
+    d = cfg.data
+    return build_dataset(d.type, path=d.path, image_size=d.image_size, num_samples=d.num_samples,
+                         random_flip=d.random_flip, seed=cfg.global_seed)
+
+
+def resolve_model_geometry(cfg: TrainConfig, dataset=None) -> None:
+    """Fill ``model.input_size``/``in_channels``/``num_classes`` left as None from the data, in place,
+    so the saved config alone rebuilds the model (sample.py relies on that)."""
+    m = cfg.model
+    if m.input_size is None or m.in_channels is None:
+        if cfg.data.type == "latents":
+            meta = dataset.meta
+            size, channels = [meta["height"], meta["width"]], meta["channels"]
+        elif cfg.vae.path:
+            size, channels = [cfg.data.image_size // VAE_DOWNSAMPLE] * 2, VAE_CHANNELS
+        else:
+            size, channels = [cfg.data.image_size] * 2, 3
+        m.input_size = m.input_size or size
+        m.in_channels = m.in_channels or channels
+    if m.num_classes is None:
+        classes = getattr(dataset, "classes", None)
+        if not classes:
+            raise ValueError("model.num_classes is not set and the dataset does not list its classes")
+        m.num_classes = len(classes)
+
+
+def model_input_hw(cfg: TrainConfig) -> Tuple[int, int]:
+    """(H, W) of the model input from ``model.input_size`` ([S] or [H, W])."""
+    size = cfg.model.input_size
+    return (size[0], size[0]) if len(size) == 1 else (size[0], size[1])
+
+
+def build_model_from_config(cfg: TrainConfig) -> nn.Module:
+    m = cfg.model
+    return build_model(m.name, input_size=model_input_hw(cfg), in_channels=m.in_channels, num_classes=m.num_classes,
+                       learn_sigma=m.learn_sigma, class_dropout_prob=m.class_dropout_prob)
+
+
+def build_training_objective(cfg: TrainConfig):
+    d = cfg.diffusion
+    if d.scheduler == "rflow":
+        return build_scheduler("rflow", num_timesteps=d.diffusion_steps)
+    return build_scheduler("iddpm", noise_schedule=d.noise_schedule, learn_sigma=cfg.model.learn_sigma,
+                           diffusion_steps=d.diffusion_steps)
+
+
+def diffusion_loss(objective, model, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Mean training loss of a batch (x: [B, C, H, W] clean latents, y: [B] labels)."""
+    if isinstance(objective, RectifiedFlow):
+        return objective.training_losses(model, x, model_kwargs=dict(y=y))["loss"].mean()
+    t = torch.randint(0, objective.num_timesteps, (x.shape[0],), device=x.device)
+    return objective.training_losses(model, x, t, model_kwargs=dict(y=y))["loss"].mean()
+
+
+def load_vae_from_config(cfg: TrainConfig, device) -> Optional[nn.Module]:
+    if not cfg.vae.path:
+        return None
+    from ..encoders import load_vae
+
+    return load_vae(cfg.vae.path, device=device)
+
+
+def precision_dtype(precision: str) -> Tuple[torch.dtype, bool]:
+    """Config precision -> (compute dtype, tf32 allowed)."""
+    return {"fp32": (torch.float32, False), "tf32": (torch.float32, True),
+            "bf16": (torch.bfloat16, True), "fp16": (torch.float16, True)}[precision]

@@ -1,0 +1,64 @@
+"""Load model weights for sampling or ``init_from``, from any of the formats users have:
+
+* a checkpoint folder written by train.py (``ema.safetensors`` and/or the sharded ``model/``);
+* a ``model/`` folder or a single ``.safetensors`` file;
+* an original DiT ``.pt`` (a state dict, or ``{"model", "ema", ...}`` from DiT's train.py).
+
+Nothing is unpickled beyond tensors (safetensors, or ``torch.load(weights_only=True)``).
+"""
+
+import json
+import os
+from typing import Dict
+
+import torch
+import torch.nn as nn
+from safetensors.torch import load_file
+
+from ..models.dit_checkpoint import load_original_dit_checkpoint
+
+EMA_FILE = "ema.safetensors"
+MODEL_DIR = "model"
+
+
+def _read_sharded_safetensors(folder: str) -> Dict[str, torch.Tensor]:
+    index = [f for f in os.listdir(folder) if f.endswith(".safetensors.index.json")]
+    if index:
+        with open(os.path.join(folder, index[0])) as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
+    else:
+        files = sorted(f for f in os.listdir(folder) if f.endswith(".safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no .safetensors weights in {folder!r}")
+    state: Dict[str, torch.Tensor] = {}
+    for name in files:
+        path = os.path.join(folder, name)
+        try:
+            state.update(load_file(path))
+        except Exception as e:
+            raise ValueError(f"cannot read weights file {path!r} (truncated or corrupted?): {e}") from None
+    return state
+
+
+def read_weights(path: str, use_ema: bool = True) -> Dict[str, torch.Tensor]:
+    """The state dict stored at ``path`` (see the module docstring for the accepted layouts)."""
+    if os.path.isdir(path):
+        model_dir = os.path.join(path, MODEL_DIR)
+        state = _read_sharded_safetensors(model_dir if os.path.isdir(model_dir) else path)
+        ema = os.path.join(path, EMA_FILE)
+        if use_ema and os.path.exists(ema):
+            state.update(load_file(ema))  # the EMA covers the trainable weights; frozen ones come from model/
+        return state
+    if path.endswith(".safetensors") and os.path.exists(path):
+        return load_file(path)
+    raise FileNotFoundError(f"weights {path!r} do not exist (expected a checkpoint folder, "
+                            f"a .safetensors file or an original DiT .pt)")
+
+
+def load_weights(model: nn.Module, path: str, use_ema: bool = True) -> nn.Module:
+    """Load ``path`` into ``model`` strictly (a mismatch names the missing/unexpected keys)."""
+    if not os.path.isdir(path) and not path.endswith(".safetensors"):
+        return load_original_dit_checkpoint(model, path)  # .pt: reads it with weights_only=True
+    state = read_weights(path, use_ema)
+    dtype = next(model.parameters()).dtype
+    return load_original_dit_checkpoint(model, {k: v.to(dtype) for k, v in state.items()})

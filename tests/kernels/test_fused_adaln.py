@@ -1,0 +1,171 @@
+"""Fused AdaLN (LayerNorm + modulate): output and every gradient against ``reference_adaln``.
+
+On CPU the Triton kernels run in Triton's interpreter (tests/kernels/interpreter.py), so shapes are
+small but awkward: batch > 1, token counts that do not fill a block of rows, feature counts that
+are not powers of two, both modulation layouts. ``reference_adaln`` is also the eager baseline of
+benchmarks/bench_fused_adaln.py.
+"""
+
+import itertools
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import opendit_lite.kernels.adaln as adaln_module
+from opendit_lite.kernels import FusedLayerNormModulate, fused_adaln, triton_runs_on
+from opendit_lite.models.layers import LayerNormModulate
+from tests.kernels.helpers import DEVICE, assert_close
+
+EPS = 1e-6
+
+
+def reference_adaln(x, shift, scale, eps=EPS):
+    """Affine-free LayerNorm over the last axis, then ``* (1 + scale) + shift``.
+
+    x: [B, N, D]; shift, scale: [B, D] (per sample, broadcast over N) or [B, N, D] (per token).
+    """
+    if shift.dim() == 2:
+        shift, scale = shift.unsqueeze(1), scale.unsqueeze(1)       # [B, 1, D]
+    return F.layer_norm(x, x.shape[-1:], eps=eps) * (1 + scale) + shift
+
+
+def make_inputs(B, N, D, layout, dtype, mod_dtype=None, seed=0):
+    """x with a non-zero mean, per-sample or per-token shift/scale, and an upstream gradient."""
+    gen = torch.Generator().manual_seed(seed)
+    mod_dtype = mod_dtype or dtype
+    mod_shape = {"sample": (B, D), "sample3d": (B, 1, D), "token": (B, N, D)}[layout]
+    x = torch.randn(B, N, D, generator=gen) * 2 + 0.5
+    shift = torch.randn(mod_shape, generator=gen) * 0.5
+    scale = torch.randn(mod_shape, generator=gen) * 0.5
+    dy = torch.randn(B, N, D, generator=gen)
+    return x.to(DEVICE, dtype), shift.to(DEVICE, mod_dtype), scale.to(DEVICE, mod_dtype), dy.to(DEVICE)
+
+
+def run(fn, x, shift, scale, dy):
+    """Output and (dx, dshift, dscale) of ``fn`` for leaf copies of the inputs."""
+    x, shift, scale = (t.detach().clone().requires_grad_() for t in (x, shift, scale))
+    y = fn(x, shift, scale)
+    y.backward(dy.to(y.dtype))
+    return y.detach(), x.grad, shift.grad, scale.grad
+
+
+def check_against_reference(x, shift, scale, dy, fn=None):
+    fn = fn or (lambda a, b, c: fused_adaln(a, b, c, EPS))
+    got = run(fn, x, shift, scale, dy)
+    # The reference runs in float64 on the same rounded inputs and upstream gradient.
+    expected = run(reference_adaln, x.double(), shift.double(), scale.double(), dy.to(got[0].dtype).double())
+    assert got[0].dtype == torch.promote_types(x.dtype, shift.dtype)
+    for what, a, e, inp in zip(("y", "dx", "dshift", "dscale"), got, expected, (None, x, shift, scale)):
+        if inp is not None:
+            assert a.dtype == inp.dtype, f"{what} has dtype {a.dtype}, expected the input's {inp.dtype}"
+        assert_close(a, e, f"{what} for x {tuple(x.shape)}, shift {tuple(shift.shape)}")
+
+
+def test_triton_path_is_taken():
+    pytest.importorskip("triton")
+    x = torch.zeros(1, 1, 8, device=DEVICE)
+    assert triton_runs_on(x), (
+        "the fused kernels would take the torch path here: opendit_lite.kernels was imported before "
+        "TRITON_INTERPRET=1 was set (tests/kernels/interpreter.py sets it), so the kernels were "
+        "decorated for compilation, which needs CUDA tensors. Set TRITON_INTERPRET=1 in the "
+        "environment or in tests/conftest.py."
+    )
+
+
+@pytest.mark.parametrize("layout", ["sample", "token"])
+@pytest.mark.parametrize("B,N,D", list(itertools.product([1, 3], [1, 7, 33], [24, 40, 96])))
+def test_fp32_shapes(B, N, D, layout):
+    check_against_reference(*make_inputs(B, N, D, layout, torch.float32))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("layout", ["sample", "token"])
+def test_dit_xl_width(layout, dtype):
+    # DiT-XL's D = 1152: a 2048-wide block with 896 masked lanes.
+    check_against_reference(*make_inputs(2, 3, 1152, layout, dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("layout", ["sample", "token"])
+@pytest.mark.parametrize("B,N,D", [(3, 7, 40), (1, 33, 96), (2, 5, 24)])
+def test_low_precision(B, N, D, layout, dtype):
+    check_against_reference(*make_inputs(B, N, D, layout, dtype))
+
+
+@pytest.mark.parametrize("x_dtype,mod_dtype", [(torch.bfloat16, torch.float32), (torch.float32, torch.bfloat16)])
+def test_mixed_dtypes(x_dtype, mod_dtype):
+    # e.g. a bf16 activation modulated by an fp32 adaLN projection: fp32 output, each grad in its input's dtype
+    check_against_reference(*make_inputs(3, 7, 40, "sample", x_dtype, mod_dtype))
+
+
+def test_sample_layout_with_singleton_token_axis():
+    check_against_reference(*make_inputs(3, 33, 40, "sample3d", torch.float32))
+
+
+@pytest.mark.parametrize("layout", ["sample", "token"])
+def test_strided_modulation_from_chunked_projection(layout):
+    # DiT takes shift and scale as chunks of one adaLN projection: views with a row stride of 2D.
+    def from_chunks(x, shift, scale):
+        shift, scale = torch.cat([shift, scale], dim=-1).chunk(2, dim=-1)
+        assert not shift.is_contiguous() and shift.stride(-1) == 1
+        return fused_adaln(x, shift, scale, EPS)
+
+    check_against_reference(*make_inputs(3, 7, 40, layout, torch.float32), fn=from_chunks)
+
+
+def test_non_contiguous_x():
+    x, shift, scale, dy = make_inputs(3, 7, 40, "sample", torch.float32)
+    x_t = x.transpose(0, 1).contiguous().transpose(0, 1)    # same values, [B, N, D] view with odd strides
+    assert not x_t.is_contiguous()
+    check_against_reference(x_t, shift, scale, dy)
+
+
+def test_backward_is_deterministic():
+    inputs = make_inputs(1, 33, 96, "sample", torch.float32)
+    first, second = run(fused_adaln, *inputs), run(fused_adaln, *inputs)
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("layout", ["sample", "token"])
+def test_torch_fallback_matches_reference(monkeypatch, layout, dtype):
+    # The path CPU tensors take outside the interpreter (and every tensor without Triton).
+    monkeypatch.setattr(adaln_module, "triton_runs_on", lambda x: False)
+    check_against_reference(*make_inputs(3, 7, 40, layout, dtype))
+    check_against_reference(*make_inputs(2, 3, 1152, layout, dtype))
+
+
+def test_empty_batch_takes_torch_path():
+    x, shift, scale, _ = make_inputs(0, 7, 40, "sample", torch.float32)
+    assert fused_adaln(x, shift, scale).shape == (0, 7, 40)
+
+
+def test_module_is_a_drop_in_for_layer_norm_modulate():
+    torch.manual_seed(0)
+    ref = LayerNormModulate(40, eps=1e-6)
+    fused = FusedLayerNormModulate.from_module(ref)
+    assert isinstance(fused, LayerNormModulate) and fused.eps == ref.eps
+    assert fused.state_dict().keys() == ref.state_dict().keys() == set()
+    x, shift, scale, dy = make_inputs(3, 7, 40, "sample", torch.float32)
+    got, expected = run(fused, x, shift, scale, dy), run(ref, x, shift, scale, dy)
+    for a, e, what in zip(got, expected, ("y", "dx", "dshift", "dscale")):
+        assert_close(a, e, what)
+
+
+@pytest.mark.parametrize("x_shape,shift_shape,scale_shape,match", [
+    ((3, 40), (3, 40), (3, 40), "x of shape"),
+    ((3, 7, 40), (3, 40), (3, 7, 40), "same shape"),
+    ((3, 7, 40), (1, 40), (1, 40), "per sample"),
+    ((3, 7, 40), (3, 5, 40), (3, 5, 40), "per token"),
+    ((3, 7, 40), (3, 39), (3, 39), "per sample"),
+])
+def test_bad_shapes_raise(x_shape, shift_shape, scale_shape, match):
+    with pytest.raises(ValueError, match=match):
+        fused_adaln(torch.zeros(x_shape), torch.zeros(shift_shape), torch.zeros(scale_shape))
+
+
+def test_integer_input_raises():
+    with pytest.raises(TypeError, match="floating-point"):
+        fused_adaln(torch.zeros(1, 2, 8, dtype=torch.int32), torch.zeros(1, 8), torch.zeros(1, 8))

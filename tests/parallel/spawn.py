@@ -1,0 +1,47 @@
+"""One spawn per world size for all of tests/parallel.
+
+Starting gloo ranks costs more than the checks they run (each process imports torch, timm and, for
+the plugin, Colossal-AI; four of them share two cores), so the test modules register their
+per-rank check functions here and the first test that needs a world size runs every function
+registered for it in one spawn. Pytest imports all test modules before running any test, so a
+spawn includes every module selected for the session::
+
+    @rank_checks("collectives", world_size=2)
+    def _checks(rank, world_size) -> dict: ...          # runs on each rank; returns picklable data
+
+    results("collectives", 2)                            # that function's return value, per rank
+"""
+
+import functools
+from typing import Callable, Dict, List, Tuple
+
+from tests.distributed import run_distributed
+
+_CHECKS: Dict[Tuple[str, int], Callable] = {}
+
+
+def rank_checks(name: str, world_size: int) -> Callable[[Callable], Callable]:
+    def register(fn: Callable) -> Callable:
+        if (name, world_size) in _CHECKS:
+            raise ValueError(f"rank checks {name!r} for world size {world_size} are already registered")
+        _CHECKS[(name, world_size)] = fn
+        return fn
+
+    return register
+
+
+def _run_all(rank: int, world_size: int, checks: Tuple[Tuple[str, Callable], ...]) -> dict:
+    return {name: fn(rank, world_size) for name, fn in checks}
+
+
+@functools.lru_cache(maxsize=None)
+def _spawn(world_size: int) -> List[dict]:
+    checks = tuple((name, fn) for (name, size), fn in _CHECKS.items() if size == world_size)
+    return run_distributed(_run_all, world_size, args=(checks,))
+
+
+def results(name: str, world_size: int) -> list:
+    """The return value of the ``name`` checks on each rank of the shared ``world_size`` spawn."""
+    if (name, world_size) not in _CHECKS:
+        raise KeyError(f"no rank checks {name!r} registered for world size {world_size}")
+    return [per_rank[name] for per_rank in _spawn(world_size)]

@@ -1,0 +1,92 @@
+"""Ulysses (both video models) and DSP (STDiT) give the serial outputs and, averaged over the SP
+group, the serial gradients, with frames (3) and patches per frame (9) not divisible by sp_size."""
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from tests.distributed import run_distributed
+
+# (model, sequence-parallel mode)
+CASES = [("STDiT-tiny", "ulysses"), ("STDiT-tiny", "dsp"), ("Vchitect-tiny", "ulysses")]
+
+
+def _build(name: str):
+    from opendit_lite.models.registry import build_model
+    import opendit_lite.models.stdit  # noqa: F401  (registers the models)
+    import opendit_lite.models.vchitect  # noqa: F401
+
+    torch.manual_seed(0)
+    model = build_model(name, class_dropout_prob=0.0).train()
+    # Non-zero zero-initialised outputs, so every branch contributes to output and gradients.
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.02)
+    return model
+
+
+def _inputs():
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 4, 3, 6, 6, generator=g)              # T=3 frames, 3x3=9 patches per frame
+    t = torch.tensor([10.0, 700.0])
+    y = torch.randn(2, 8, 32, generator=g)
+    mask = torch.ones(2, 8, dtype=torch.bool)
+    mask[1, 5:] = False                                      # a padded caption
+    return x, t, y, mask
+
+
+def _loss(out: torch.Tensor) -> torch.Tensor:
+    weights = torch.linspace(-1, 1, out.numel()).view_as(out)  # not symmetric: every output matters
+    return (out * weights).sum()
+
+
+def _compare(rank, world_size):
+    from opendit_lite.parallel import apply_sequence_parallel
+    from opendit_lite.parallel.dsp import apply_dsp
+
+    results = {}
+    for name, mode in CASES:
+        x, t, y, mask = _inputs()
+        serial = _build(name)
+        ref = serial(x, t, y, mask)
+        _loss(ref).backward()
+
+        model = _build(name)
+        (apply_dsp if mode == "dsp" else apply_sequence_parallel)(model, dist.group.WORLD)
+        out = model(x, t, y, mask)
+        _loss(out).backward()
+        grad_err = 0.0
+        for (pname, p), q in zip(model.named_parameters(), serial.parameters()):
+            if q.grad is None:  # the null caption, unused without caption dropout
+                assert p.grad is None, pname
+                continue
+            grad = p.grad.clone()
+            dist.all_reduce(grad)
+            grad_err = max(grad_err, (grad / world_size - q.grad).abs().max().item())
+        results[f"{name}/{mode}"] = ((out - ref).abs().max().item(), grad_err)
+    try:  # a model without SequenceSwitch markers cannot run DSP
+        apply_dsp(_build("Vchitect-tiny"), dist.group.WORLD)
+        refusal = None
+    except ValueError as err:
+        refusal = str(err)
+    return results, refusal
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_video_sequence_parallel_matches_serial(world_size):
+    for rank, (results, refusal) in enumerate(run_distributed(_compare, world_size)):
+        assert refusal is not None and "SequenceSwitch" in refusal, refusal
+        for case, (out_err, grad_err) in results.items():
+            assert out_err < 1e-5, f"rank {rank} {case}: output differs by {out_err}"
+            assert grad_err < 1e-5, f"rank {rank} {case}: SP-mean gradient differs by {grad_err}"
+
+
+def test_joint_attention_op_rejects_a_mask():
+    from opendit_lite.models.layers.attention import SDPAAttentionOp
+    from opendit_lite.parallel.dsp import UlyssesJointAttentionOp
+    from opendit_lite.parallel.sequence import SequenceParallelState
+
+    op = UlyssesJointAttentionOp(SDPAAttentionOp(), SequenceParallelState(None))
+    q = torch.randn(1, 5, 2, 4)
+    with pytest.raises(ValueError, match="no attention mask"):
+        op(q, q, q, attn_mask=torch.ones(1, 1, 5, 5, dtype=torch.bool))
