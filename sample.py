@@ -108,13 +108,14 @@ def main(argv=None) -> str:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     ckpt = resolve_checkpoint(cfg)
     dataset = None
+    vae = load_vae_from_config(cfg, device)
     saved_model_cfg = model_config_of_checkpoint(ckpt)
     if saved_model_cfg is not None:
         cfg.model = saved_model_cfg
     else:
-        if cfg.model.num_classes is None or cfg.model.input_size is None:
+        if cfg.model.num_classes is None:
             dataset = build_dataset_from_config(cfg)
-        resolve_model_geometry(cfg, dataset)
+        resolve_model_geometry(cfg, dataset, vae)
     model = build_model_from_config(cfg)
     load_weights(model, ckpt, use_ema=cfg.sample.use_ema)
     model.to(device).eval()
@@ -126,7 +127,6 @@ def main(argv=None) -> str:
     y = torch.tensor(labels, device=device).repeat_interleave(cfg.sample.samples_per_class)  # [rows * cols]
     generator = torch.Generator().manual_seed(cfg.sample.seed)
     images = sample_images(model, cfg, y, device, generator)
-    vae = load_vae_from_config(cfg, device)
     if vae is not None:
         images = vae_decode(vae, images, cfg.vae.scale_factor)
     if dataset is None and cfg.data.type == "shapes":

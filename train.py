@@ -30,12 +30,12 @@ quiet_third_party_startup()  # before colossalai is imported
 
 from colossalai.booster import Booster
 
-from opendit_lite.config import exit_on_config_error, parse_cli, to_dict, validate_world
+from opendit_lite.config import ConfigError, exit_on_config_error, parse_cli, to_dict, validate_world
 from opendit_lite.converter import ModuleConverter
 from opendit_lite.data.sampler import ResumableDistributedSampler
 from opendit_lite.memory import apply_activation_checkpointing
 from opendit_lite.plugins import OpenDiTPlugin
-from opendit_lite.plugins.checkpoint import find_latest_checkpoint, load_checkpoint, save_checkpoint
+from opendit_lite.plugins.checkpoint import find_latest_checkpoint, load_checkpoint, load_ema_file, save_checkpoint
 from opendit_lite.training.distributed import cleanup_distributed, init_distributed
 from opendit_lite.training.factory import (
     build_dataset_from_config,
@@ -68,17 +68,21 @@ def pick_resume_checkpoint(cfg):
 def train(cfg, info) -> str:
     run_dir = os.path.join(cfg.results_dir, cfg.exp_name)
     log = MetricsLogger(run_dir, enabled=info.is_main)
-    seed_everything(cfg.global_seed, info.rank, info.world_size)
     if cfg.allow_tf32 and torch.cuda.is_available():
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
 
     # Plugin first: it builds the data x sequence mesh that the conversions need.
-    plugin = OpenDiTPlugin(zero_degree=cfg.zero_degree, sp_size=cfg.sp_size, precision=cfg.precision,
-                           grad_clip=cfg.grad_clip, group_zero=cfg.group_zero, node_size=info.local_world_size)
+    try:
+        plugin = OpenDiTPlugin(zero_degree=cfg.zero_degree, sp_size=cfg.sp_size, precision=cfg.precision,
+                               grad_clip=cfg.grad_clip, group_zero=cfg.group_zero, node_size=info.local_world_size)
+    except ValueError as e:  # a strategy this launch cannot run (e.g. Gemini without CUDA)
+        raise ConfigError(str(e)) from None
     booster = Booster(plugin=plugin)
+    seed_everything(cfg.global_seed, 0, 1)  # the same model initialisation on every rank
 
     dataset = build_dataset_from_config(cfg)
-    resolve_model_geometry(cfg, dataset)
+    vae = load_vae_from_config(cfg, info.device)
+    resolve_model_geometry(cfg, dataset, vae)
     model = build_model_from_config(cfg)
     if cfg.init_from and not pick_resume_checkpoint(cfg):
         load_weights(model, cfg.init_from, use_ema=False)
@@ -88,7 +92,6 @@ def train(cfg, info) -> str:
     log.write(str(ModuleConverter(cfg, sp_group=plugin.sp_group).convert(model)))
     if cfg.selective_ratio < 1.0 or cfg.ac_offload:
         log.write(str(apply_activation_checkpointing(model, cfg.selective_ratio, offload=cfg.ac_offload)))
-    vae = load_vae_from_config(cfg, info.device)
     objective = build_training_objective(cfg)
     model.to(info.device)
     num_params = sum(p.numel() for p in model.parameters())
@@ -107,6 +110,9 @@ def train(cfg, info) -> str:
                          f"{micro_batch} per data-parallel rank; lower global_batch_size or add data.")
     model, optimizer, _, dataloader, lr_scheduler = booster.boost(model, optimizer, dataloader=dataloader,
                                                                   lr_scheduler=lr_scheduler)
+    # One random stream per data-parallel rank: the ranks of a sequence-parallel group must draw the
+    # same noise, timesteps and label dropout for the sample they share.
+    seed_everything(cfg.global_seed, plugin.dp_rank, plugin.dp_size)
     ema_plugin = None
     if cfg.ema.enable:
         plugin.create_ema(model, optimizer)
@@ -118,9 +124,7 @@ def train(cfg, info) -> str:
         state = load_checkpoint(booster, resume, model, optimizer, lr_scheduler, plugin=ema_plugin)
         step, epoch, batch_in_epoch = state["step"], state["epoch"], state["batch_in_epoch"]
         log.write(f"resumed from {resume} at step {step}")
-    elif cfg.ema.enable and cfg.ema.resume_from:
-        from opendit_lite.plugins.checkpoint import load_ema_file
-
+    if cfg.ema.enable and cfg.ema.resume_from:  # an explicit EMA file wins over the checkpoint's
         load_ema_file(plugin, cfg.ema.resume_from)
     if info.is_main:
         os.makedirs(run_dir, exist_ok=True)

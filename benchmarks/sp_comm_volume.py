@@ -15,7 +15,8 @@ of its micro-batch. With P GPUs in the SP group, N tokens and width D:
 * DSP:                   for spatial-temporal blocks only: shard frames during spatial attention,
                          spatial positions during temporal attention, and switch with one
                          all-to-all of the hidden states at each change of stage
-                         -> 4 N D (P - 1) / P^2 per spatial + temporal block pair; needs P | T, P | S.
+                         -> 4 N D (P - 1) / P^2 per spatial + temporal block pair; counted only
+                         when P divides T and S (otherwise an axis is padded).
 
 For STDiT a "layer" is one spatial + temporal block pair. Ulysses and all-gather shard the spatial
 tokens, so temporal attention is local and cross-attention needs no communication either.
@@ -63,7 +64,7 @@ def allgather_kv_elements(s: Shape, p: int) -> Optional[float]:
 
 def dsp_elements(s: Shape, p: int) -> Optional[float]:
     if s.frames == 1 or s.frames % p or s.spatial_tokens % p:
-        return None  # one sequence axis: nothing to switch between; or P does not divide T and S
+        return None  # one sequence axis: nothing to switch between; or T or S would be padded
     return 4 * s.tokens * s.hidden * (p - 1) / p**2
 
 

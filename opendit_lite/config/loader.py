@@ -10,6 +10,7 @@ scripts turn it into exit code 2 without a traceback (:func:`exit_on_config_erro
 import dataclasses
 import difflib
 import functools
+import os
 import sys
 import typing
 from typing import Any, Dict, Iterable, List, Optional, Sequence
@@ -47,8 +48,8 @@ def all_keys(cls=TrainConfig, prefix: str = "") -> List[str]:
     return keys
 
 
-def _closest(key: str) -> str:
-    candidates = all_keys()
+def _closest(key: str, schema=TrainConfig) -> str:
+    candidates = all_keys(schema)
     match = difflib.get_close_matches(key, candidates, n=1, cutoff=0.5)
     if not match:  # compare the last component too: "ema.decy" vs "decay"
         leaf = key.rsplit(".", 1)[-1]
@@ -115,7 +116,7 @@ def _coerce(key: str, value: Any, tp) -> Any:
 # Building a config from nested dicts
 # --------------------------------------------------------------------------------------------------
 
-def _build(cls, values: Dict[str, Any], prefix: str = ""):
+def _build(cls, values: Dict[str, Any], prefix: str = "", schema=None):
     if not isinstance(values, dict):
         raise ConfigError(f"'{prefix.rstrip('.') or 'config'}' must be a mapping of keys to values, got {values!r}.")
     fields, hints = _fields(cls), _hints(cls)
@@ -125,12 +126,12 @@ def _build(cls, values: Dict[str, Any], prefix: str = ""):
         key = prefix + str(name)
         if name not in fields:
             raise ConfigError(
-                f"Unknown config key '{prefix + str(raw_key)}'.{_closest(prefix + str(raw_key))} "
+                f"Unknown config key '{prefix + str(raw_key)}'.{_closest(prefix + str(raw_key), schema or cls)} "
                 f"Run with --help to list every key with its meaning."
             )
         tp = hints[name]
         if dataclasses.is_dataclass(tp):
-            kwargs[name] = _build(tp, value if value is not None else {}, key + ".")
+            kwargs[name] = _build(tp, value if value is not None else {}, key + ".", schema or cls)
             continue
         value = _coerce(key, value, tp)
         choices = fields[name].metadata.get("choices")
@@ -203,11 +204,13 @@ def _read_yaml(path: str) -> Dict[str, Any]:
     return data
 
 
-def load_config(path: Optional[str] = None, overrides: Sequence[str] = ()) -> TrainConfig:
-    """Defaults < YAML file < ``key=value`` overrides, type-checked and range-checked."""
+def load_config(path: Optional[str] = None, overrides: Sequence[str] = (), schema=TrainConfig):
+    """Defaults < YAML file < ``key=value`` overrides, type-checked and range-checked.
+
+    ``schema`` is the top-level dataclass: ``TrainConfig`` or a subclass (e.g. the video one)."""
     tree = _read_yaml(path) if path else {}
     tree = {ALIASES.get(k, k): v for k, v in tree.items()}
-    cfg = _build(TrainConfig, _merge(tree, parse_overrides(overrides)))
+    cfg = _build(schema, _merge(tree, parse_overrides(overrides)))
     validate(cfg)
     return cfg
 
@@ -236,16 +239,14 @@ def validate(cfg: TrainConfig) -> None:
             raise ConfigError(f"'{key}' must be >= 0; got {getattr(cfg, key)}.")
     if not 0.0 <= cfg.ema.decay <= 1.0:
         raise ConfigError(f"'ema.decay' must lie in [0, 1]; got {cfg.ema.decay}.")
-    if cfg.data.type in ("image_folder", "latents") and not cfg.data.path:
+    # A data section lists which of its types read data.path, and what that path must hold.
+    needs_path = getattr(type(cfg.data), "PATH_REQUIRED", {})
+    if cfg.data.type in needs_path and not cfg.data.path:
         raise ConfigError(
-            f"'data.path' is required for data.type={cfg.data.type!r}: point it at "
-            + ("a folder with one sub-folder of images per class." if cfg.data.type == "image_folder"
-               else "a folder written by scripts/extract_latents.py.")
+            f"'data.path' is required for data.type={cfg.data.type!r}: point it at {needs_path[cfg.data.type]}."
         )
-    if cfg.data.path:
-        import os
-        if not os.path.isdir(cfg.data.path):
-            raise ConfigError(f"'data.path' {cfg.data.path!r} does not exist or is not a folder.")
+    if cfg.data.path and not os.path.exists(cfg.data.path):
+        raise ConfigError(f"'data.path' {cfg.data.path!r} does not exist.")
     if cfg.model.input_size is not None and len(cfg.model.input_size) not in (1, 2):
         raise ConfigError(f"'model.input_size' must be [size] or [H, W]; got {cfg.model.input_size}.")
 
@@ -287,11 +288,11 @@ def format_help(cls=TrainConfig, prefix: str = "") -> str:
     return "\n".join(lines)
 
 
-def parse_cli(argv: Sequence[str], description: str) -> TrainConfig:
-    """``[--config FILE] [key=value ...]``; --help lists every key."""
+def parse_cli(argv: Sequence[str], description: str, schema=TrainConfig):
+    """``[--config FILE] [key=value ...]``; --help lists every key of ``schema``."""
     argv = list(argv)
     if "-h" in argv or "--help" in argv:
-        print(f"{description}\n\nusage: [--config FILE.yaml] [key=value ...]\n\nkeys:{format_help()}")
+        print(f"{description}\n\nusage: [--config FILE.yaml] [key=value ...]\n\nkeys:{format_help(schema)}")
         sys.exit(0)
     path = None
     rest = []
@@ -310,7 +311,7 @@ def parse_cli(argv: Sequence[str], description: str) -> TrainConfig:
         else:
             rest.append(arg)
         i += 1
-    return load_config(path, rest)
+    return load_config(path, rest, schema)
 
 
 def exit_on_config_error(fn):

@@ -36,6 +36,9 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
+    # data.type -> what data.path must point at (checked by the loader)
+    PATH_REQUIRED = {"image_folder": "a folder with one sub-folder of images per class",
+                     "latents": "a folder written by scripts/extract_latents.py"}
     type: str = _f("shapes", "dataset kind", choices=("shapes", "image_folder", "latents"))
     path: Optional[str] = _f(None, "image folder (one sub-folder per class) or precomputed-latent folder")
     image_size: int = _f(32, "image side in pixels after DiT's centre crop (shapes: generated size)")
@@ -115,7 +118,7 @@ class TrainConfig:
     ac_offload: bool = _f(False, "offload checkpointed blocks' saved inputs to pinned CPU memory")
     selective_ratio: float = _f(1.0, "fraction of blocks NOT checkpointed (0: all checkpointed, 1: none)")
     # training
-    global_seed: int = _f(0, "global random seed (rank r uses global_seed * world_size + r)")
+    global_seed: int = _f(0, "global random seed (data-parallel rank r uses global_seed * dp_size + r)")
     max_steps: int = _f(1000, "optimizer steps to train")
     global_batch_size: int = _f(32, "samples per optimizer step across all ranks")
     grad_accum_steps: int = _f(1, "micro-batches accumulated per optimizer step")

@@ -7,7 +7,7 @@ sequence-parallel versions, chosen by config keys, without touching model code.
 
 Register a conversion for your own module type with ``register_conversion`` (see ``registry.py``
 for the factory signature and the order conversions run in). Importing this package registers the
-built-in conversions (``builtin.py``).
+built-in conversions (``builtin.py``) and the sequence-parallel ones (``opendit_lite.parallel``).
 """
 
 from .converter import ConversionReport, ConversionSection, ModuleConverter, Replacement
@@ -22,6 +22,7 @@ from .registry import (
     register_conversion,
 )
 from .builtin import register_builtin_conversions  # noqa: E402  (registers the built-ins)
+from .. import parallel as _parallel  # noqa: E402,F401  (registers the sequence-parallel conversions)
 
 __all__ = [
     "ModuleConverter",

@@ -5,16 +5,16 @@ local folder (nothing is downloaded), and a "sharded text encoder" for inference
 with captions padded/truncated to ``max_length`` tokens, the layout the video models take.
 
 Sharded text encoder (LiteGen's ``encoder.fsdp``): T5-XXL's 4.7B parameters in bf16 take ~9.5 GB
-on every rank when replicated. ``shard_text_encoder`` keeps 1/P of each parameter per rank (P =
+on every rank when replicated. ``shard_text_encoder`` keeps 1/P of the parameters per rank (P =
 the world, or the ranks of this node with ``encoder.group``) and all-gathers each layer's
 parameters just before that layer runs, dropping them after it, so the resident parameter memory
-is ~1/P plus one layer. Since the gathered values are the original ones, the output is the
+is ~1/P plus one layer plus the embeddings. Since the gathered values are the original ones, the output is the
 unsharded encoder's bit for bit. It is an inference-only scheme (the encoder is frozen): hooks
 on forward, no gradient reduction.
 """
 
 import os
-from typing import List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -78,52 +78,73 @@ def load_text_encoder(kind: str, path: str, max_length: int, dtype: torch.dtype 
 # Sharded text encoder
 # ----------------------------------------------------------------------------------------------
 
-class _ShardedParameters:
-    """Flat 1/P shard of one module's own parameters, all-gathered around its forward."""
+class _ShardedUnit:
+    """Flat 1/P shard of the parameters of ``owners`` (modules), all-gathered around ``trigger``'s
+    forward and dropped after it. A parameter tied between owners is stored once."""
 
-    def __init__(self, module: nn.Module, group: Optional[dist.ProcessGroup]):
+    def __init__(self, owners: List[nn.Module], trigger: nn.Module, group: Optional[dist.ProcessGroup]):
         self.group = group
         self.size = dist.get_world_size(group)
         rank = dist.get_rank(group)
-        self.params: List[Tuple[str, torch.Size]] = [(n, p.shape) for n, p in module.named_parameters(recurse=False)]
-        flat = torch.cat([p.detach().reshape(-1) for _, p in module.named_parameters(recurse=False)])
-        self.numel = flat.numel()
-        chunk = -(-self.numel // self.size)
-        flat = torch.nn.functional.pad(flat, (0, chunk * self.size - self.numel))
-        self.shard = flat[rank * chunk:(rank + 1) * chunk].clone()      # this rank's 1/P
-        for name, _ in self.params:                                      # drop the full copies
-            delattr(module, name)
-            setattr(module, name, None)
-        module.register_forward_pre_hook(self._gather)
-        module.register_forward_hook(self._release)
+        unique: Dict[int, int] = {}
+        tensors: List[torch.Tensor] = []
+        self.slots: List[Tuple[nn.Module, str, int]] = []    # (owner, attribute, index into tensors)
+        for owner in owners:
+            for name, p in list(owner.named_parameters(recurse=False)):
+                if id(p) not in unique:
+                    unique[id(p)] = len(tensors)
+                    tensors.append(p.detach())
+                self.slots.append((owner, name, unique[id(p)]))
+                delattr(owner, name)                              # drop the full copy
+                setattr(owner, name, None)
+        self.shapes = [t.shape for t in tensors]
+        flat = torch.cat([t.reshape(-1) for t in tensors])
+        chunk = -(-flat.numel() // self.size)
+        flat = torch.nn.functional.pad(flat, (0, chunk * self.size - flat.numel()))
+        self.shard = flat[rank * chunk:(rank + 1) * chunk].clone()  # this rank's 1/P
+        trigger.register_forward_pre_hook(self._gather)
+        trigger.register_forward_hook(self._release)
 
     def _gather(self, module: nn.Module, args) -> None:
         full = self.shard.new_empty(self.shard.numel() * self.size)
         dist.all_gather_into_tensor(full, self.shard, group=self.group)
-        offset = 0
-        for name, shape in self.params:
-            n = shape.numel()
-            setattr(module, name, full[offset:offset + n].view(shape))
-            offset += n
+        views, offset = [], 0
+        for shape in self.shapes:
+            views.append(full[offset:offset + shape.numel()].view(shape))
+            offset += shape.numel()
+        for owner, name, index in self.slots:
+            setattr(owner, name, views[index])
 
     def _release(self, module: nn.Module, args, output) -> None:
-        for name, _ in self.params:
-            setattr(module, name, None)
+        for owner, name, _ in self.slots:
+            setattr(owner, name, None)
+
+
+def _layer_list(model: nn.Module) -> nn.ModuleList:
+    """The encoder's stack of layers: its largest ModuleList (T5 ``encoder.block``, CLIP
+    ``text_model.encoder.layers``)."""
+    lists = [m for m in model.modules() if isinstance(m, nn.ModuleList)]
+    if not lists:
+        raise ValueError(f"{type(model).__name__} has no ModuleList of layers to shard by")
+    return max(lists, key=lambda m: sum(p.numel() for p in m.parameters()))
 
 
 def shard_text_encoder(encoder: TextEncoder, group: Optional[dist.ProcessGroup] = None) -> TextEncoder:
     """Shard the encoder's parameters over ``group`` (all ranks when None) in place.
 
-    Every module that owns parameters directly (each Linear, LayerNorm, embedding) keeps a flat
-    1/P shard and gathers the full tensors only for its own forward. All ranks of the group must
-    call ``encode`` together (the gathers are collectives), e.g. each with its own prompts.
-    A parameter tied between modules (T5's ``shared`` and ``encoder.embed_tokens``) is sharded
-    with each of them, costing one more 1/P shard of it.
+    The unit of gathering is one encoder layer (gathered for that layer's forward only); the
+    remaining parameters (embeddings, final norm), which modules read from their children before
+    calling them, are one unit gathered for the whole forward. All ranks of the group must call
+    ``encode`` together (the gathers are collectives), e.g. each with its own prompts.
     """
     if not dist.is_initialized() or dist.get_world_size(group) == 1:
         return encoder
-    owners = [m for m in encoder.model.modules() if any(True for _ in m.parameters(recurse=False))]
-    encoder.sharded = [_ShardedParameters(m, group) for m in owners]
+    layers = _layer_list(encoder.model)
+    inside = {id(m) for layer in layers for m in layer.modules()}
+    units = [_ShardedUnit(list(layer.modules()), layer, group) for layer in layers]
+    rest = [m for m in encoder.model.modules() if id(m) not in inside]
+    units.append(_ShardedUnit(rest, encoder.model, group))
+    encoder.sharded = units
     return encoder
 
 

@@ -1,6 +1,8 @@
 from .registry import MODELS, build_model, register_model
 from .dit import DiT, DiT_models, DiTBlock, FinalLayer
 from .dit_checkpoint import load_original_dit_checkpoint
+from .stdit import STDiT
+from .vchitect import VchitectXL
 
 __all__ = [
     "MODELS",
@@ -11,4 +13,6 @@ __all__ = [
     "DiTBlock",
     "FinalLayer",
     "load_original_dit_checkpoint",
+    "STDiT",
+    "VchitectXL",
 ]

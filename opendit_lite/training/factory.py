@@ -11,26 +11,24 @@ from ..data import build_dataset
 from ..diffusion import RectifiedFlow, build_scheduler
 from ..models import build_model
 
-VAE_DOWNSAMPLE = 8   # the SD-family AutoencoderKL halves the resolution three times
-VAE_CHANNELS = 4
-
-
 def build_dataset_from_config(cfg: TrainConfig):
     d = cfg.data
     return build_dataset(d.type, path=d.path, image_size=d.image_size, num_samples=d.num_samples,
                          random_flip=d.random_flip, seed=cfg.global_seed)
 
 
-def resolve_model_geometry(cfg: TrainConfig, dataset=None) -> None:
-    """Fill ``model.input_size``/``in_channels``/``num_classes`` left as None from the data, in place,
-    so the saved config alone rebuilds the model (sample.py relies on that)."""
+def resolve_model_geometry(cfg: TrainConfig, dataset=None, vae=None) -> None:
+    """Fill ``model.input_size``/``in_channels``/``num_classes`` left as None from the data (and the
+    VAE's downsampling and latent channels), in place, so the saved config alone rebuilds the model
+    (sample.py relies on that)."""
     m = cfg.model
     if m.input_size is None or m.in_channels is None:
-        if cfg.data.type == "latents":
-            meta = dataset.meta
+        meta = getattr(dataset, "meta", None)  # precomputed latents describe themselves
+        if meta:
             size, channels = [meta["height"], meta["width"]], meta["channels"]
-        elif cfg.vae.path:
-            size, channels = [cfg.data.image_size // VAE_DOWNSAMPLE] * 2, VAE_CHANNELS
+        elif vae is not None:
+            downsample = 2 ** (len(vae.config.block_out_channels) - 1)  # one halving per extra level
+            size, channels = [cfg.data.image_size // downsample] * 2, vae.config.latent_channels
         else:
             size, channels = [cfg.data.image_size] * 2, 3
         m.input_size = m.input_size or size

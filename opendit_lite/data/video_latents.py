@@ -1,0 +1,34 @@
+"""Precomputed video latents and caption states: one ``.pt`` file per clip holding ``latents``
+[C, T, h, w], ``states`` [M, channels], ``mask`` [M] and ``caption``, as written by
+``save_video_latents``. Training from them skips the VAE and text encoder entirely.
+"""
+
+import glob
+import os
+
+import torch
+from torch.utils.data import Dataset
+
+
+def save_video_latents(folder: str, index: int, latents: torch.Tensor, states: torch.Tensor,
+                       mask: torch.Tensor, caption: str) -> str:
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"{index:08d}.pt")
+    torch.save({"latents": latents.cpu(), "states": states.cpu(), "mask": mask.cpu(), "caption": caption}, path)
+    return path
+
+
+class VideoLatentDataset(Dataset):
+    """item = (latents [C, T, h, w], states [M, channels], mask [M], caption)."""
+
+    def __init__(self, folder: str):
+        self.files = sorted(glob.glob(os.path.join(folder, "*.pt")))
+        if not self.files:
+            raise FileNotFoundError(f"no .pt latent files in {folder!r}; write them with save_video_latents")
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, index: int):
+        item = torch.load(self.files[index], weights_only=True)
+        return item["latents"], item["states"], item["mask"], item["caption"]

@@ -1,0 +1,149 @@
+import os
+import types
+
+import pytest
+import yaml
+
+from opendit_lite.config import ConfigError, TrainConfig, from_dict, load_config, parse_overrides, validate_world
+from opendit_lite.config.loader import all_keys, format_help
+
+LITEGEN_KEYS = [
+    "exp_name", "results_dir", "checkpoint_dir", "init_from", "resume_from", "auto_resume", "precision",
+    "grad_precision", "allow_tf32", "lr", "weight_decay", "fused_optimizer", "zero_degree", "group_zero",
+    "sp_size", "fused_layernorm", "ac_offload", "selective_ratio", "ema.enable", "ema.sharded",
+    "ema.resume_from", "encoder.fsdp", "encoder.group", "global_seed", "max_steps", "num_workers",
+    "pin_memory", "global_batch_size",
+]
+
+
+def test_litegen_field_names_exist():
+    keys = set(all_keys())
+    assert [k for k in LITEGEN_KEYS if k not in keys] == []
+
+
+def test_litegen_style_yaml_loads(tmp_path):
+    """A config written for LiteGen (its README's field list) loads unchanged."""
+    text = """
+exp_name: video_generation_exp1
+results_dir: path_to_the_results_dir
+init_from: null
+auto_resume: False
+precision: bf16
+grad_precision: fp32
+allow_tf32: True
+lr: 1e-4
+weight_decay: 0.0
+fused_optimizer: True
+selective_ratio: 0
+ac_offload: True
+zero_degree: 3
+group_zero: True
+sp_size: 1
+fused_layernorm: True
+ema:
+  enable: True
+  sharded: True
+  resume_from: null
+encoder:
+  fsdp: True
+  group: False
+global_seed: 42
+max_steps: 100
+num_workers: 2
+pin_memory: True
+global_batch_size: 16
+"""
+    path = tmp_path / "litegen.yaml"
+    path.write_text(text)
+    cfg = load_config(str(path))
+    assert cfg.zero_degree == 3 and cfg.group_zero and cfg.ac_offload and cfg.selective_ratio == 0.0
+    assert cfg.lr == 1e-4 and cfg.ema.sharded and cfg.encoder.fsdp and cfg.global_batch_size == 16
+
+
+def test_precedence_cli_over_file_over_defaults(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({"lr": 0.5, "max_steps": 7, "model": {"name": "DiT-B/2"}}))
+    cfg = load_config(str(path), ["lr=0.25", "model.learn_sigma=false", "sample.class_labels=[1, 2]"])
+    assert cfg.lr == 0.25                       # command line wins
+    assert cfg.max_steps == 7                   # file beats default
+    assert cfg.model.name == "DiT-B/2" and cfg.model.learn_sigma is False
+    assert cfg.weight_decay == TrainConfig().weight_decay
+    assert cfg.sample.class_labels == [1, 2]
+
+
+def test_aliases_of_other_tools():
+    cfg = load_config(None, ["result_dir=r", "run_name=n", "seed=3"])
+    assert (cfg.results_dir, cfg.exp_name, cfg.global_seed) == ("r", "n", 3)
+
+
+def test_override_values_are_yaml():
+    assert parse_overrides(["a=1", "b.c=true", "d=[1,2]", "e=null", "f=x=y"]) == {
+        "a": 1, "b": {"c": True}, "d": [1, 2], "e": None, "f": "x=y"}
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["bogus_key=1"], "Unknown config key 'bogus_key'"),
+    (["zer_degree=1"], "Did you mean 'zero_degree'?"),
+    (["ema.decy=0.5"], "Did you mean 'ema.decay'?"),
+    (["zero_degree=4"], "'zero_degree' must be one of 0, 1, 2, 3; got 4"),
+    (["precision=fp8"], "'precision' must be one of"),
+    (["selective_ratio=-0.1"], "'selective_ratio' must lie in [0, 1]"),
+    (["lr=fast"], "'lr' must be a number"),
+    (["max_steps=1.5"], "'max_steps' must be an integer"),
+    (["auto_resume=maybe"], "'auto_resume' must be true or false"),
+    (["sp_size=0"], "'sp_size' must be a positive integer"),
+    (["ema=3"], "'ema' must be a mapping"),
+    (["data.type=latents"], "'data.path' is required"),
+    (["data.path=/no/such/folder"], "does not exist"),
+    (["ac_offload=true"], "'ac_offload' offloads the inputs of checkpointed blocks"),
+    (["novalue"], "overrides are written key=value"),
+])
+def test_bad_input_explains_itself(overrides, message):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, overrides)
+    assert message in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_missing_and_broken_files(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(str(tmp_path / "nope.yaml"))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("lr: [1, 2\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(str(bad))
+
+
+def test_world_dependent_checks():
+    cfg = load_config(None, ["global_batch_size=12", "sp_size=2"])
+    validate_world(cfg, 4)  # dp = 2 divides 12
+    with pytest.raises(ConfigError, match="must divide the number of ranks"):
+        validate_world(cfg, 3)
+    cfg = load_config(None, ["global_batch_size=10", "grad_accum_steps=4"])
+    with pytest.raises(ConfigError, match="global_batch_size'=10 must be divisible by data-parallel size x grad_accum_steps = 1 x 4"):
+        validate_world(cfg, 1)
+
+
+def test_help_lists_every_key_with_its_meaning():
+    text = format_help()
+    for key in LITEGEN_KEYS + ["model.name", "sample.cfg_scale"]:
+        assert key in text
+    assert "fraction of blocks NOT checkpointed" in text
+
+
+def test_repository_configs_load():
+    root = os.path.join(os.path.dirname(__file__), "..", "..", "configs")
+    for name in sorted(os.listdir(root)):
+        if name.endswith(".yaml") and not name.startswith("video"):
+            with open(os.path.join(root, name)) as f:
+                data = yaml.safe_load(f)
+            data.get("data", {}).pop("path", None)  # real data folders are not on the test machine
+            data.get("data", {})["type"] = "shapes"
+            assert isinstance(from_dict(TrainConfig, data), TrainConfig), name
+
+
+def test_attribute_access_objects_work_like_configs():
+    """The library reads settings with attribute access, so an EasyDict-like object works too."""
+    from opendit_lite.converter import ModuleConverter
+
+    ModuleConverter(types.SimpleNamespace(fused_layernorm=False))
