@@ -4,6 +4,12 @@ import sys
 import pytest
 import torch
 
+# Without a GPU, the Triton kernels run in Triton's interpreter on CPU tensors. The variable must be
+# set before opendit_lite.kernels is first imported (the kernels are decorated then), hence here;
+# tests/kernels checks that the Triton path is really taken.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)

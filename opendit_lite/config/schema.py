@@ -57,6 +57,8 @@ class DiffusionConfig:
     scheduler: str = _f("iddpm", "training objective", choices=("iddpm", "rflow"))
     noise_schedule: str = _f("linear", "IDDPM beta schedule", choices=("linear", "cosine"))
     diffusion_steps: int = _f(1000, "number of diffusion timesteps used in training")
+    sample_method: str = _f("logit-normal", "rflow: distribution of training times",
+                            choices=("uniform", "logit-normal"))
 
 
 @dataclass

@@ -124,9 +124,10 @@ def gemini_layout(model: GeminiDDP, group_size: int, group_rank: int) -> EMALayo
         master = chunk.paired_chunk
         if master is None:
             raise ValueError("the EMA follows Gemini's fp32 master chunks; build GeminiDDP with master_weights=True")
-        shard_len = -(-chunk.chunk_size // group_size)
+        chunk_size = int(chunk.chunk_size)  # Gemini's chunk search may hand back a numpy integer
+        shard_len = -(-chunk_size // group_size)
         if master.keep_gathered:
-            lo, hi = group_rank * shard_len, min((group_rank + 1) * shard_len, chunk.chunk_size)
+            lo, hi = group_rank * shard_len, min((group_rank + 1) * shard_len, chunk_size)
             sources.append((master, lo, max(lo, hi)))
             spans.append((offset, max(0, hi - lo)))
         else:  # the chunk size is a multiple of the group size and the payload is this rank's shard

@@ -21,6 +21,8 @@ from colossalai.zero import GeminiDDP, GeminiOptimizer
 from torch.distributed import ProcessGroup
 from torch.optim import Optimizer
 
+from .sync import broadcast_module_states
+
 
 def apply_gemini(
     model: nn.Module,
@@ -35,7 +37,8 @@ def apply_gemini(
     max_norm: float,
     **gemini_kwargs,
 ) -> Tuple[GeminiDDP, Optional[GeminiOptimizer]]:
-    """Wrap ``model`` in ``GeminiDDP`` and ``optimizer`` (a Colossal-AI Adam) in ``GeminiOptimizer``.
+    """Give ``model`` rank 0's weights, wrap it in ``GeminiDDP`` and ``optimizer`` (a Colossal-AI
+    Adam) in ``GeminiOptimizer``.
 
     ``placement_policy``: "static" (fixed fractions below) or "auto" (moves chunks by measured
     memory); ``offload_optim_frac`` / ``offload_param_frac``: fraction of optimizer-state /
@@ -44,10 +47,12 @@ def apply_gemini(
     ``search_range_m``, ``min_chunk_size_m``, ``pin_memory``, ...).
     """
     params_info = get_param_info(optimizer)  # parameter shapes, read before Gemini replaces them
+    device = get_accelerator().get_current_device()
+    broadcast_module_states(model, device)  # rank 0's weights, before each rank keeps its shard
     gemini_kwargs.setdefault("pin_memory", True)  # asynchronous host<->device copies of offloaded chunks
     model = GeminiDDP(
         model,
-        chunk_init_device=get_accelerator().get_current_device(),
+        chunk_init_device=device,
         placement_policy=placement_policy,
         offload_optim_frac=offload_optim_frac,
         offload_param_frac=offload_param_frac,

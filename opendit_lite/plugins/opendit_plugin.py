@@ -17,7 +17,7 @@ with a data x sequence mesh and a sharded EMA.
         plugin.update_ema(model, decay=0.9999)
     torch.save(plugin.ema_state_dict(only_rank_0=True), "ema.pt")  # on rank 0
 
-Decisions (the tests in tests/plugins/ check each of them):
+Decisions:
 
 - **Strategies.** ``zero_degree`` 0: PyTorch DDP, fp32 weights with autocast (``ddp.py``); 1 and 2:
   Colossal-AI's LowLevelZero stage 1 / 2 (``zero.py``); 3: Gemini, chunk-based ZeRO-3 with
@@ -64,7 +64,6 @@ import torch.nn as nn
 from colossalai.accelerator import get_accelerator
 from colossalai.booster.plugin.dp_plugin_base import DPPluginBase
 from colossalai.booster.plugin.gemini_plugin import GeminiCheckpointIO
-from colossalai.booster.plugin.torch_ddp_plugin import TorchDDPCheckpointIO
 from colossalai.checkpoint_io import CheckpointIO
 from colossalai.interface import ModelWrapper, OptimizerWrapper
 from torch.optim import Optimizer

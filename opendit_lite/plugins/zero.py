@@ -8,8 +8,9 @@ Grouped ZeRO (``replica_group`` given) shards inside a node and keeps one replic
 per node: the gradient is first averaged inside the node (Colossal-AI's reduction over
 ``zero_group``), then each rank averages its gradient *shard* with the ranks holding the same
 shard on the other nodes (one all-reduce of 1/node_size of the gradients over the slow links).
-Colossal-AI's own ``extra_dp_size`` does not do this: it still shards over the whole world, only
-with a two-level collective, so inter-node traffic stays that of world-wide ZeRO.
+Colossal-AI's own ``extra_dp_size`` is not this: it still shards over the whole world and only
+splits the collective in two levels, the first of which reduce-scatters full gradient buckets
+across nodes.
 """
 
 from types import MethodType
@@ -31,6 +32,8 @@ from colossalai.zero import LowLevelZeroOptimizer
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.distributed import ProcessGroup
 from torch.optim import Optimizer
+
+from .sync import broadcast_module_states
 
 
 class ReplicatedZeroOptimizer(LowLevelZeroOptimizer):
@@ -114,7 +117,8 @@ def apply_low_level_zero(
     overlap_communication: bool,
     **zero_kwargs,
 ) -> Tuple[LowLevelZeroModel, Optional[LowLevelZeroOptimizer]]:
-    """Cast ``model`` to ``precision`` on the current device and wrap ``optimizer`` in ZeRO ``stage``.
+    """Cast ``model`` to ``precision`` on the current device, give it rank 0's weights, and wrap
+    ``optimizer`` in ZeRO ``stage``.
 
     ``zero_group``: the ranks one copy of the master weights is sharded over; ``replica_group``:
     None, or the ranks holding the same shard (grouped ZeRO); ``max_norm``: clipping, 0 disables;
@@ -122,7 +126,8 @@ def apply_low_level_zero(
     ``zero_kwargs`` go to ``LowLevelZeroOptimizer`` (``reduce_bucket_size``,
     ``communication_dtype``, ``cpu_offload``, loss-scale settings, ...).
     """
-    model = LowLevelZeroModel(model, precision)
+    model = LowLevelZeroModel(model, precision)  # cast and moved to the current device
+    broadcast_module_states(model.module, next(model.module.parameters()).device)
     if optimizer is None:
         return model, None
     kwargs = dict(

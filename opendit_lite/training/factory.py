@@ -55,7 +55,7 @@ def build_model_from_config(cfg: TrainConfig) -> nn.Module:
 def build_training_objective(cfg: TrainConfig):
     d = cfg.diffusion
     if d.scheduler == "rflow":
-        return build_scheduler("rflow", num_timesteps=d.diffusion_steps)
+        return build_scheduler("rflow", num_timesteps=d.diffusion_steps, sample_method=d.sample_method)
     return build_scheduler("iddpm", noise_schedule=d.noise_schedule, learn_sigma=cfg.model.learn_sigma,
                            diffusion_steps=d.diffusion_steps)
 

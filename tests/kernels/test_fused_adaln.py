@@ -1,6 +1,6 @@
 """Fused AdaLN (LayerNorm + modulate): output and every gradient against ``reference_adaln``.
 
-On CPU the Triton kernels run in Triton's interpreter (tests/kernels/interpreter.py), so shapes are
+On CPU the Triton kernels run in Triton's interpreter (tests/conftest.py sets TRITON_INTERPRET=1 without a GPU), so shapes are
 small but awkward: batch > 1, token counts that do not fill a block of rows, feature counts that
 are not powers of two, both modulation layouts. ``reference_adaln`` is also the eager baseline of
 benchmarks/bench_fused_adaln.py.
@@ -67,7 +67,7 @@ def test_triton_path_is_taken():
     x = torch.zeros(1, 1, 8, device=DEVICE)
     assert triton_runs_on(x), (
         "the fused kernels would take the torch path here: opendit_lite.kernels was imported before "
-        "TRITON_INTERPRET=1 was set (tests/kernels/interpreter.py sets it), so the kernels were "
+        "TRITON_INTERPRET=1 was set (tests/conftest.py sets it), so the kernels were "
         "decorated for compilation, which needs CUDA tensors. Set TRITON_INTERPRET=1 in the "
         "environment or in tests/conftest.py."
     )
@@ -169,3 +169,11 @@ def test_bad_shapes_raise(x_shape, shift_shape, scale_shape, match):
 def test_integer_input_raises():
     with pytest.raises(TypeError, match="floating-point"):
         fused_adaln(torch.zeros(1, 2, 8, dtype=torch.int32), torch.zeros(1, 8), torch.zeros(1, 8))
+
+
+def test_too_wide_rows_raise_on_the_triton_path():
+    x = torch.zeros(1, 1, 16385, device=DEVICE)
+    if not triton_runs_on(x):
+        pytest.skip("the Triton kernels do not run here; the torch path takes any width")
+    with pytest.raises(ValueError, match="support D <= 16384"):
+        fused_adaln(x, torch.zeros(1, 16385, device=DEVICE), torch.zeros(1, 16385, device=DEVICE))

@@ -6,6 +6,7 @@ from typing import Dict, List, Tuple
 
 import torch
 import torch.nn.functional as F
+from colossalai.accelerator import get_accelerator
 from colossalai.booster import Booster
 
 from opendit_lite.models import DiT
@@ -71,16 +72,24 @@ def boosted_run(plugin, steps: int, accum: int = 1, lazy_ema: bool = False):
     The EMA is created right after boosting, or with ``lazy_ema`` by the first ``update_ema``.
     With ``accum`` > 1 each slice is split into micro-batches; all but the last run under
     ``no_sync`` where the strategy has it (otherwise the strategy accumulates reduced gradients).
+    Ranks other than 0 perturb their copy of the initial weights: every strategy must start
+    from rank 0's, as the single-process reference does. Batches go to the accelerator's current
+    device (the CPU here, the GPU on a GPU machine).
     Returns the boosted model and optimizer.
     """
+    device = get_accelerator().get_current_device()
     booster = Booster(plugin=plugin)
     model = tiny_dit()
+    if plugin.rank != 0:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn_like(p))
     optimizer = plugin.build_optimizer(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
     model, optimizer, *_ = booster.boost(model, optimizer)
     if not lazy_ema:
         plugin.create_ema(model)
     for batch in make_batches(steps):
-        micro = [torch.chunk(t, accum) for t in local_slice(batch, plugin.dp_rank, plugin.dp_size)]
+        micro = [torch.chunk(t.to(device), accum) for t in local_slice(batch, plugin.dp_rank, plugin.dp_size)]
         for i in range(accum):
             last = i == accum - 1
             with nullcontext() if last or not plugin.support_no_sync() else booster.no_sync(model, optimizer):
@@ -93,4 +102,4 @@ def boosted_run(plugin, steps: int, accum: int = 1, lazy_ema: bool = False):
 
 def max_diff(a: Dict[str, torch.Tensor], b: Dict[str, torch.Tensor]) -> float:
     assert a.keys() == b.keys(), sorted(set(a) ^ set(b))
-    return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+    return max((a[k].detach().float().cpu() - b[k].detach().float().cpu()).abs().max().item() for k in a)

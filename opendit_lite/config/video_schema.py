@@ -1,0 +1,84 @@
+"""The configuration schema of train_video.py and sample_video.py.
+
+``VideoTrainConfig`` keeps every top-level key of ``TrainConfig`` (optimizer, ZeRO, SP degree,
+checkpointing, EMA, ...) so one set of habits covers both trainers, and swaps the sections that
+differ for video: the model (clip geometry, caption width), the data (moving shapes, a CSV of
+videos, or precomputed latents), the diffusion objective (rectified flow by default), the sampler
+(prompts instead of class labels) and a text-encoder section. Loading, ``--help`` and error
+messages come from ``opendit_lite.config.loader`` with ``schema=VideoTrainConfig``.
+"""
+
+from dataclasses import dataclass
+from typing import List, Optional
+
+from .schema import TrainConfig, _f, _section
+
+TEXT_ENCODER_KINDS = ("shapes", "t5", "clip")
+SP_MODES = ("ulysses", "dsp")
+
+
+@dataclass
+class VideoModelConfig:
+    name: str = _f("STDiT-tiny", "registered video model, e.g. STDiT-XL/2, Vchitect-XL, STDiT-tiny")
+    input_size: Optional[List[int]] = _f(None, "model input frame size [H, W] (latent or pixel); None: from data and VAE")
+    num_frames: Optional[int] = _f(None, "model input frames; None: data.num_frames (or the latents')")
+    in_channels: Optional[int] = _f(None, "input channels; None: the VAE's latent channels, 3 in pixel space")
+    caption_channels: Optional[int] = _f(None, "width of the caption states; None: from the text encoder or latents")
+    learn_sigma: bool = _f(False, "also predict the variance (IDDPM's learned-sigma loss); rectified flow ignores it")
+    class_dropout_prob: float = _f(0.1, "probability of training on the null caption (for classifier-free guidance)")
+
+
+@dataclass
+class VideoDataConfig:
+    # data.type -> what data.path must point at (checked by the loader)
+    PATH_REQUIRED = {"csv": "a CSV file with 'path' and 'text' columns (one video and its caption a row)",
+                     "latents": "a folder of .pt files written by opendit_lite.data.video_latents.save_video_latents"}
+    type: str = _f("shapes", "dataset kind", choices=("shapes", "csv", "latents"))
+    path: Optional[str] = _f(None, "CSV file of (path, text) rows, or a precomputed-latent folder")
+    num_frames: int = _f(4, "frames per clip")
+    frame_interval: int = _f(3, "csv: take every n-th frame of the video")
+    image_size: int = _f(16, "frame side in pixels (shapes: generated size; csv: short side resize + centre crop)")
+    num_samples: int = _f(256, "shapes: number of generated clips")
+
+
+@dataclass
+class VideoDiffusionConfig:
+    scheduler: str = _f("rflow", "training objective", choices=("rflow", "iddpm"))
+    noise_schedule: str = _f("linear", "IDDPM beta schedule", choices=("linear", "cosine"))
+    diffusion_steps: int = _f(1000, "IDDPM timesteps; rectified flow: the scale of the time fed to the model")
+    sample_method: str = _f("uniform", "rectified flow training-time distribution",
+                            choices=("uniform", "logit-normal"))
+
+
+@dataclass
+class TextEncoderConfig:
+    kind: str = _f("shapes", "caption encoder: t5 / clip from a local folder, or 'shapes', the embedded "
+                             "per-word vectors of the moving-shapes data (no download)", choices=TEXT_ENCODER_KINDS)
+    path: Optional[str] = _f(None, "local folder with the text model and its tokenizer (t5, clip)")
+    max_length: int = _f(8, "caption tokens per sample (120 for Open-Sora's T5)")
+
+
+@dataclass
+class VideoSampleConfig:
+    ckpt: Optional[str] = _f(None, "checkpoint folder to sample from; None: the newest of this run")
+    use_ema: bool = _f(True, "sample with the EMA weights when the checkpoint has them")
+    sampler: str = _f("euler", "euler for rectified flow; ddpm or ddim for IDDPM", choices=("euler", "ddpm", "ddim"))
+    num_sampling_steps: int = _f(30, "sampling steps")
+    cfg_scale: float = _f(4.0, "classifier-free guidance scale against the null caption (1 disables guidance)")
+    prompts: Optional[List[str]] = _f(None, "captions to sample; None: prompt_file, or a few shapes captions")
+    prompt_file: Optional[str] = _f(None, "text file with one prompt a line (used when prompts is empty)")
+    seed: int = _f(0, "sampling seed: the same seed gives the same videos")
+    fps: int = _f(4, "frames per second of the written videos")
+    output_dir: Optional[str] = _f(None, "folder for the videos and contact sheet; None: <run dir>/samples")
+
+
+@dataclass
+class VideoTrainConfig(TrainConfig):
+    exp_name: str = _f("video", "experiment name: run folder and checkpoint prefix")
+    sp_mode: str = _f("ulysses", "sequence parallelism when sp_size > 1: ulysses (heads all-to-all) or dsp "
+                                 "(re-shard frames/patches; STDiT only)", choices=SP_MODES)
+    model: VideoModelConfig = _section(VideoModelConfig, "video model to train")
+    data: VideoDataConfig = _section(VideoDataConfig, "training clips")
+    diffusion: VideoDiffusionConfig = _section(VideoDiffusionConfig, "diffusion objective")
+    text_encoder: TextEncoderConfig = _section(TextEncoderConfig, "caption encoder")
+    sample: VideoSampleConfig = _section(VideoSampleConfig, "sample_video.py settings")

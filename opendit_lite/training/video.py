@@ -1,0 +1,188 @@
+"""Config -> objects for train_video.py and sample_video.py: the clip dataset, the caption encoder,
+the per-frame VAE, the text-to-video model (its geometry resolved from the data), the objective
+and its loss, and the sequence-parallel mode.
+
+Three data sources, one batch layout: every batch becomes ``(x [B, C, T, H, W], states [B, M,
+Cy], mask [B, M])``. The moving-shapes default and precomputed latents carry their caption states;
+CSV videos carry captions that the text encoder turns into states on the fly.
+"""
+
+import dataclasses
+from typing import Optional, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from ..config import ConfigError
+from ..converter import ModuleConverter
+from ..data.video_csv import VideoCSVDataset
+from ..data.video_latents import VideoLatentDataset
+from ..data.video_shapes import MovingShapesDataset, caption_states
+from ..diffusion import RectifiedFlow, build_scheduler
+from ..encoders.video_vae import VideoVAE
+from ..models import MODELS, STDiT, VchitectXL, build_model
+from ..parallel import apply_dsp
+
+# Width of the moving-shapes word vectors when model.caption_channels does not say (the tiny models').
+SHAPES_CAPTION_WIDTH = 32
+VIDEO_MODEL_TYPES = (STDiT, VchitectXL)
+
+
+def validate_video_config(cfg) -> None:
+    """Cross-section checks of the video schema (the loader checks each field on its own)."""
+    kind = cfg.text_encoder.kind
+    if cfg.data.type == "shapes" and kind != "shapes":
+        raise ConfigError(f"data.type=shapes carries its own word-vector caption states, so text_encoder.kind must "
+                          f"be 'shapes' (got {kind!r}); use data.type=csv to train with a {kind} encoder.")
+    if cfg.sp_mode == "dsp" and cfg.sp_size > 1 and not cfg.model.name.startswith("STDiT"):
+        raise ConfigError(f"sp_mode=dsp re-shards STDiT's frames and patches; {cfg.model.name!r} has no such "
+                          f"switches: use sp_mode=ulysses.")
+    if cfg.data.num_frames < 1 or cfg.data.image_size < 1 or cfg.text_encoder.max_length < 1:
+        raise ConfigError("'data.num_frames', 'data.image_size' and 'text_encoder.max_length' must be positive.")
+
+
+def build_video_dataset(cfg):
+    d = cfg.data
+    if d.type == "shapes":
+        return MovingShapesDataset(num_samples=d.num_samples, num_frames=d.num_frames, image_size=d.image_size,
+                                   max_tokens=cfg.text_encoder.max_length,
+                                   caption_channels=cfg.model.caption_channels or SHAPES_CAPTION_WIDTH,
+                                   seed=cfg.global_seed)
+    if d.type == "csv":
+        return VideoCSVDataset(d.path, num_frames=d.num_frames, frame_interval=d.frame_interval,
+                               image_size=d.image_size)
+    return VideoLatentDataset(d.path)
+
+
+class CaptionEncoder:
+    """Prompts -> (states [B, M, width], bool mask [B, M]) for any ``text_encoder.kind``: the
+    moving-shapes word vectors need no model, T5/CLIP wrap a loaded ``TextEncoder``."""
+
+    def __init__(self, kind: str, max_length: int, width: int, text_encoder=None):
+        self.kind, self.max_length, self.width, self.text_encoder = kind, max_length, width, text_encoder
+
+    def encode(self, prompts: Sequence[str], device) -> Tuple[torch.Tensor, torch.Tensor]:
+        if self.text_encoder is not None:
+            states, mask = self.text_encoder.encode(list(prompts))
+            return states.float().to(device), mask.to(device)
+        pairs = [caption_states(p, self.max_length, self.width) for p in prompts]
+        return torch.stack([s for s, _ in pairs]).to(device), torch.stack([m for _, m in pairs]).to(device)
+
+
+def load_caption_encoder(cfg, device) -> CaptionEncoder:
+    t = cfg.text_encoder
+    if t.kind == "shapes":
+        return CaptionEncoder("shapes", t.max_length, cfg.model.caption_channels or SHAPES_CAPTION_WIDTH)
+    if not t.path:
+        raise ConfigError(f"'text_encoder.path' is required to encode captions with text_encoder.kind={t.kind!r}: "
+                          f"point it at a local folder holding the model and its tokenizer (nothing is downloaded).")
+    from ..encoders.text import load_text_encoder
+
+    try:
+        encoder = load_text_encoder(t.kind, t.path, t.max_length, device=device)
+    except (FileNotFoundError, OSError) as e:
+        raise ConfigError(f"Cannot load the {t.kind} text encoder from 'text_encoder.path' {t.path!r}: {e}") from None
+    return CaptionEncoder(t.kind, t.max_length, encoder.width, encoder)
+
+
+def load_video_vae(cfg, device, sp_group=None) -> Optional[VideoVAE]:
+    """The per-frame VAE when ``vae.path`` is set; under sequence parallelism the ranks of a group
+    share the frames to encode (DP VAE)."""
+    if not cfg.vae.path:
+        return None
+    from ..encoders import load_vae
+
+    return VideoVAE(load_vae(cfg.vae.path, device=device), scale_factor=cfg.vae.scale_factor, sp_group=sp_group)
+
+
+def resolve_video_geometry(cfg, dataset, vae: Optional[VideoVAE], caption_width: Optional[int]) -> None:
+    """Fill the model's ``in_channels``/``num_frames``/``input_size``/``caption_channels`` left as None,
+    in place, so the config saved with a checkpoint alone rebuilds the model (sample_video.py relies on it)."""
+    m = cfg.model
+    if cfg.data.type == "latents":  # precomputed clips describe themselves
+        latents, states, _, _ = dataset[0]
+        channels, frames, size, caption_width = latents.shape[0], latents.shape[1], list(latents.shape[2:]), states.shape[-1]
+        if states.shape[0] != cfg.text_encoder.max_length:
+            raise ConfigError(f"The latents in {cfg.data.path!r} hold {states.shape[0]} caption tokens per clip but "
+                              f"text_encoder.max_length={cfg.text_encoder.max_length}; set it to {states.shape[0]}.")
+    elif vae is not None:
+        channels, frames, size = vae.latent_channels, cfg.data.num_frames, [cfg.data.image_size // vae.downsample] * 2
+    else:
+        channels, frames, size = 3, cfg.data.num_frames, [cfg.data.image_size] * 2
+    caption_width = caption_width or getattr(dataset, "caption_channels", None)  # shapes: its word vectors
+    m.in_channels = m.in_channels or channels
+    m.num_frames = m.num_frames or frames
+    m.input_size = m.input_size or size
+    m.caption_channels = m.caption_channels or caption_width
+
+
+def model_clip_shape(cfg) -> Tuple[int, int, int, int]:
+    """(C, T, H, W) of one model input clip."""
+    m = cfg.model
+    h, w = (m.input_size[0], m.input_size[0]) if len(m.input_size) == 1 else m.input_size
+    return m.in_channels, m.num_frames, h, w
+
+
+def build_video_model(cfg) -> nn.Module:
+    m = cfg.model
+    if m.name not in MODELS:
+        video = sorted(n for n in MODELS if n.startswith(("STDiT", "Vchitect")))
+        raise ConfigError(f"'model.name' {m.name!r} is not a registered model; video models: {', '.join(video)}.")
+    try:
+        model = build_model(m.name, in_channels=m.in_channels, caption_channels=m.caption_channels,
+                            model_max_length=cfg.text_encoder.max_length, class_dropout_prob=m.class_dropout_prob,
+                            learn_sigma=m.learn_sigma)
+    except TypeError as e:
+        if "unexpected keyword argument" not in str(e):
+            raise
+        model = None  # an image model: it takes no caption arguments
+    if not isinstance(model, VIDEO_MODEL_TYPES):
+        raise ConfigError(f"'model.name' {m.name!r} is not a text-to-video model; use an STDiT or Vchitect model.")
+    return model
+
+
+def build_video_objective(cfg):
+    d = cfg.diffusion
+    if d.scheduler == "rflow":
+        return build_scheduler("rflow", num_timesteps=d.diffusion_steps, sample_method=d.sample_method)
+    return build_scheduler("iddpm", noise_schedule=d.noise_schedule, learn_sigma=cfg.model.learn_sigma,
+                           diffusion_steps=d.diffusion_steps)
+
+
+def objective_loss(objective, model, x: torch.Tensor, model_kwargs: dict) -> torch.Tensor:
+    """Mean training loss of a batch x [B, ...] under rectified flow (time drawn inside) or IDDPM
+    (a uniform integer timestep per sample)."""
+    if isinstance(objective, RectifiedFlow):
+        return objective.training_losses(model, x, model_kwargs=model_kwargs)["loss"].mean()
+    t = torch.randint(0, objective.num_timesteps, (x.shape[0],), device=x.device)
+    return objective.training_losses(model, x, t, model_kwargs=model_kwargs)["loss"].mean()
+
+
+def batch_to_inputs(batch, captions: Optional[CaptionEncoder], vae: Optional[VideoVAE], device):
+    """A loader batch of any video dataset -> (x [B, C, T, H, W], states [B, M, Cy], mask [B, M]).
+
+    ``vae`` encodes pixel clips into latents; pass None for pixel-space training and precomputed latents."""
+    if len(batch) == 4:  # shapes / latents: (clips, states, mask, captions)
+        x, states, mask, _ = batch
+        states, mask = states.to(device, non_blocking=True), mask.to(device, non_blocking=True)
+    else:  # csv: (clips, captions)
+        x, text = batch
+        states, mask = captions.encode(text, device)
+    x = x.to(device, non_blocking=True)
+    if vae is not None:
+        x = vae.encode(x)
+    return x, states, mask
+
+
+def apply_video_parallelism(model: nn.Module, cfg, sp_group: Optional[dist.ProcessGroup]) -> str:
+    """Kernel conversions plus the chosen sequence parallelism; returns the report to log.
+
+    Ulysses goes through the module converter (it swaps attention ops when sp_size > 1). DSP
+    swaps only the model's split/gather/switch markers and keeps every attention op serial, so the
+    converter must then see sp_size=1 or it would apply Ulysses on top."""
+    if cfg.sp_mode == "dsp" and cfg.sp_size > 1:
+        report = ModuleConverter(dataclasses.replace(cfg, sp_size=1)).convert(model)
+        apply_dsp(model, sp_group)
+        return f"{report}\nDSP over {cfg.sp_size} ranks: frames/patches re-sharded around spatial attention"
+    return str(ModuleConverter(cfg, sp_group=sp_group).convert(model))

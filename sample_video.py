@@ -1,0 +1,202 @@
+#!/usr/bin/env python
+"""Sample videos from text prompts with classifier-free guidance (against the model's learned null
+caption); writes one MP4 per prompt (an animated GIF where MP4 encoding is unavailable) and a PNG
+contact sheet with one row of frames per prompt, and prints their paths. The same seed gives the
+same videos.
+
+From the newest checkpoint of a run (EMA weights by default), prompts from the config:
+    python sample_video.py --config configs/video_stdit_demo.yaml
+Prompts on the command line or from a file (one a line):
+    python sample_video.py --config configs/video_stdit_demo.yaml 'sample.prompts=["a red disc moving up"]'
+    python sample_video.py --config configs/video_stdit_xl.yaml sample.prompt_file=prompts.txt \\
+        text_encoder.path=/models/t5-v1_1-xxl vae.path=/models/sd-vae-ft-ema
+
+The model, text-encoder kind and objective are those saved with the checkpoint; ``sample.*`` (and
+local paths such as ``vae.path``/``text_encoder.path``) come from this command.
+"""
+
+import functools
+import os
+import re
+import sys
+from typing import List
+
+import torch
+from PIL import Image, ImageDraw
+
+from opendit_lite.utils.quiet import quiet_third_party_startup
+
+quiet_third_party_startup()  # before colossalai is imported
+
+from opendit_lite.config import ConfigError, exit_on_config_error, from_dict, parse_cli
+from opendit_lite.config.video_schema import TextEncoderConfig, VideoDiffusionConfig, VideoModelConfig, VideoTrainConfig
+from opendit_lite.diffusion import RectifiedFlow, create_diffusion
+from opendit_lite.training.run_checkpoints import resolve_sample_checkpoint, saved_config
+from opendit_lite.training.video import (
+    build_video_model,
+    load_caption_encoder,
+    load_video_vae,
+    model_clip_shape,
+    validate_video_config,
+)
+from opendit_lite.training.weights import load_weights
+
+# Captions of the embedded moving-shapes data, used when no prompts are given for it.
+SHAPES_PROMPTS = ["a red square moving right", "a blue disc moving down", "a green disc moving left",
+                  "a yellow square moving up"]
+
+
+def adopt_checkpoint_config(cfg, ckpt: str) -> None:
+    """Take the model, diffusion and text-encoder kind the checkpoint was trained with, in place;
+    a local text_encoder.path given here wins over the saved one."""
+    saved = saved_config(ckpt)
+    if "model" not in saved:
+        raise ConfigError(f"{ckpt!r} carries no saved config (meta.json): sample_video.py reads checkpoints "
+                          f"written by train_video.py.")
+    cfg.model = from_dict(VideoModelConfig, saved["model"], "model.")
+    cfg.diffusion = from_dict(VideoDiffusionConfig, saved["diffusion"], "diffusion.")
+    path = cfg.text_encoder.path
+    cfg.text_encoder = from_dict(TextEncoderConfig, saved["text_encoder"], "text_encoder.")
+    cfg.text_encoder.path = path or cfg.text_encoder.path
+
+
+def read_prompts(cfg) -> List[str]:
+    s = cfg.sample
+    if s.prompts:
+        return list(s.prompts)
+    if s.prompt_file:
+        if not os.path.isfile(s.prompt_file):
+            raise ConfigError(f"'sample.prompt_file' {s.prompt_file!r} does not exist.")
+        with open(s.prompt_file) as f:
+            prompts = [line.strip() for line in f if line.strip()]
+        if not prompts:
+            raise ConfigError(f"'sample.prompt_file' {s.prompt_file!r} holds no prompts (one per line).")
+        return prompts
+    if cfg.text_encoder.kind == "shapes":
+        return list(SHAPES_PROMPTS)
+    raise ConfigError("No prompts: set sample.prompts=[...] or sample.prompt_file=<text file, one prompt a line>.")
+
+
+def check_sampler(cfg) -> None:
+    trained, sampler = cfg.diffusion.scheduler, cfg.sample.sampler
+    if (trained == "rflow") != (sampler == "euler"):
+        fits = "euler" if trained == "rflow" else "ddpm or ddim"
+        raise ConfigError(f"The model was trained with diffusion.scheduler={trained}; sample.sampler={sampler} does "
+                          f"not fit it: use sample.sampler={fits}.")
+
+
+@torch.no_grad()
+def sample_clips(model, cfg, states: torch.Tensor, mask: torch.Tensor, device, generator: torch.Generator,
+                 pixel_space: bool) -> torch.Tensor:
+    """Caption states [n, M, Cy] -> clips [n, C, T, H, W] in model space (latents or pixels)."""
+    z = torch.randn(states.shape[0], *model_clip_shape(cfg), generator=generator).to(device)  # [n, C, T, H, W]
+    s = cfg.sample
+    # The model's own guidance runs [captions; null caption] as one batch of 2n.
+    guided = functools.partial(model.forward_with_cfg, cfg_scale=s.cfg_scale)
+    kwargs = dict(y=states, mask=mask)
+    if s.sampler == "euler":
+        rf = RectifiedFlow(num_timesteps=cfg.diffusion.diffusion_steps)
+        return rf.sample(guided, noise=z, model_kwargs=kwargs, num_steps=s.num_sampling_steps, progress=True,
+                         generator=generator)
+    prefix = "ddim" if s.sampler == "ddim" else ""
+    diffusion = create_diffusion(f"{prefix}{s.num_sampling_steps}", noise_schedule=cfg.diffusion.noise_schedule,
+                                 learn_sigma=cfg.model.learn_sigma, diffusion_steps=cfg.diffusion.diffusion_steps)
+    loop = diffusion.ddim_sample_loop if s.sampler == "ddim" else diffusion.p_sample_loop
+    return loop(guided, z.shape, z, clip_denoised=pixel_space, model_kwargs=kwargs, progress=True,
+                device=device, generator=generator)
+
+
+def to_frames(clip: torch.Tensor, min_side: int = 128) -> List[Image.Image]:
+    """clip [3, T, H, W] in [-1, 1] -> T RGB images, small clips upscaled (nearest) to be watchable;
+    sides are kept even, which H.264's 4:2:0 chroma needs."""
+    arr = ((clip.float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).permute(1, 2, 3, 0).cpu().numpy()
+    h, w = arr.shape[1:3]
+    scale = max(1, -(-min_side // min(h, w)))
+    size = (w * scale + (w * scale) % 2, h * scale + (h * scale) % 2)
+    return [Image.fromarray(a).resize(size, Image.NEAREST) for a in arr]
+
+
+def write_video(frames: List[Image.Image], stem: str, fps: int) -> str:
+    """``stem.mp4`` via PyAV (H.264, else MPEG-4 part 2); ``stem.gif`` if encoding fails."""
+    path = stem + ".mp4"
+    try:
+        import av
+
+        codec = "libx264" if "libx264" in av.codecs_available else "mpeg4"
+        with av.open(path, "w") as container:
+            stream = container.add_stream(codec, rate=fps)
+            stream.width, stream.height = frames[0].size
+            stream.pix_fmt = "yuv420p"
+            for frame in frames:
+                container.mux(stream.encode(av.VideoFrame.from_image(frame)))
+            container.mux(stream.encode())  # flush the encoder
+        return path
+    except Exception as err:  # no PyAV, no encoder in its FFmpeg build, ...
+        if os.path.exists(path):
+            os.remove(path)
+        print(f"MP4 encoding failed ({type(err).__name__}: {err}); writing a GIF instead", file=sys.stderr)
+    path = stem + ".gif"
+    frames[0].save(path, save_all=True, append_images=frames[1:], duration=max(1, round(1000 / fps)), loop=0)
+    return path
+
+
+def contact_sheet(rows: List[List[Image.Image]], prompts: List[str], max_tile: int = 96) -> Image.Image:
+    """One row of frames per prompt, the prompt written above its row."""
+    w, h = rows[0][0].size
+    scale = min(1.0, max_tile / max(w, h))
+    tw, th = max(1, round(w * scale)), max(1, round(h * scale))
+    pad, text_h = 2, 14
+    cols = max(len(r) for r in rows)
+    sheet = Image.new("RGB", (cols * (tw + pad) + pad, len(rows) * (th + text_h + pad) + pad), "white")
+    draw = ImageDraw.Draw(sheet)
+    for r, (frames, prompt) in enumerate(zip(rows, prompts)):
+        top = pad + r * (th + text_h + pad)
+        draw.text((pad, top), prompt[: (sheet.width - 2 * pad) // 6], fill="black")
+        for c, frame in enumerate(frames):
+            sheet.paste(frame.resize((tw, th), Image.NEAREST), (pad + c * (tw + pad), top + text_h))
+    return sheet
+
+
+def slug(prompt: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "_", prompt.lower()).strip("_")[:40] or "prompt"
+
+
+@exit_on_config_error
+def main(argv=None) -> List[str]:
+    cfg = parse_cli(sys.argv[1:] if argv is None else argv, __doc__, schema=VideoTrainConfig)
+    validate_video_config(cfg)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    ckpt = resolve_sample_checkpoint(cfg, cfg.sample.ckpt, "train_video.py")
+    adopt_checkpoint_config(cfg, ckpt)
+    check_sampler(cfg)
+    prompts = read_prompts(cfg)
+    pixel_space = cfg.model.in_channels == 3 and not cfg.vae.path
+    if not pixel_space and not cfg.vae.path:
+        raise ConfigError(f"The model works on {cfg.model.in_channels}-channel latents: set vae.path to the local "
+                          f"VAE folder that decodes them.")
+    model = build_video_model(cfg)
+    load_weights(model, ckpt, use_ema=cfg.sample.use_ema)
+    model.to(device).eval()
+
+    states, mask = load_caption_encoder(cfg, device).encode(prompts, device)         # [n, M, Cy], [n, M]
+    generator = torch.Generator().manual_seed(cfg.sample.seed)
+    clips = sample_clips(model, cfg, states, mask, device, generator, pixel_space)   # [n, C, T, H, W]
+    vae = load_video_vae(cfg, device)
+    if vae is not None:
+        clips = vae.decode(clips)                                                    # [n, 3, T, H', W']
+
+    out_dir = cfg.sample.output_dir or os.path.join(cfg.results_dir, cfg.exp_name, "samples")
+    os.makedirs(out_dir, exist_ok=True)
+    rows = [to_frames(clip) for clip in clips]
+    paths = [write_video(frames, os.path.join(out_dir, f"{i:02d}_{slug(p)}"), cfg.sample.fps)
+             for i, (frames, p) in enumerate(zip(rows, prompts))]
+    sheet = os.path.join(out_dir, "contact_sheet.png")
+    contact_sheet(rows, prompts).save(sheet)
+    print(f"sampled {len(prompts)} prompts from {ckpt} (seed {cfg.sample.seed}, cfg_scale {cfg.sample.cfg_scale}):")
+    for path in paths + [sheet]:
+        print(path)
+    return paths + [sheet]
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,72 @@
+"""Bad plugin arguments fail fast with a message that says what is allowed and what to do.
+
+The checks depend only on the world size, so they run in this process with torch.distributed's
+answers patched (world of 4, rank 0); every error is raised before any process group is made.
+"""
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from opendit_lite.plugins import OpenDiTPlugin
+
+
+@pytest.fixture
+def world_of_4(monkeypatch):
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 4)
+    monkeypatch.setattr(dist, "get_rank", lambda group=None: 0)
+
+
+def test_needs_an_initialised_process_group(monkeypatch):
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    with pytest.raises(RuntimeError, match="init_distributed"):
+        OpenDiTPlugin()
+
+
+@pytest.mark.parametrize("zero_degree", [-1, 4, "2", True, 1.5])
+def test_zero_degree_out_of_range(world_of_4, zero_degree):
+    with pytest.raises(ValueError, match=r"use 0 \(DDP\), 1 \(ZeRO-1\), 2 \(ZeRO-2\) or 3"):
+        OpenDiTPlugin(zero_degree=zero_degree)
+
+
+def test_unknown_precision_and_negative_clip(world_of_4):
+    with pytest.raises(ValueError, match=r"use one of \['bf16', 'fp16', 'fp32'\]"):
+        OpenDiTPlugin(precision="fp8")
+    with pytest.raises(ValueError, match="grad_clip=-1.0 must be >= 0"):
+        OpenDiTPlugin(grad_clip=-1.0)
+
+
+@pytest.mark.parametrize("sp_size", [3, 0, 8])
+def test_sp_size_must_divide_world(world_of_4, sp_size):
+    with pytest.raises(ValueError, match=r"divisor of the world size 4 \(allowed: \[1, 2, 4\]\)"):
+        OpenDiTPlugin(sp_size=sp_size)
+
+
+def test_group_zero_node_size_must_divide_world(world_of_4):
+    with pytest.raises(ValueError, match="node_size=3 ranks, which must be a positive divisor of the world size 4"):
+        OpenDiTPlugin(zero_degree=2, group_zero=True, node_size=3)
+
+
+def test_group_zero_default_node_size_without_gpus(world_of_4, monkeypatch):
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    with pytest.raises(ValueError, match="pass node_size=<ranks per node>"):
+        OpenDiTPlugin(zero_degree=1, group_zero=True)
+
+
+def test_group_zero_needs_zero(world_of_4):
+    with pytest.raises(ValueError, match="needs zero_degree 1, 2 or 3"):
+        OpenDiTPlugin(zero_degree=0, group_zero=True)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error raised where no CUDA GPU is visible")
+def test_gemini_needs_cuda(world_of_4):
+    with pytest.raises(ValueError, match="zero_degree=3 \\(Gemini\\) needs a CUDA GPU"):
+        OpenDiTPlugin(zero_degree=3)
+
+
+def test_gemini_needs_bf16_or_fp16(world_of_4, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.raises(ValueError, match="set precision to 'bf16' or 'fp16'"):
+        OpenDiTPlugin(zero_degree=3, precision="fp32")

@@ -1,0 +1,157 @@
+#!/usr/bin/env python
+"""Train a text-to-video diffusion transformer (STDiT, Vchitect-style) with opendit_lite.
+
+The embedded default (moving coloured shapes with captions, pixel space, CPU in minutes):
+    python train_video.py --config configs/video_stdit_demo.yaml
+    python train_video.py --config configs/video_vchitect_demo.yaml
+Sequence parallelism over 2 ranks (Ulysses; sp_mode=dsp for STDiT's DSP):
+    torchrun --standalone --nproc_per_node 2 train_video.py --config configs/video_stdit_demo.yaml sp_size=2
+STDiT-XL/2 on 16x256x256 clips from precomputed latents, one node of 8 GPUs:
+    torchrun --standalone --nproc_per_node 8 train_video.py --config configs/video_stdit_xl.yaml \\
+        data.path=/data/latents text_encoder.path=/models/t5-v1_1-xxl vae.path=/models/sd-vae-ft-ema
+CSV videos (path,text columns) encoded on the fly by a local VAE and T5:
+    python train_video.py --config configs/video_stdit_demo.yaml data.type=csv data.path=/data/videos.csv \\
+        text_encoder.kind=t5 text_encoder.path=/models/t5 text_encoder.max_length=120 vae.path=/models/sd-vae
+
+Objectives: rectified flow (``diffusion.scheduler=rflow``, default) or IDDPM (``iddpm``, with
+``model.learn_sigma=true`` for the learned variance). Captions are replaced by the model's learned
+null caption with probability ``model.class_dropout_prob``, which classifier-free guidance needs.
+Settings are ``key=value`` overrides (``python train_video.py --help`` lists every key). Outputs go to
+``<results_dir>/<exp_name>/`` as with train.py; resume with ``auto_resume=true`` or ``resume_from=<folder>``.
+
+Batch arithmetic: clips per optimizer step = global_batch_size
+    = per-rank micro-batch x grad_accum_steps x data-parallel ranks (world size / sp_size);
+the sp_size ranks of a group share each clip, each holding 1/sp_size of its tokens.
+"""
+
+import os
+import sys
+
+import torch
+
+from opendit_lite.utils.quiet import quiet_third_party_startup
+
+quiet_third_party_startup()  # before colossalai is imported
+
+from opendit_lite.config import exit_on_config_error, parse_cli, to_dict, validate_world
+from opendit_lite.config.video_schema import VideoTrainConfig
+from opendit_lite.memory import apply_activation_checkpointing
+from opendit_lite.plugins.checkpoint import save_checkpoint
+from opendit_lite.training.distributed import cleanup_distributed, init_distributed
+from opendit_lite.training.loop import (
+    ResumableBatches,
+    boost_training,
+    build_booster,
+    enable_ema,
+    log_mean_loss,
+    optimizer_step,
+    restore_training,
+    write_run_config,
+)
+from opendit_lite.training.metrics import MetricsLogger
+from opendit_lite.training.run_checkpoints import checkpoint_root, pick_resume_checkpoint
+from opendit_lite.training.seed import seed_everything
+from opendit_lite.training.video import (
+    apply_video_parallelism,
+    batch_to_inputs,
+    build_video_dataset,
+    build_video_model,
+    build_video_objective,
+    load_caption_encoder,
+    load_video_vae,
+    model_clip_shape,
+    objective_loss,
+    resolve_video_geometry,
+    validate_video_config,
+)
+from opendit_lite.training.weights import load_weights
+
+
+def train(cfg, info) -> str:
+    run_dir = os.path.join(cfg.results_dir, cfg.exp_name)
+    log = MetricsLogger(run_dir, enabled=info.is_main)
+    if cfg.allow_tf32 and torch.cuda.is_available():
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+
+    plugin, booster = build_booster(cfg, info)
+    seed_everything(cfg.global_seed, 0, 1)  # the same model initialisation on every rank
+
+    dataset = build_video_dataset(cfg)
+    # CSV captions are encoded while training; shapes and latents carry their states.
+    captions = load_caption_encoder(cfg, info.device) if cfg.data.type == "csv" else None
+    vae = load_video_vae(cfg, info.device, sp_group=plugin.sp_group) if cfg.data.type != "latents" else None
+    resolve_video_geometry(cfg, dataset, vae, captions.width if captions else None)
+    model = build_video_model(cfg)
+    if cfg.init_from and not pick_resume_checkpoint(cfg):
+        load_weights(model, cfg.init_from, use_ema=False)
+        log.write(f"initialised weights from {cfg.init_from}")
+    # Order: kernel/SP conversions replace modules, then checkpointing wraps the blocks holding
+    # them, then the plugin wraps the whole model for DDP/ZeRO.
+    log.write(apply_video_parallelism(model, cfg, plugin.sp_group))
+    if cfg.selective_ratio < 1.0 or cfg.ac_offload:
+        log.write(str(apply_activation_checkpointing(model, cfg.selective_ratio, offload=cfg.ac_offload)))
+    objective = build_video_objective(cfg)
+    model.to(info.device)
+    num_params = sum(p.numel() for p in model.parameters())
+    C, T, H, W = model_clip_shape(cfg)
+    log.write(f"model {cfg.model.name}: {num_params / 1e6:.2f}M parameters, clips {C}x{T}x{H}x{W}, "
+              f"captions {cfg.text_encoder.max_length}x{cfg.model.caption_channels}, {cfg.diffusion.scheduler}")
+
+    model, optimizer, lr_scheduler, dataloader, micro_batch = boost_training(cfg, plugin, booster, model, dataset)
+    # One random stream per data-parallel rank: the ranks of a sequence-parallel group must draw the
+    # same noise, timesteps and caption dropout for the clip they share.
+    seed_everything(cfg.global_seed, plugin.dp_rank, plugin.dp_size)
+    ema_plugin = enable_ema(cfg, plugin, model, optimizer)
+    step, epoch, batch_in_epoch = restore_training(cfg, booster, plugin, ema_plugin, model, optimizer,
+                                                   lr_scheduler, log)
+    write_run_config(cfg, run_dir, info.is_main)
+    batches = ResumableBatches(dataloader, micro_batch, epoch, batch_in_epoch)
+    log.start(step, cfg.max_steps)
+
+    def save(at_step: int) -> str:
+        extra = {"epoch": batches.epoch, "batch_in_epoch": batches.batch_in_epoch, "config": to_dict(cfg)}
+        path = save_checkpoint(booster, checkpoint_root(cfg), at_step, model, optimizer, lr_scheduler,
+                               plugin=ema_plugin, extra_state=extra, keep_last=cfg.keep_last or None,
+                               exp_name=cfg.exp_name)
+        log.write(f"saved checkpoint {path}")
+        return path
+
+    sums = {"loss": torch.zeros((), device=info.device)}
+    since_log = 0
+    model.train()
+    while step < cfg.max_steps:
+        for _ in range(cfg.grad_accum_steps):
+            x, states, mask = batch_to_inputs(next(batches), captions, vae, info.device)  # x [B, C, T, H, W]
+            loss = objective_loss(objective, model, x, dict(y=states, mask=mask))
+            booster.backward(loss / cfg.grad_accum_steps, optimizer)
+            sums["loss"] += loss.detach() / cfg.grad_accum_steps
+        optimizer_step(cfg, plugin, ema_plugin, model, optimizer, lr_scheduler)
+        step += 1
+        since_log += 1
+        log.advance()
+        if step % cfg.log_every == 0 or step == cfg.max_steps:
+            log_mean_loss(log, step, sums, since_log, cfg.global_batch_size, info.world_size,
+                          extra={"lr": lr_scheduler.get_last_lr()[0], "epoch": batches.epoch})
+            since_log = 0
+        if cfg.ckpt_every and step % cfg.ckpt_every == 0 and step < cfg.max_steps:
+            save(step)
+
+    last_ckpt = save(step)
+    log.close()
+    return last_ckpt
+
+
+@exit_on_config_error
+def main(argv=None) -> None:
+    cfg = parse_cli(sys.argv[1:] if argv is None else argv, __doc__, schema=VideoTrainConfig)
+    validate_video_config(cfg)
+    info = init_distributed()
+    try:
+        validate_world(cfg, info.world_size)
+        train(cfg, info)
+    finally:
+        cleanup_distributed()
+
+
+if __name__ == "__main__":
+    main()
