@@ -12,7 +12,6 @@ From an original DiT checkpoint (weights and VAE from local paths; nothing is do
 """
 
 import functools
-import json
 import os
 import sys
 
@@ -23,10 +22,9 @@ from opendit_lite.utils.quiet import quiet_third_party_startup
 
 quiet_third_party_startup()  # before colossalai is imported
 
-from opendit_lite.config import ConfigError, ModelConfig, exit_on_config_error, from_dict, parse_cli
+from opendit_lite.config import ConfigError, DiffusionConfig, ModelConfig, exit_on_config_error, from_dict, parse_cli
 from opendit_lite.diffusion import RectifiedFlow, create_diffusion
 from opendit_lite.encoders import vae_decode
-from opendit_lite.plugins.checkpoint import find_latest_checkpoint
 from opendit_lite.training.factory import (
     build_dataset_from_config,
     build_model_from_config,
@@ -34,30 +32,8 @@ from opendit_lite.training.factory import (
     model_input_hw,
     resolve_model_geometry,
 )
+from opendit_lite.training.run_checkpoints import resolve_sample_checkpoint, saved_config
 from opendit_lite.training.weights import load_weights
-
-
-def resolve_checkpoint(cfg) -> str:
-    if cfg.sample.ckpt:
-        if not os.path.exists(cfg.sample.ckpt):
-            raise ConfigError(f"'sample.ckpt' {cfg.sample.ckpt!r} does not exist.")
-        return cfg.sample.ckpt
-    root = cfg.checkpoint_dir or os.path.join(cfg.results_dir, cfg.exp_name, "checkpoints")
-    ckpt = find_latest_checkpoint(root, cfg.exp_name) if os.path.isdir(root) else None
-    if ckpt is None:
-        raise ConfigError(f"No complete checkpoint of experiment '{cfg.exp_name}' under '{root}'. Train first "
-                          f"(python train.py with the same config) or pass sample.ckpt=<checkpoint or DiT .pt>.")
-    return ckpt
-
-
-def model_config_of_checkpoint(ckpt: str):
-    """The resolved model section train.py stored with a checkpoint (None for other formats)."""
-    meta = os.path.join(ckpt, "meta.json")
-    if not os.path.isfile(meta):
-        return None
-    with open(meta) as f:
-        saved = json.load(f).get("extra_state", {}).get("config", {})
-    return from_dict(ModelConfig, saved["model"], "model.") if "model" in saved else None
 
 
 @torch.no_grad()
@@ -106,16 +82,22 @@ def labelled_grid(images: torch.Tensor, rows: int, names) -> Image.Image:
 def main(argv=None) -> str:
     cfg = parse_cli(sys.argv[1:] if argv is None else argv, __doc__)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    ckpt = resolve_checkpoint(cfg)
+    ckpt = resolve_sample_checkpoint(cfg, cfg.sample.ckpt, "train.py")
     dataset = None
     vae = load_vae_from_config(cfg, device)
-    saved_model_cfg = model_config_of_checkpoint(ckpt)
-    if saved_model_cfg is not None:
-        cfg.model = saved_model_cfg
+    saved = saved_config(ckpt)  # the resolved config train.py stored with its checkpoint
+    if "model" in saved:
+        cfg.model = from_dict(ModelConfig, saved["model"], "model.")
+        cfg.diffusion = from_dict(DiffusionConfig, saved["diffusion"], "diffusion.")
     else:
         if cfg.model.num_classes is None:
             dataset = build_dataset_from_config(cfg)
         resolve_model_geometry(cfg, dataset, vae)
+    flow = cfg.diffusion.scheduler == "rflow"
+    if flow != (cfg.sample.sampler == "euler"):
+        raise ConfigError(f"'sample.sampler'={cfg.sample.sampler!r} does not fit a model trained with "
+                          f"diffusion.scheduler={cfg.diffusion.scheduler!r}: use "
+                          + ("sample.sampler=euler." if flow else "sample.sampler=ddpm or ddim."))
     model = build_model_from_config(cfg)
     load_weights(model, ckpt, use_ema=cfg.sample.use_ema)
     model.to(device).eval()

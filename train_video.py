@@ -33,23 +33,21 @@ from opendit_lite.utils.quiet import quiet_third_party_startup
 
 quiet_third_party_startup()  # before colossalai is imported
 
-from opendit_lite.config import exit_on_config_error, parse_cli, to_dict, validate_world
+from opendit_lite.config import exit_on_config_error, parse_cli, validate_world
 from opendit_lite.config.video_schema import VideoTrainConfig
 from opendit_lite.memory import apply_activation_checkpointing
-from opendit_lite.plugins.checkpoint import save_checkpoint
 from opendit_lite.training.distributed import cleanup_distributed, init_distributed
 from opendit_lite.training.loop import (
     ResumableBatches,
     boost_training,
     build_booster,
     enable_ema,
-    log_mean_loss,
-    optimizer_step,
     restore_training,
+    run_steps,
     write_run_config,
 )
 from opendit_lite.training.metrics import MetricsLogger
-from opendit_lite.training.run_checkpoints import checkpoint_root, pick_resume_checkpoint
+from opendit_lite.training.run_checkpoints import pick_resume_checkpoint
 from opendit_lite.training.seed import seed_everything
 from opendit_lite.training.video import (
     apply_video_parallelism,
@@ -106,39 +104,13 @@ def train(cfg, info) -> str:
                                                    lr_scheduler, log)
     write_run_config(cfg, run_dir, info.is_main)
     batches = ResumableBatches(dataloader, micro_batch, epoch, batch_in_epoch)
-    log.start(step, cfg.max_steps)
 
-    def save(at_step: int) -> str:
-        extra = {"epoch": batches.epoch, "batch_in_epoch": batches.batch_in_epoch, "config": to_dict(cfg)}
-        path = save_checkpoint(booster, checkpoint_root(cfg), at_step, model, optimizer, lr_scheduler,
-                               plugin=ema_plugin, extra_state=extra, keep_last=cfg.keep_last or None,
-                               exp_name=cfg.exp_name)
-        log.write(f"saved checkpoint {path}")
-        return path
+    def batch_loss(batch) -> torch.Tensor:
+        x, states, mask = batch_to_inputs(batch, captions, vae, info.device)  # x [B, C, T, H, W]
+        return objective_loss(objective, model, x, dict(y=states, mask=mask))
 
-    sums = {"loss": torch.zeros((), device=info.device)}
-    since_log = 0
-    model.train()
-    while step < cfg.max_steps:
-        for _ in range(cfg.grad_accum_steps):
-            x, states, mask = batch_to_inputs(next(batches), captions, vae, info.device)  # x [B, C, T, H, W]
-            loss = objective_loss(objective, model, x, dict(y=states, mask=mask))
-            booster.backward(loss / cfg.grad_accum_steps, optimizer)
-            sums["loss"] += loss.detach() / cfg.grad_accum_steps
-        optimizer_step(cfg, plugin, ema_plugin, model, optimizer, lr_scheduler)
-        step += 1
-        since_log += 1
-        log.advance()
-        if step % cfg.log_every == 0 or step == cfg.max_steps:
-            log_mean_loss(log, step, sums, since_log, cfg.global_batch_size, info.world_size,
-                          extra={"lr": lr_scheduler.get_last_lr()[0], "epoch": batches.epoch})
-            since_log = 0
-        if cfg.ckpt_every and step % cfg.ckpt_every == 0 and step < cfg.max_steps:
-            save(step)
-
-    last_ckpt = save(step)
-    log.close()
-    return last_ckpt
+    return run_steps(cfg, info, log, booster, plugin, ema_plugin, model, optimizer, lr_scheduler, batches, step,
+                     batch_loss)
 
 
 @exit_on_config_error

@@ -1,18 +1,22 @@
 """The parts of a training run that do not depend on what is trained, shared by the trainers:
 plugin and booster set-up, the boosted optimizer/scheduler/data loader, resuming, the endless
-resumable batch stream, the optimizer step with EMA and the loss log point.
+resumable batch stream, and the step loop (accumulation, optimizer step, EMA, logging, checkpoints).
 
-A trainer's own loop is then only "batch -> loss" plus these calls, in this order::
+A trainer's own code is then only model/data set-up and "batch -> loss", plus these calls in this order::
 
     plugin, booster = build_booster(cfg, info)
     model, optimizer, lr_scheduler, dataloader, micro_batch = boost_training(cfg, plugin, booster, model, dataset)
     seed_everything(cfg.global_seed, plugin.dp_rank, plugin.dp_size)
     ema_plugin = enable_ema(cfg, plugin, model, optimizer)
     step, epoch, batch_in_epoch = restore_training(cfg, booster, plugin, ema_plugin, model, optimizer, lr_scheduler, log)
+    write_run_config(cfg, run_dir, info.is_main)
+    batches = ResumableBatches(dataloader, micro_batch, epoch, batch_in_epoch)
+    run_steps(cfg, info, log, booster, plugin, ema_plugin, model, optimizer, lr_scheduler, batches, step,
+              batch_loss=lambda batch: ...)
 """
 
 import os
-from typing import Dict, Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -22,10 +26,10 @@ from colossalai.booster import Booster
 from ..config import ConfigError, to_dict
 from ..data.sampler import ResumableDistributedSampler
 from ..plugins import OpenDiTPlugin
-from ..plugins.checkpoint import load_checkpoint, load_ema_file
+from ..plugins.checkpoint import load_checkpoint, load_ema_file, save_checkpoint
 from .lr_schedule import warmup_scheduler
 from .metrics import MetricsLogger
-from .run_checkpoints import pick_resume_checkpoint
+from .run_checkpoints import checkpoint_root, pick_resume_checkpoint
 
 
 def build_booster(cfg, info) -> Tuple[OpenDiTPlugin, Booster]:
@@ -121,22 +125,50 @@ class ResumableBatches:
         return batch
 
 
-def optimizer_step(cfg, plugin: OpenDiTPlugin, ema_plugin: Optional[OpenDiTPlugin], model, optimizer,
-                   lr_scheduler) -> None:
-    """Step, clear gradients, advance the LR schedule, then update the EMA from the new weights."""
-    optimizer.step()
-    optimizer.zero_grad()
-    lr_scheduler.step()
-    if ema_plugin is not None:
-        plugin.update_ema(model, optimizer, decay=cfg.ema.decay)
+def run_steps(cfg, info, log: MetricsLogger, booster: Booster, plugin: OpenDiTPlugin,
+              ema_plugin: Optional[OpenDiTPlugin], model, optimizer, lr_scheduler, batches: ResumableBatches,
+              step: int, batch_loss: Callable[[object], torch.Tensor]) -> str:
+    """Train from ``step`` to ``cfg.max_steps``; returns the final checkpoint's path.
 
+    ``batch_loss(batch)`` maps one micro-batch to its mean loss (the trainer's only own part). Each
+    optimizer step accumulates ``grad_accum_steps`` micro-batches, steps, advances the LR schedule
+    and updates the EMA. Losses stay on the device and are averaged over ranks only every
+    ``log_every`` steps (the one host sync); checkpoints every ``ckpt_every`` steps and at the end
+    record the data position so a resumed run continues with the next batch."""
 
-def log_mean_loss(log: MetricsLogger, step: int, sums: Dict[str, torch.Tensor], since_log: int,
-                  samples_per_step: int, world_size: int, extra=None) -> None:
-    """Average the accumulated losses over ranks, log them, and reset the sums (the loop's only sync)."""
-    for value in sums.values():
-        dist.all_reduce(value)
-        value /= world_size
-    log.log(step, sums, since_log, samples_per_step, extra=extra)
-    for value in sums.values():
-        value.zero_()
+    def save(at_step: int) -> str:
+        extra = {"epoch": batches.epoch, "batch_in_epoch": batches.batch_in_epoch, "config": to_dict(cfg)}
+        path = save_checkpoint(booster, checkpoint_root(cfg), at_step, model, optimizer, lr_scheduler,
+                               plugin=ema_plugin, extra_state=extra, keep_last=cfg.keep_last or None,
+                               exp_name=cfg.exp_name)
+        log.write(f"saved checkpoint {path}")
+        return path
+
+    loss_sum = torch.zeros((), device=info.device)
+    since_log = 0
+    log.start(step, cfg.max_steps)
+    model.train()
+    while step < cfg.max_steps:
+        for _ in range(cfg.grad_accum_steps):
+            loss = batch_loss(next(batches))
+            booster.backward(loss / cfg.grad_accum_steps, optimizer)
+            loss_sum += loss.detach() / cfg.grad_accum_steps
+        optimizer.step()
+        optimizer.zero_grad()
+        lr_scheduler.step()
+        if ema_plugin is not None:
+            plugin.update_ema(model, optimizer, decay=cfg.ema.decay)
+        step += 1
+        since_log += 1
+        log.advance()
+        if step % cfg.log_every == 0 or step == cfg.max_steps:
+            dist.all_reduce(loss_sum)
+            log.log(step, {"loss": loss_sum / info.world_size}, since_log, cfg.global_batch_size,
+                    extra={"lr": lr_scheduler.get_last_lr()[0], "epoch": batches.epoch})
+            loss_sum.zero_()
+            since_log = 0
+        if cfg.ckpt_every and step % cfg.ckpt_every == 0 and step < cfg.max_steps:
+            save(step)
+    path = save(step)
+    log.close()
+    return path
