@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-gpu clean
+.PHONY: install demo demo-video test test-gpu clean
 
 install: $(STAMP)
 
@@ -15,13 +15,18 @@ $(STAMP): requirements.txt requirements-colossalai.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps -r requirements-colossalai.txt
-	$(PY) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps -e .
 	$(PY) -c "import colossalai.booster, opendit_lite" 2>/dev/null
 	touch $(STAMP)
 
 demo: $(STAMP)
 	$(PY) train.py --config configs/demo.yaml
 	$(PY) sample.py --config configs/demo.yaml
+
+# Text-to-video: a tiny STDiT on generated captioned clips; MP4s and a contact sheet under outputs/.
+demo-video: $(STAMP)
+	$(PY) train_video.py --config configs/video_stdit_demo.yaml
+	$(PY) sample_video.py --config configs/video_stdit_demo.yaml
 
 test: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)

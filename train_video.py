@@ -68,8 +68,6 @@ from opendit_lite.training.weights import load_weights
 def train(cfg, info) -> str:
     run_dir = os.path.join(cfg.results_dir, cfg.exp_name)
     log = MetricsLogger(run_dir, enabled=info.is_main)
-    if cfg.allow_tf32 and torch.cuda.is_available():
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
 
     plugin, booster = build_booster(cfg, info)
     seed_everything(cfg.global_seed, 0, 1)  # the same model initialisation on every rank

@@ -11,8 +11,11 @@ from contextlib import nullcontext
 from colossalai.accelerator.cpu_accelerator import CpuAccelerator
 from colossalai.zero import LowLevelZeroOptimizer
 
+from opendit_lite.plugins import zero as zero_strategy
+
 
 def install() -> None:
+    zero_strategy.check_zero_device = lambda: None  # the plugin's up-front "needs CUDA" check
     LowLevelZeroOptimizer._sanity_checks = lambda self: None
     CpuAccelerator.Stream = lambda self, *args, **kwargs: None
     CpuAccelerator.current_stream = lambda self, *args, **kwargs: None

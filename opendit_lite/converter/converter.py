@@ -68,7 +68,12 @@ class ConversionReport:
         on = sum(section.enabled for section in self.sections)
         lines = [f"module converter: {on} of {len(self.sections)} conversions on, "
                  f"{len(self.replaced)} modules replaced"]
-        lines += [f"  {section.summary()}" for section in self.sections]
+        seen = set()
+        for section in self.sections:  # one line per distinct summary (a conversion may cover several types)
+            summary = section.summary()
+            if summary not in seen:
+                seen.add(summary)
+                lines.append(f"  {summary}")
         return "\n".join(lines)
 
 

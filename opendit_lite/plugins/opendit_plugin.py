@@ -75,6 +75,7 @@ from .ddp_checkpoint_io import DDPCheckpointIO
 from .ema import ShardedEMA, flat_layout, gemini_layout, zero_layout
 from .gemini import apply_gemini
 from .mesh import block_groups, build_data_seq_mesh
+from . import zero as _zero
 from .zero import ZeroCheckpointIO, apply_low_level_zero
 
 ZERO_DEGREES = (0, 1, 2, 3)
@@ -141,6 +142,8 @@ class OpenDiTPlugin(DPPluginBase):
             raise ValueError(
                 "zero_degree=3 (Gemini) needs a CUDA GPU and none is visible; use zero_degree 0, 1 or 2 on this machine"
             )
+        if zero_degree in (1, 2):
+            _zero.check_zero_device()
         if zero_degree == 3 and precision == "fp32":
             raise ValueError("zero_degree=3 (Gemini) trains in bf16 or fp16 with fp32 master weights; set precision to 'bf16' or 'fp16'")
         if group_zero and zero_degree == 0:

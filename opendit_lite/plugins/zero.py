@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+from colossalai.accelerator import get_accelerator
 from colossalai.booster.plugin.low_level_zero_plugin import LowLevelZeroCheckpointIO, LowLevelZeroModel
 from colossalai.checkpoint_io import CheckpointIndexFile
 from colossalai.checkpoint_io.utils import (
@@ -67,6 +68,14 @@ class ReplicatedZeroOptimizer(LowLevelZeroOptimizer):
         if self.require_grad_sync:
             self._average_shards_over_replicas()
         return super().step(closure)
+
+
+def check_zero_device() -> None:
+    """LowLevelZero runs only on a CUDA/NPU accelerator: say so when the plugin is built rather
+    than failing deep inside Colossal-AI at the first step."""
+    if get_accelerator().name == "cpu":
+        raise ValueError("zero_degree 1 and 2 (LowLevelZero) need a CUDA GPU and none is visible; "
+                         "use zero_degree=0 (DDP) on this machine")
 
 
 def shard_of(full: torch.Tensor, group_size: int, group_rank: int) -> torch.Tensor:

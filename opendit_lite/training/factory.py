@@ -74,9 +74,3 @@ def load_vae_from_config(cfg: TrainConfig, device) -> Optional[nn.Module]:
     from ..encoders import load_vae
 
     return load_vae(cfg.vae.path, device=device)
-
-
-def precision_dtype(precision: str) -> Tuple[torch.dtype, bool]:
-    """Config precision -> (compute dtype, tf32 allowed)."""
-    return {"fp32": (torch.float32, False), "tf32": (torch.float32, True),
-            "bf16": (torch.bfloat16, True), "fp16": (torch.float16, True)}[precision]

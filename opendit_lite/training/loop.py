@@ -34,8 +34,11 @@ from .run_checkpoints import checkpoint_root, pick_resume_checkpoint
 
 def build_booster(cfg, info) -> Tuple[OpenDiTPlugin, Booster]:
     """The plugin (it builds the data x sequence mesh the conversions need, so it comes first)."""
+    if (cfg.allow_tf32 or cfg.precision == "tf32") and torch.cuda.is_available():
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    precision = "fp32" if cfg.precision == "tf32" else cfg.precision  # tf32: fp32 weights, TF32 matmuls
     try:
-        plugin = OpenDiTPlugin(zero_degree=cfg.zero_degree, sp_size=cfg.sp_size, precision=cfg.precision,
+        plugin = OpenDiTPlugin(zero_degree=cfg.zero_degree, sp_size=cfg.sp_size, precision=precision,
                                grad_clip=cfg.grad_clip, group_zero=cfg.group_zero, node_size=info.local_world_size)
     except ValueError as e:  # a strategy this launch cannot run (e.g. Gemini without CUDA)
         raise ConfigError(str(e)) from None
