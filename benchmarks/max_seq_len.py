@@ -42,7 +42,9 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.nn as nn
 
-from opendit_lite.memory import apply_activation_checkpointing, find_checkpoint_blocks
+from flops import device_peak_tflops, dit_forward_flops, train_flops  # benchmarks/flops.py
+
+from opendit_lite.memory import apply_activation_checkpointing
 from opendit_lite.models import build_model
 
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
@@ -53,12 +55,6 @@ MODES: Dict[str, Optional[dict]] = {
     "full": dict(selective_ratio=0.0, offload=False),
     "offload": dict(selective_ratio=0.0, offload=True),
 }
-
-# Dense bf16 peak of known GPUs in TFLOP/s, for MFU; checked in order, first substring match wins.
-PEAK_BF16_TFLOPS: Sequence[Tuple[str, float]] = (
-    ("H100 PCIe", 756.0), ("H100", 989.0), ("H200", 989.0), ("A100", 312.0),
-)
-
 
 # ----------------------------------------------------------------------------------------------
 # Model families: how to build a model and a batch-1 input of a given size
@@ -104,13 +100,6 @@ def input_builder_for(model_name: str) -> InputBuilder:
     return INPUT_BUILDERS[family]
 
 
-def transformer_step_flops(blocks: List[nn.Module], tokens: int, hidden: int) -> float:
-    """Training FLOPs of a stack of transformer blocks: 6 per parameter per token for the matmuls
-    (2 forward, 4 backward) plus attention's two N x N x D matmuls (4 N^2 D forward, x3 with backward)."""
-    block_params = sum(p.numel() for block in blocks for p in block.parameters())
-    return 6.0 * block_params * tokens + 12.0 * len(blocks) * tokens ** 2 * hidden
-
-
 VAE_DOWNSAMPLE = 8  # the SD VAE maps 8x8 pixels to one latent pixel
 
 
@@ -127,8 +116,7 @@ def build_dit(name: str, resolution: int) -> Trial:
     t = torch.randint(0, 1000, (1,))                             # [1] timestep
     y = torch.zeros(1, dtype=torch.long)                         # [1] class label
     tokens = (latent // model.patch_size) ** 2
-    hidden = model.pos_embed.shape[-1]
-    return Trial(model, (x, t, y), tokens, transformer_step_flops(find_checkpoint_blocks(model), tokens, hidden))
+    return Trial(model, (x, t, y), tokens, train_flops(dit_forward_flops(model)))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -204,17 +192,13 @@ def measure(builder: InputBuilder, name: str, size: int, mode: str, device: torc
         torch.cuda.empty_cache()
 
 
-def peak_tflops(device_name: str) -> Optional[float]:
-    return next((peak for key, peak in PEAK_BF16_TFLOPS if key in device_name), None)
-
-
 def run(model_name: str, modes: Sequence[str], size_range: Tuple[int, int], timed_steps: int,
         device: torch.device) -> List[dict]:
     builder = input_builder_for(model_name)
     grain = builder.granularity(model_name)
     lo, hi = -(-size_range[0] // grain), size_range[1] // grain  # search k, size = k * grain
     gpu = torch.cuda.get_device_name(device)
-    peak = peak_tflops(gpu)
+    peak = device_peak_tflops(gpu)
 
     maxima: Dict[str, Optional[int]] = {}
     for mode in modes:

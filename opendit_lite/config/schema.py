@@ -64,7 +64,8 @@ class DiffusionConfig:
 @dataclass
 class EMAConfig:
     enable: bool = _f(True, "keep an exponential moving average of the weights")
-    sharded: bool = _f(True, "shard the fp32 EMA across the ZeRO group (4 B x params / ranks per rank)")
+    sharded: bool = _f(True, "the fp32 EMA is always sharded across the ZeRO group (4 B x params / ranks "
+                             "per rank; equal to an unsharded EMA); false is accepted with a warning")
     resume_from: Optional[str] = _f(None, "EMA checkpoint to resume from (LiteGen's ema.resume_from)")
     decay: float = _f(0.9999, "EMA decay per optimizer step")
 
@@ -99,7 +100,8 @@ class TrainConfig:
     auto_resume: bool = _f(False, "resume from the newest complete checkpoint when resume_from is empty")
     # precision
     precision: str = _f("bf16", "parameter/compute precision", choices=("fp32", "tf32", "bf16", "fp16"))
-    grad_precision: Optional[str] = _f(None, "gradient reduction precision (None: as precision)",
+    grad_precision: Optional[str] = _f(None, "LiteGen's FSDP reduce dtype; accepted, but gradients are reduced in "
+                                             "the parameter dtype (a warning says so when set)",
                                        choices=(None, "fp32", "tf32", "bf16", "fp16"))
     allow_tf32: bool = _f(True, "allow TF32 matmuls and convolutions on Ampere+ GPUs")
     # optimizer

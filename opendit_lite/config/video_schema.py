@@ -11,7 +11,7 @@ messages come from ``opendit_lite.config.loader`` with ``schema=VideoTrainConfig
 from dataclasses import dataclass
 from typing import List, Optional
 
-from .schema import TrainConfig, _f, _section
+from .schema import DiffusionConfig, TrainConfig, _f, _section
 
 TEXT_ENCODER_KINDS = ("shapes", "t5", "clip")
 SP_MODES = ("ulysses", "dsp")
@@ -42,12 +42,10 @@ class VideoDataConfig:
 
 
 @dataclass
-class VideoDiffusionConfig:
+class VideoDiffusionConfig(DiffusionConfig):
+    """The image schema's objective section, defaulting to rectified flow as the video models train."""
+
     scheduler: str = _f("rflow", "training objective", choices=("rflow", "iddpm"))
-    noise_schedule: str = _f("linear", "IDDPM beta schedule", choices=("linear", "cosine"))
-    diffusion_steps: int = _f(1000, "IDDPM timesteps; rectified flow: the scale of the time fed to the model")
-    sample_method: str = _f("uniform", "rectified flow training-time distribution",
-                            choices=("uniform", "logit-normal"))
 
 
 @dataclass

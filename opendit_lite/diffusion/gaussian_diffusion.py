@@ -68,6 +68,14 @@ class LossType(enum.Enum):
 _LEARNED_VARIANCES = (ModelVarType.LEARNED, ModelVarType.LEARNED_RANGE)
 
 
+def _final_sample(steps: Iterator[Dict[str, torch.Tensor]]) -> torch.Tensor:
+    """The last ``"sample"`` of a progressive sampling loop (x_0)."""
+    sample = None
+    for out in steps:
+        sample = out["sample"]
+    return sample
+
+
 class GaussianDiffusion:
     """A Gaussian diffusion over ``len(betas)`` steps: forward noising, training losses and samplers.
 
@@ -365,13 +373,10 @@ class GaussianDiffusion:
         seed) gives the same samples. For classifier-free guidance pass a doubled batch and a guided
         model function (``cfg_model_fn`` or DiT's ``forward_with_cfg``), as DiT's sampling script does.
         """
-        sample = None
-        for out in self.p_sample_loop_progressive(
+        return _final_sample(self.p_sample_loop_progressive(
             model, shape, noise, clip_denoised=clip_denoised, denoised_fn=denoised_fn,
             model_kwargs=model_kwargs, device=device, progress=progress, generator=generator,
-        ):
-            sample = out["sample"]
-        return sample
+        ))
 
     def ddim_sample_loop_progressive(
         self,
@@ -406,13 +411,10 @@ class GaussianDiffusion:
         generator: Optional[torch.Generator] = None,
     ) -> torch.Tensor:
         """DDIM sampling over all ``num_timesteps`` steps (respace first, e.g. "ddim50", to take fewer)."""
-        sample = None
-        for out in self.ddim_sample_loop_progressive(
+        return _final_sample(self.ddim_sample_loop_progressive(
             model, shape, noise, clip_denoised=clip_denoised, denoised_fn=denoised_fn,
             model_kwargs=model_kwargs, device=device, progress=progress, eta=eta, generator=generator,
-        ):
-            sample = out["sample"]
-        return sample
+        ))
 
     # ------------------------------------------------------------------ training
 

@@ -23,11 +23,16 @@ import torch.nn as nn
 from timm.layers import Mlp
 
 from .layers.attention import Attention
-from .layers.embeddings import LabelEmbedder, PatchEmbed, TimestepEmbedder, get_2d_sincos_pos_embed
+from .layers.embeddings import (
+    LabelEmbedder,
+    PatchEmbed,
+    TimestepEmbedder,
+    get_2d_sincos_pos_embed,
+)
+from .layers.init import init_linears_xavier, init_patch_embed
 from .layers.modulate import LayerNormModulate
 from .layers.sequence import SequenceGather, SequenceSplit
 from .registry import register_model
-
 
 #################################################################################
 #                                 Core DiT Model                                #
@@ -137,11 +142,7 @@ class DiT(nn.Module):
     def initialize_weights(self) -> None:
         """The reference initialisation, in one place."""
         # 1. Every Linear (attention, MLP, embedder MLPs, adaLN, output): xavier-uniform, zero bias.
-        for module in self.modules():
-            if isinstance(module, nn.Linear):
-                nn.init.xavier_uniform_(module.weight)
-                if module.bias is not None:
-                    nn.init.zeros_(module.bias)
+        init_linears_xavier(self)
 
         # 2. Fixed 2D sine-cosine positional table for the (H/p, W/p) patch grid.
         with torch.no_grad():
@@ -151,9 +152,7 @@ class DiT(nn.Module):
 
         # 3. Patch embedding: xavier-init the conv kernel viewed as a [D, C*p*p] linear map, so
         #    its fan-in/fan-out are those of the per-patch projection it is.
-        weight = self.x_embedder.proj.weight
-        nn.init.xavier_uniform_(weight.view(weight.shape[0], -1))
-        nn.init.zeros_(self.x_embedder.proj.bias)
+        init_patch_embed(self.x_embedder.proj)
 
         # 4. Label table and timestep MLP: small normal(0, 0.02), as for transformer embeddings.
         nn.init.normal_(self.y_embedder.embedding_table.weight, std=0.02)

@@ -35,7 +35,12 @@ from timm.layers import Mlp
 
 from .layers.axis_attention import SpatialAttention, TemporalAttention
 from .layers.cross_attention import CrossAttention
-from .layers.embeddings import TimestepEmbedder, get_1d_sincos_pos_embed, get_2d_sincos_pos_embed
+from .layers.embeddings import (
+    TimestepEmbedder,
+    get_1d_sincos_pos_embed,
+    get_2d_sincos_pos_embed,
+)
+from .layers.init import init_linears_xavier, init_patch_embed
 from .layers.modulate import LayerNormModulate
 from .layers.sequence import SequenceGather, SequenceSplit
 from .layers.sequence_switch import SequenceSwitch
@@ -145,15 +150,9 @@ class STDiT(nn.Module):
     def initialize_weights(self) -> None:
         """Open-Sora's initialisation, in one place."""
         # 1. Every Linear: xavier-uniform, zero bias.
-        for module in self.modules():
-            if isinstance(module, nn.Linear):
-                nn.init.xavier_uniform_(module.weight)
-                if module.bias is not None:
-                    nn.init.zeros_(module.bias)
+        init_linears_xavier(self)
         # 2. Patch embedding as the per-patch linear map it is.
-        weight = self.x_embedder.proj.weight
-        nn.init.xavier_uniform_(weight.view(weight.shape[0], -1))
-        nn.init.zeros_(self.x_embedder.proj.bias)
+        init_patch_embed(self.x_embedder.proj)
         # 3. Timestep MLP, t-projection and caption MLP: normal(0, 0.02) as transformer embeddings.
         nn.init.normal_(self.t_embedder.mlp[0].weight, std=0.02)
         nn.init.normal_(self.t_embedder.mlp[2].weight, std=0.02)

@@ -35,6 +35,7 @@ from timm.layers import Mlp
 
 from .layers.axis_attention import TemporalAttention
 from .layers.embeddings import TimestepEmbedder
+from .layers.init import init_linears_xavier, init_patch_embed
 from .layers.joint_attention import JointAttention
 from .layers.modulate import LayerNormModulate
 from .layers.rope import rope_1d, rope_2d
@@ -158,15 +159,9 @@ class VchitectXL(nn.Module):
 
     def initialize_weights(self) -> None:
         # 1. Every Linear: xavier-uniform, zero bias.
-        for module in self.modules():
-            if isinstance(module, nn.Linear):
-                nn.init.xavier_uniform_(module.weight)
-                if module.bias is not None:
-                    nn.init.zeros_(module.bias)
+        init_linears_xavier(self)
         # 2. Patch embedding as the per-patch linear map it is.
-        weight = self.x_embedder.proj.weight
-        nn.init.xavier_uniform_(weight.view(weight.shape[0], -1))
-        nn.init.zeros_(self.x_embedder.proj.bias)
+        init_patch_embed(self.x_embedder.proj)
         # 3. Embedding MLPs: normal(0, 0.02).
         for linear in (self.t_embedder.mlp[0], self.t_embedder.mlp[2],
                        self.y_embedder.y_proj.fc1, self.y_embedder.y_proj.fc2):

@@ -16,6 +16,7 @@ A trainer's own code is then only model/data set-up and "batch -> loss", plus th
 """
 
 import os
+import warnings
 from typing import Callable, Optional, Tuple
 
 import torch
@@ -37,6 +38,12 @@ def build_booster(cfg, info) -> Tuple[OpenDiTPlugin, Booster]:
     if (cfg.allow_tf32 or cfg.precision == "tf32") and torch.cuda.is_available():
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     precision = "fp32" if cfg.precision == "tf32" else cfg.precision  # tf32: fp32 weights, TF32 matmuls
+    if cfg.grad_precision not in (None, cfg.precision):
+        warnings.warn(f"grad_precision={cfg.grad_precision!r} is not used: gradients are reduced in the "
+                      f"parameter dtype ({precision})")
+    if not cfg.ema.sharded:
+        warnings.warn("ema.sharded=false is not used: the EMA is always sharded (it equals an unsharded EMA "
+                      "and takes 1/ranks of the memory)")
     try:
         plugin = OpenDiTPlugin(zero_degree=cfg.zero_degree, sp_size=cfg.sp_size, precision=precision,
                                grad_clip=cfg.grad_clip, group_zero=cfg.group_zero, node_size=info.local_world_size)

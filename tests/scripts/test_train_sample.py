@@ -128,11 +128,13 @@ def test_train_in_latent_space_with_a_local_vae(tmp_path):
 
 
 def test_torchrun_sequence_parallel_matches_one_process(tmp_path):
-    """torchrun with 2 ranks at sp_size=2 (one data-parallel rank) trains exactly like one process."""
+    """torchrun with 2 ranks at sp_size=2 (one data-parallel rank), with half the blocks checkpointed,
+    trains exactly like one plain process: SP, activation checkpointing and DDP compose."""
     common = [f"results_dir={tmp_path}", "max_steps=3", "log_every=1", "ema.enable=false", *TINY]
     run("train.py", "exp_name=serial", *common)
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           "train.py", "--config", "configs/demo.yaml", "exp_name=sp2", "sp_size=2", *common],
+                           "train.py", "--config", "configs/demo.yaml", "exp_name=sp2", "sp_size=2", "selective_ratio=0.5",
+                           *common],
                           cwd=ROOT, capture_output=True, text=True, timeout=300,
                           env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert proc.returncode == 0, proc.stdout + proc.stderr

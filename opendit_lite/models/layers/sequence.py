@@ -8,8 +8,8 @@ import torch
 import torch.nn as nn
 
 
-class SequenceSplit(nn.Module):
-    """Marks the point after which tokens ``[B, N, D]`` may be sharded along ``dim``."""
+class _SequenceBoundary(nn.Module):
+    """An identity on tokens whose sequence axis is ``dim``; subclasses name which boundary it is."""
 
     def __init__(self, dim: int = 1):
         super().__init__()
@@ -22,15 +22,9 @@ class SequenceSplit(nn.Module):
         return f"dim={self.dim}"
 
 
-class SequenceGather(nn.Module):
+class SequenceSplit(_SequenceBoundary):
+    """Marks the point after which tokens (e.g. ``[B, N, D]``) may be sharded along ``dim``."""
+
+
+class SequenceGather(_SequenceBoundary):
     """Marks the point where sharded tokens are gathered back to the full sequence along ``dim``."""
-
-    def __init__(self, dim: int = 1):
-        super().__init__()
-        self.dim = dim
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x
-
-    def extra_repr(self) -> str:
-        return f"dim={self.dim}"
