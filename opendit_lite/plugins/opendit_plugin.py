@@ -142,8 +142,6 @@ class OpenDiTPlugin(DPPluginBase):
             raise ValueError(
                 "zero_degree=3 (Gemini) needs a CUDA GPU and none is visible; use zero_degree 0, 1 or 2 on this machine"
             )
-        if zero_degree in (1, 2):
-            _zero.check_zero_device()
         if zero_degree == 3 and precision == "fp32":
             raise ValueError("zero_degree=3 (Gemini) trains in bf16 or fp16 with fp32 master weights; set precision to 'bf16' or 'fp16'")
         if group_zero and zero_degree == 0:
@@ -171,6 +169,8 @@ class OpenDiTPlugin(DPPluginBase):
                     f"group_zero shards within a node of node_size={self.node_size!r} ranks, which must be a positive "
                     f"divisor of the world size {self.world_size}; pass node_size=<ranks per node>"
                 )
+        if zero_degree in (1, 2):  # after the argument checks, so a wrong argument is reported first
+            _zero.check_zero_device()
 
         mesh = build_data_seq_mesh(sp_size)
         self.sp_size, self.dp_size = mesh.sp_size, mesh.dp_size
