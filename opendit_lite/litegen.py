@@ -96,7 +96,7 @@ from .plugins.checkpoint import (
     save_checkpoint,
 )
 from .plugins.mesh import block_groups
-from .plugins.opendit_plugin import _default_node_size
+from .plugins.opendit_plugin import default_node_size
 from .training.distributed import init_distributed
 
 logger = logging.getLogger(__name__)
@@ -331,7 +331,7 @@ class LiteGen:
             return module.to(self.device)
         if self._encoder_group is None:
             if config_get(self.config, "encoder.group"):
-                node_size = self.plugin.node_size or _default_node_size(dist.get_world_size())
+                node_size = self.plugin.node_size or default_node_size(dist.get_world_size())
                 self._encoder_group = block_groups(node_size)[0]
             else:
                 self._encoder_group = dist.group.WORLD

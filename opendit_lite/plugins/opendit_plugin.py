@@ -82,7 +82,7 @@ ZERO_DEGREES = (0, 1, 2, 3)
 PRECISIONS: Dict[str, Optional[torch.dtype]] = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def _default_node_size(world_size: int) -> int:
+def default_node_size(world_size: int) -> int:
     """Ranks per node: torchrun's LOCAL_WORLD_SIZE, else the visible GPUs (at most the world)."""
     env = os.environ.get("LOCAL_WORLD_SIZE")
     return int(env) if env else min(torch.cuda.device_count(), world_size)
@@ -163,7 +163,7 @@ class OpenDiTPlugin(DPPluginBase):
         # Validate the node size before any group exists: every rank raises the same error.
         self.node_size = None
         if group_zero:
-            self.node_size = _default_node_size(self.world_size) if node_size is None else node_size
+            self.node_size = default_node_size(self.world_size) if node_size is None else node_size
             if not isinstance(self.node_size, int) or self.node_size < 1 or self.world_size % self.node_size:
                 raise ValueError(
                     f"group_zero shards within a node of node_size={self.node_size!r} ranks, which must be a positive "

@@ -31,6 +31,7 @@ from ..plugins.checkpoint import load_checkpoint, load_ema_file, save_checkpoint
 from .lr_schedule import warmup_scheduler
 from .metrics import MetricsLogger
 from .run_checkpoints import checkpoint_root, pick_resume_checkpoint
+from .stop import StopRequest
 
 
 def build_booster(cfg, info) -> Tuple[OpenDiTPlugin, Booster]:
@@ -144,7 +145,8 @@ def run_steps(cfg, info, log: MetricsLogger, booster: Booster, plugin: OpenDiTPl
     optimizer step accumulates ``grad_accum_steps`` micro-batches, steps, advances the LR schedule
     and updates the EMA. Losses stay on the device and are averaged over ranks only every
     ``log_every`` steps (the one host sync); checkpoints every ``ckpt_every`` steps and at the end
-    record the data position so a resumed run continues with the next batch."""
+    record the data position so a resumed run continues with the next batch. A first Ctrl-C or
+    SIGTERM stops the run at the next log point with a checkpoint (see ``stop.py``)."""
 
     def save(at_step: int) -> str:
         extra = {"epoch": batches.epoch, "batch_in_epoch": batches.batch_in_epoch, "config": to_dict(cfg)}
@@ -158,27 +160,31 @@ def run_steps(cfg, info, log: MetricsLogger, booster: Booster, plugin: OpenDiTPl
     since_log = 0
     log.start(step, cfg.max_steps)
     model.train()
-    while step < cfg.max_steps:
-        for _ in range(cfg.grad_accum_steps):
-            loss = batch_loss(next(batches))
-            booster.backward(loss / cfg.grad_accum_steps, optimizer)
-            loss_sum += loss.detach() / cfg.grad_accum_steps
-        optimizer.step()
-        optimizer.zero_grad()
-        lr_scheduler.step()
-        if ema_plugin is not None:
-            plugin.update_ema(model, optimizer, decay=cfg.ema.decay)
-        step += 1
-        since_log += 1
-        log.advance()
-        if step % cfg.log_every == 0 or step == cfg.max_steps:
-            dist.all_reduce(loss_sum)
-            log.log(step, {"loss": loss_sum / info.world_size}, since_log, cfg.global_batch_size,
-                    extra={"lr": lr_scheduler.get_last_lr()[0], "epoch": batches.epoch})
-            loss_sum.zero_()
-            since_log = 0
-        if cfg.ckpt_every and step % cfg.ckpt_every == 0 and step < cfg.max_steps:
-            save(step)
+    with StopRequest() as stop:  # Ctrl-C / SIGTERM: stop at the next log point, after saving
+        while step < cfg.max_steps:
+            for _ in range(cfg.grad_accum_steps):
+                loss = batch_loss(next(batches))
+                booster.backward(loss / cfg.grad_accum_steps, optimizer)
+                loss_sum += loss.detach() / cfg.grad_accum_steps
+            optimizer.step()
+            optimizer.zero_grad()
+            lr_scheduler.step()
+            if ema_plugin is not None:
+                plugin.update_ema(model, optimizer, decay=cfg.ema.decay)
+            step += 1
+            since_log += 1
+            log.advance()
+            if step % cfg.log_every == 0 or step == cfg.max_steps:
+                dist.all_reduce(loss_sum)
+                log.log(step, {"loss": loss_sum / info.world_size}, since_log, cfg.global_batch_size,
+                        extra={"lr": lr_scheduler.get_last_lr()[0], "epoch": batches.epoch})
+                loss_sum.zero_()
+                since_log = 0
+                if step < cfg.max_steps and stop.agreed(info.device):
+                    log.write(f"stop requested: saving at step {step}; continue with auto_resume=true")
+                    break
+            if cfg.ckpt_every and step % cfg.ckpt_every == 0 and step < cfg.max_steps:
+                save(step)
     path = save(step)
     log.close()
     return path

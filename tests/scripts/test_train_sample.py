@@ -145,3 +145,26 @@ def test_torchrun_sequence_parallel_matches_one_process(tmp_path):
     wb = model_weights(tmp_path / "sp2" / "checkpoints" / "sp2_step3")
     for k in wa:
         torch.testing.assert_close(wb[k], wa[k], rtol=1e-5, atol=1e-5, msg=f"weight {k} differs under SP")
+
+
+def test_sigint_stops_at_a_log_point_with_a_checkpoint(tmp_path):
+    """Ctrl-C (or a scheduler's SIGTERM) loses nothing: the run saves at its next log point and a
+    later auto_resume continues from there."""
+    import signal
+    import time
+
+    proc = subprocess.Popen([sys.executable, "train.py", "--config", "configs/demo.yaml", f"results_dir={tmp_path}",
+                             "exp_name=stop", "max_steps=100000", *TINY], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = tmp_path / "stop" / "metrics.jsonl"
+    deadline = time.time() + 120
+    while not (metrics.exists() and metrics.read_text().strip()) and time.time() < deadline:
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert "stop requested" in err + out
+    ckpts = os.listdir(tmp_path / "stop" / "checkpoints")
+    assert len(ckpts) == 1 and ckpts[0].startswith("stop_step")
+    step = int(ckpts[0].rsplit("step", 1)[1])
+    assert step % 2 == 0 and step < 100000  # a log point (log_every=2)
