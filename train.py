@@ -35,8 +35,8 @@ from opendit_lite.training.factory import (
     build_dataset_from_config,
     build_model_from_config,
     build_training_objective,
-    diffusion_loss,
     load_vae_from_config,
+    objective_loss,
     resolve_model_geometry,
 )
 from opendit_lite.training.loop import (
@@ -94,7 +94,7 @@ def train(cfg, info) -> str:
         x, y = (t.to(info.device, non_blocking=True) for t in batch)  # x [B, C, H, W], y [B]
         if encode:
             x = vae_encode(vae, x, cfg.vae.scale_factor)               # [B, C_latent, H/8, W/8]
-        return diffusion_loss(objective, model, x, y)
+        return objective_loss(objective, model, x, dict(y=y))
 
     return run_steps(cfg, info, log, booster, plugin, ema_plugin, model, optimizer, lr_scheduler, batches, step,
                      batch_loss)

@@ -37,6 +37,7 @@ from opendit_lite.config import exit_on_config_error, parse_cli, validate_world
 from opendit_lite.config.video_schema import VideoTrainConfig
 from opendit_lite.memory import apply_activation_checkpointing
 from opendit_lite.training.distributed import cleanup_distributed, init_distributed
+from opendit_lite.training.factory import build_training_objective, objective_loss
 from opendit_lite.training.loop import (
     ResumableBatches,
     boost_training,
@@ -54,11 +55,9 @@ from opendit_lite.training.video import (
     batch_to_inputs,
     build_video_dataset,
     build_video_model,
-    build_video_objective,
     load_caption_encoder,
     load_video_vae,
     model_clip_shape,
-    objective_loss,
     resolve_video_geometry,
     validate_video_config,
 )
@@ -84,9 +83,9 @@ def train(cfg, info) -> str:
     # Order: kernel/SP conversions replace modules, then checkpointing wraps the blocks holding
     # them, then the plugin wraps the whole model for DDP/ZeRO.
     log.write(apply_video_parallelism(model, cfg, plugin.sp_group))
-    if cfg.selective_ratio < 1.0 or cfg.ac_offload:
+    if cfg.selective_ratio < 1.0:  # validation rejects ac_offload without checkpointed blocks
         log.write(str(apply_activation_checkpointing(model, cfg.selective_ratio, offload=cfg.ac_offload)))
-    objective = build_video_objective(cfg)
+    objective = build_training_objective(cfg)
     model.to(info.device)
     num_params = sum(p.numel() for p in model.parameters())
     C, T, H, W = model_clip_shape(cfg)

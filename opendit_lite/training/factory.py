@@ -11,6 +11,7 @@ from ..data import build_dataset
 from ..diffusion import RectifiedFlow, build_scheduler
 from ..models import build_model
 
+
 def build_dataset_from_config(cfg: TrainConfig):
     d = cfg.data
     return build_dataset(d.type, path=d.path, image_size=d.image_size, num_samples=d.num_samples,
@@ -53,6 +54,7 @@ def build_model_from_config(cfg: TrainConfig) -> nn.Module:
 
 
 def build_training_objective(cfg: TrainConfig):
+    """IDDPM or rectified flow from the ``diffusion`` section (image and video configs alike)."""
     d = cfg.diffusion
     if d.scheduler == "rflow":
         return build_scheduler("rflow", num_timesteps=d.diffusion_steps, sample_method=d.sample_method)
@@ -60,12 +62,13 @@ def build_training_objective(cfg: TrainConfig):
                            diffusion_steps=d.diffusion_steps)
 
 
-def diffusion_loss(objective, model, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Mean training loss of a batch (x: [B, C, H, W] clean latents, y: [B] labels)."""
+def objective_loss(objective, model, x: torch.Tensor, model_kwargs: dict) -> torch.Tensor:
+    """Mean training loss of a batch x [B, ...] (clean latents or pixels, images or clips) under
+    rectified flow (time drawn inside) or IDDPM (a uniform integer timestep per sample)."""
     if isinstance(objective, RectifiedFlow):
-        return objective.training_losses(model, x, model_kwargs=dict(y=y))["loss"].mean()
+        return objective.training_losses(model, x, model_kwargs=model_kwargs)["loss"].mean()
     t = torch.randint(0, objective.num_timesteps, (x.shape[0],), device=x.device)
-    return objective.training_losses(model, x, t, model_kwargs=dict(y=y))["loss"].mean()
+    return objective.training_losses(model, x, t, model_kwargs=model_kwargs)["loss"].mean()
 
 
 def load_vae_from_config(cfg: TrainConfig, device) -> Optional[nn.Module]:

@@ -175,12 +175,13 @@ def run_steps(cfg, info, log: MetricsLogger, booster: Booster, plugin: OpenDiTPl
             since_log += 1
             log.advance()
             if step % cfg.log_every == 0 or step == cfg.max_steps:
-                dist.all_reduce(loss_sum)
-                log.log(step, {"loss": loss_sum / info.world_size}, since_log, cfg.global_batch_size,
+                stats = torch.stack([loss_sum, stop.flag_like(loss_sum)])  # one all-reduce for both
+                dist.all_reduce(stats)
+                log.log(step, {"loss": stats[0] / info.world_size}, since_log, cfg.global_batch_size,
                         extra={"lr": lr_scheduler.get_last_lr()[0], "epoch": batches.epoch})
                 loss_sum.zero_()
                 since_log = 0
-                if step < cfg.max_steps and stop.agreed(info.device):
+                if step < cfg.max_steps and stats[1].item() > 0:  # some rank got a stop signal
                     log.write(f"stop requested: saving at step {step}; continue with auto_resume=true")
                     break
             if cfg.ckpt_every and step % cfg.ckpt_every == 0 and step < cfg.max_steps:

@@ -3,17 +3,15 @@ loop to stop at its next log point, where every rank agrees on it and a checkpoi
 work since the last checkpoint is lost. A second signal stops at once."""
 
 import signal
-from typing import Optional
 
 import torch
-import torch.distributed as dist
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 class StopRequest:
-    """Context manager installing the handlers; ``agreed(device)`` is a collective that is true when
-    any rank got a signal (call it where the loop syncs anyway: it costs one tiny all-reduce)."""
+    """Context manager installing the handlers; ``flag_like`` is this rank's vote, reduced with the
+    loop's own all-reduce so that every rank stops at the same step."""
 
     def __init__(self):
         self.requested = False
@@ -40,8 +38,7 @@ class StopRequest:
     def __exit__(self, *exc) -> None:
         self._restore()
 
-    def agreed(self, device: Optional[torch.device] = None) -> bool:
-        flag = torch.tensor([1.0 if self.requested else 0.0], device=device)
-        if dist.is_initialized():
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item())
+    def flag_like(self, like: torch.Tensor) -> torch.Tensor:
+        """1.0 when this rank got a signal, else 0.0, as a tensor like ``like``: sum it over the ranks
+        in the collective the loop makes anyway, and stop when the sum is positive."""
+        return torch.full_like(like, 1.0 if self.requested else 0.0)

@@ -19,7 +19,6 @@ from ..converter import ModuleConverter
 from ..data.video_csv import VideoCSVDataset
 from ..data.video_latents import VideoLatentDataset
 from ..data.video_shapes import MovingShapesDataset, caption_states
-from ..diffusion import RectifiedFlow, build_scheduler
 from ..encoders.video_vae import VideoVAE
 from ..models import MODELS, STDiT, VchitectXL, build_model
 from ..parallel import apply_dsp
@@ -140,23 +139,6 @@ def build_video_model(cfg) -> nn.Module:
     if not isinstance(model, VIDEO_MODEL_TYPES):
         raise ConfigError(f"'model.name' {m.name!r} is not a text-to-video model; use an STDiT or Vchitect model.")
     return model
-
-
-def build_video_objective(cfg):
-    d = cfg.diffusion
-    if d.scheduler == "rflow":
-        return build_scheduler("rflow", num_timesteps=d.diffusion_steps, sample_method=d.sample_method)
-    return build_scheduler("iddpm", noise_schedule=d.noise_schedule, learn_sigma=cfg.model.learn_sigma,
-                           diffusion_steps=d.diffusion_steps)
-
-
-def objective_loss(objective, model, x: torch.Tensor, model_kwargs: dict) -> torch.Tensor:
-    """Mean training loss of a batch x [B, ...] under rectified flow (time drawn inside) or IDDPM
-    (a uniform integer timestep per sample)."""
-    if isinstance(objective, RectifiedFlow):
-        return objective.training_losses(model, x, model_kwargs=model_kwargs)["loss"].mean()
-    t = torch.randint(0, objective.num_timesteps, (x.shape[0],), device=x.device)
-    return objective.training_losses(model, x, t, model_kwargs=model_kwargs)["loss"].mean()
 
 
 def batch_to_inputs(batch, captions: Optional[CaptionEncoder], vae: Optional[VideoVAE], device):

@@ -10,6 +10,7 @@ from PIL import Image
 from opendit_lite.data import LatentDataset, ShapesDataset, build_dataset, center_crop_arr
 from opendit_lite.data.latents import write_latent_meta, write_latent_shard
 from opendit_lite.data.sampler import ResumableDistributedSampler
+from tests.tiny_assets import save_tiny_vae, write_image_folder
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -86,16 +87,8 @@ def test_resumable_sampler_continues_mid_epoch():
 
 def test_extract_latents_script(tmp_path):
     """scripts/extract_latents.py with a tiny randomly initialised AutoencoderKL saved locally."""
-    from diffusers.models import AutoencoderKL
-
-    vae = AutoencoderKL(block_out_channels=(8, 8), down_block_types=("DownEncoderBlock2D",) * 2,
-                        up_block_types=("UpDecoderBlock2D",) * 2, latent_channels=4, norm_num_groups=4,
-                        layers_per_block=1)
-    vae.save_pretrained(tmp_path / "vae")
-    for cls in ("a", "b"):
-        os.makedirs(tmp_path / "img" / cls)
-        for i in range(3):
-            Image.new("RGB", (20, 20), (i * 80, 20, 90)).save(tmp_path / "img" / cls / f"{i}.png")
+    save_tiny_vae(tmp_path / "vae")
+    write_image_folder(tmp_path / "img", per_class=3)
     proc = subprocess.run([sys.executable, "scripts/extract_latents.py", "--data-path", str(tmp_path / "img"),
                            "--vae-path", str(tmp_path / "vae"), "--output", str(tmp_path / "lat"),
                            "--image-size", "16", "--batch-size", "4", "--shard-size", "4", "--num-workers", "0"],

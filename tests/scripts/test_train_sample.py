@@ -106,17 +106,10 @@ def test_sample_from_original_dit_checkpoint(tmp_path):
 
 def test_train_in_latent_space_with_a_local_vae(tmp_path):
     """An image folder encoded on the fly by a (tiny, randomly initialised) local AutoencoderKL."""
-    from diffusers.models import AutoencoderKL
-    from PIL import Image
+    from tests.tiny_assets import save_tiny_vae, write_image_folder
 
-    vae = AutoencoderKL(block_out_channels=(8, 8), down_block_types=("DownEncoderBlock2D",) * 2,
-                        up_block_types=("UpDecoderBlock2D",) * 2, latent_channels=4, norm_num_groups=4,
-                        layers_per_block=1)
-    vae.save_pretrained(tmp_path / "vae")
-    for cls in ("a", "b"):
-        os.makedirs(tmp_path / "img" / cls)
-        for i in range(4):
-            Image.new("RGB", (24, 24), (i * 60, 30, 120 if cls == "a" else 10)).save(tmp_path / "img" / cls / f"{i}.png")
+    save_tiny_vae(tmp_path / "vae")
+    write_image_folder(tmp_path / "img", per_class=4, size=24)
     common = [f"results_dir={tmp_path}", "exp_name=vae", "data.type=image_folder", f"data.path={tmp_path / 'img'}",
               f"vae.path={tmp_path / 'vae'}", "model.name=DiT-T/2", "data.image_size=16", "global_batch_size=4",
               "log_every=1", "sample.num_sampling_steps=3", "sample.samples_per_class=1"]
