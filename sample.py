@@ -32,8 +32,8 @@ from opendit_lite.training.factory import (
     model_input_hw,
     resolve_model_geometry,
 )
-from opendit_lite.training.run_checkpoints import resolve_sample_checkpoint, saved_config
-from opendit_lite.training.weights import load_weights
+from opendit_lite.checkpoint.layout import resolve_sample_checkpoint, saved_config
+from opendit_lite.checkpoint.weights import load_weights
 
 
 @torch.no_grad()

@@ -31,7 +31,7 @@ quiet_third_party_startup()  # before colossalai is imported
 from opendit_lite.config import ConfigError, exit_on_config_error, from_dict, parse_cli
 from opendit_lite.config.video_schema import TextEncoderConfig, VideoDiffusionConfig, VideoModelConfig, VideoTrainConfig
 from opendit_lite.diffusion import RectifiedFlow, create_diffusion
-from opendit_lite.training.run_checkpoints import resolve_sample_checkpoint, saved_config
+from opendit_lite.checkpoint.layout import resolve_sample_checkpoint, saved_config
 from opendit_lite.training.video import (
     build_video_model,
     load_caption_encoder,
@@ -39,7 +39,7 @@ from opendit_lite.training.video import (
     model_clip_shape,
     validate_video_config,
 )
-from opendit_lite.training.weights import load_weights
+from opendit_lite.checkpoint.weights import load_weights
 
 # Captions of the embedded moving-shapes data, used when no prompts are given for it.
 SHAPES_PROMPTS = ["a red square moving right", "a blue disc moving down", "a green disc moving left",

@@ -29,8 +29,8 @@ quiet_third_party_startup()  # before colossalai is imported
 from opendit_lite.config import exit_on_config_error, parse_cli, validate_world
 from opendit_lite.converter import ModuleConverter
 from opendit_lite.encoders import vae_encode
-from opendit_lite.memory import apply_activation_checkpointing
-from opendit_lite.training.distributed import cleanup_distributed, init_distributed
+from opendit_lite.activation_checkpointing import apply_activation_checkpointing
+from opendit_lite.distributed.launch import cleanup_distributed, init_distributed
 from opendit_lite.training.factory import (
     build_dataset_from_config,
     build_model_from_config,
@@ -49,9 +49,9 @@ from opendit_lite.training.loop import (
     write_run_config,
 )
 from opendit_lite.training.metrics import MetricsLogger
-from opendit_lite.training.run_checkpoints import pick_resume_checkpoint
-from opendit_lite.training.seed import seed_everything
-from opendit_lite.training.weights import load_weights
+from opendit_lite.checkpoint.layout import pick_resume_checkpoint
+from opendit_lite.distributed.seed import seed_everything
+from opendit_lite.checkpoint.weights import load_weights
 
 
 def train(cfg, info) -> str:

@@ -44,7 +44,7 @@ import torch.nn as nn
 
 from flops import device_peak_tflops, dit_forward_flops, train_flops  # benchmarks/flops.py
 
-from opendit_lite.memory import apply_activation_checkpointing
+from opendit_lite.activation_checkpointing import apply_activation_checkpointing
 from opendit_lite.models import build_model
 
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")

@@ -247,7 +247,7 @@ def build_baseline(config: BenchConfig, workload: Workload, device: torch.device
 
 def apply_compile(model: nn.Module, backend: str) -> None:
     """torch.compile each repeated block in place: one graph per block, reused by all of them."""
-    from opendit_lite.memory import find_checkpoint_blocks
+    from opendit_lite.activation_checkpointing import find_checkpoint_blocks
 
     for block in find_checkpoint_blocks(model):
         block.compile(backend=backend)
@@ -259,7 +259,7 @@ def build_plugin_config(config: BenchConfig, workload: Workload, device: torch.d
     from colossalai.booster import Booster
 
     from opendit_lite.converter import ModuleConverter
-    from opendit_lite.memory import apply_activation_checkpointing
+    from opendit_lite.activation_checkpointing import apply_activation_checkpointing
     from opendit_lite.plugins import OpenDiTPlugin
 
     plugin = OpenDiTPlugin(zero_degree=config.zero_degree, precision=config.precision, grad_clip=grad_clip)
@@ -687,7 +687,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         except ValueError as error:
             raise SystemExit(f"error: --profile: {error}")
 
-    from opendit_lite.training.distributed import cleanup_distributed, init_distributed
+    from opendit_lite.distributed.launch import cleanup_distributed, init_distributed
 
     dist_info = init_distributed()  # the plugin needs a process group, also for one process
     if args.batch_search and dist_info.world_size > 1:

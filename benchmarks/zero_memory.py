@@ -64,7 +64,7 @@ def measure(zero_degree: int, batch: int) -> Dict:
     from opendit_lite.diffusion import create_diffusion
     from opendit_lite.models import build_model
     from opendit_lite.plugins import OpenDiTPlugin
-    from opendit_lite.training.distributed import init_distributed
+    from opendit_lite.distributed.launch import init_distributed
 
     init_distributed()
     torch.cuda.empty_cache()

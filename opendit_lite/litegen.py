@@ -80,9 +80,9 @@ from torch.utils.data import Dataset
 
 from .config.schema import TrainConfig
 from .converter import ModuleConverter
-from .memory import apply_activation_checkpointing
+from .activation_checkpointing import apply_activation_checkpointing
 from .plugins import OpenDiTPlugin
-from .plugins.checkpoint import (
+from .checkpoint.state import (
     EMA_FILE,
     CheckpointError,
     atomic_path,
@@ -95,9 +95,9 @@ from .plugins.checkpoint import (
     load_optimizer_state,
     save_checkpoint,
 )
-from .plugins.mesh import block_groups
+from .distributed.mesh import block_groups
 from .plugins.opendit_plugin import default_node_size
-from .training.distributed import init_distributed
+from .distributed.launch import init_distributed
 
 logger = logging.getLogger(__name__)
 
@@ -471,7 +471,7 @@ class LiteGen:
     def save_checkpoint(self, step: int, extra_state: Optional[Dict[str, Any]] = None,
                         output_folder: Optional[str] = None, keep_last: Optional[int] = None) -> str:
         """Collective: everything needed to continue (model, optimizer, EMA, LR scheduler, RNG, config and
-        ``extra_state``) as ``[exp_name]_step[N]/``; see ``opendit_lite.plugins.checkpoint``."""
+        ``extra_state``) as ``[exp_name]_step[N]/``; see ``opendit_lite.checkpoint.state``."""
         self._require("save_checkpoint")
         return save_checkpoint(
             self.booster, output_folder or results_folder(self.config), step, self.model, self.optimizer, self.lr_scheduler,

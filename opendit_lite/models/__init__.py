@@ -1,6 +1,6 @@
 from .registry import MODELS, build_model, register_model
 from .dit import DiT, DiT_models, DiTBlock, FinalLayer
-from .dit_checkpoint import load_original_dit_checkpoint
+from ..checkpoint.original_dit import load_original_dit_checkpoint
 from .stdit import STDiT
 from .vchitect import VchitectXL
 

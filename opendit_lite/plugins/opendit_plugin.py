@@ -48,7 +48,7 @@ Decisions:
   times and step once; LowLevelZero adds the reduced gradients up internally, Gemini does so with
   ``gemini_kwargs={"enable_gradient_accumulation": True}``. Scale the loss by 1/accum_steps.
 - **Process group.** The default process group must be initialised before the plugin is built,
-  also for a single process (``opendit_lite.training.distributed.init_distributed()`` does it for
+  also for a single process (``opendit_lite.distributed.launch.init_distributed()`` does it for
   ``python`` and ``torchrun`` alike); the plugin does not call ``colossalai.launch``.
 - **Precision.** "fp32", "bf16", "fp16" (fp16 with dynamic loss scaling in every strategy). Under
   ZeRO and Gemini the model is cast to that dtype and fp32 master weights live in the optimizer;
@@ -72,9 +72,9 @@ from torch.utils.data.distributed import DistributedSampler
 
 from .ddp import apply_ddp
 from .ddp_checkpoint_io import DDPCheckpointIO
-from .ema import ShardedEMA, flat_layout, gemini_layout, zero_layout
+from ..ema.sharded import ShardedEMA, flat_layout, gemini_layout, zero_layout
 from .gemini import apply_gemini
-from .mesh import block_groups, build_data_seq_mesh
+from ..distributed.mesh import block_groups, build_data_seq_mesh
 from . import zero as _zero
 from .zero import ZeroCheckpointIO, apply_low_level_zero
 
@@ -126,7 +126,7 @@ class OpenDiTPlugin(DPPluginBase):
         if not (dist.is_available() and dist.is_initialized()):
             raise RuntimeError(
                 "OpenDiTPlugin needs an initialised torch.distributed default process group, also for a "
-                "single process: call opendit_lite.training.distributed.init_distributed() (or "
+                "single process: call opendit_lite.distributed.launch.init_distributed() (or "
                 "torch.distributed.init_process_group) before creating the plugin"
             )
         zero_degree = 0 if zero_degree is None else zero_degree

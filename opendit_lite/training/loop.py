@@ -27,10 +27,10 @@ from colossalai.booster import Booster
 from ..config import ConfigError, to_dict
 from ..data.sampler import ResumableDistributedSampler
 from ..plugins import OpenDiTPlugin
-from ..plugins.checkpoint import load_checkpoint, load_ema_file, save_checkpoint
+from ..checkpoint.state import load_checkpoint, load_ema_file, save_checkpoint
 from .lr_schedule import warmup_scheduler
 from .metrics import MetricsLogger
-from .run_checkpoints import checkpoint_root, pick_resume_checkpoint
+from ..checkpoint.layout import checkpoint_root, pick_resume_checkpoint
 from .stop import StopRequest
 
 

@@ -221,7 +221,7 @@ def conversion_checks(sp_group) -> dict:
 
 @rank_checks("dit", world_size=2)
 def _rank_world2(rank, world_size):
-    from opendit_lite.plugins.mesh import build_data_seq_mesh
+    from opendit_lite.distributed.mesh import build_data_seq_mesh
 
     mesh = build_data_seq_mesh(2)
     return {

@@ -26,7 +26,7 @@ from opendit_lite.litegen import (
     litegen_path,
     results_folder,
 )
-from tests.plugins.test_checkpoint import run_on_cpu
+from tests.checkpoint.test_state import run_on_cpu
 from tests.zero_cpu_shim import install as install_zero_cpu_shim
 
 EXP = "exp"

@@ -38,7 +38,7 @@ TOLERANCE = {"fp32": 2e-6, "fp16": 1e-3, "bf16": 1e-2}
 
 
 def _train_all(rank, world_size, ckpt_dir):
-    import opendit_lite.plugins.ema as ema_module
+    import opendit_lite.ema.sharded as ema_module
     from opendit_lite.plugins import OpenDiTPlugin
 
     install_zero_cpu_shim()

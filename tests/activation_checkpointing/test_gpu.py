@@ -8,8 +8,8 @@ the reading synchronises and allocates once before asking.
 import pytest
 import torch
 
-from opendit_lite.memory import apply_activation_checkpointing
-from tests.memory.toy_models import ToyDiT, assert_same_grads, grads_of, toy_inputs
+from opendit_lite.activation_checkpointing import apply_activation_checkpointing
+from tests.activation_checkpointing.toy_models import ToyDiT, assert_same_grads, grads_of, toy_inputs
 
 pytestmark = pytest.mark.gpu
 

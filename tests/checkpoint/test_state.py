@@ -23,7 +23,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from opendit_lite.plugins.checkpoint import (
+from opendit_lite.checkpoint.state import (
     CheckpointError,
     atomic_path,
     find_latest_checkpoint,
@@ -33,7 +33,7 @@ from opendit_lite.plugins.checkpoint import (
     save_checkpoint,
     verify_checkpoint,
 )
-from opendit_lite.plugins.rng import get_rng_state, set_rng_state
+from opendit_lite.distributed.rng import get_rng_state, set_rng_state
 from tests.distributed import run_distributed
 from tests.zero_cpu_shim import install as install_zero_cpu_shim
 
@@ -402,7 +402,7 @@ def _child_save_then_block(root):
 def test_sigkill_midway_is_never_picked(tmp_path):
     root = str(tmp_path)
     code = f"import sys; sys.path.insert(0, {ROOT!r}); " \
-           f"from tests.plugins.test_checkpoint import _child_save_then_block as f; f({root!r})"
+           f"from tests.checkpoint.test_state import _child_save_then_block as f; f({root!r})"
     env = dict(os.environ, OMP_NUM_THREADS="1", **CPU_ONLY)
     proc = subprocess.Popen([sys.executable, "-c", code], env=env, cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

@@ -50,7 +50,7 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 
-from .rng import get_rng_state, set_rng_state
+from ..distributed.rng import get_rng_state, set_rng_state
 
 logger = logging.getLogger(__name__)
 

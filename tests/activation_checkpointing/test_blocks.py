@@ -3,9 +3,9 @@
 import pytest
 import torch.nn as nn
 
-from opendit_lite.memory import find_checkpoint_blocks, select_blocks
+from opendit_lite.activation_checkpointing import find_checkpoint_blocks, select_blocks
 from opendit_lite.models.dit import DiT
-from tests.memory.toy_models import (
+from tests.activation_checkpointing.toy_models import (
     DeclaredToyDiT,
     MLPBlock,
     NestedBlocksModel,

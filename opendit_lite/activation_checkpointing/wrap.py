@@ -90,7 +90,7 @@ def apply_activation_checkpointing(model: nn.Module, selective_ratio: float,
     buys back speed when memory allows.
 
     ``offload``: also keep the checkpointed blocks' inputs in pinned CPU memory until backward
-    (see ``opendit_lite.memory.offload``); a pass-through for tensors that are not on a GPU.
+    (see ``opendit_lite.activation_checkpointing.offload``); a pass-through for tensors that are not on a GPU.
 
     Apply it once, to the unwrapped model, before DDP/ZeRO wrapping. Returns a ``CheckpointReport``.
     """

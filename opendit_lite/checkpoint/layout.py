@@ -8,7 +8,7 @@ import os
 from typing import Any, Dict, Optional
 
 from ..config import ConfigError
-from ..plugins.checkpoint import find_latest_checkpoint
+from .state import find_latest_checkpoint
 
 
 def checkpoint_root(cfg) -> str:

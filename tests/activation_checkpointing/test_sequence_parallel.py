@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from opendit_lite.memory import apply_activation_checkpointing
+from opendit_lite.activation_checkpointing import apply_activation_checkpointing
 from tests.distributed import run_distributed
 
 CALLS = {"all_to_all": 0}

@@ -9,10 +9,10 @@ import copy
 import pytest
 import torch
 
-from opendit_lite.memory import CheckpointReport, apply_activation_checkpointing
-from opendit_lite.memory.checkpoint import _CheckpointedForward
+from opendit_lite.activation_checkpointing import CheckpointReport, apply_activation_checkpointing
+from opendit_lite.activation_checkpointing.wrap import _CheckpointedForward
 from opendit_lite.models.dit import DiT
-from tests.memory.toy_models import (
+from tests.activation_checkpointing.toy_models import (
     DeclaredToyDiT,
     NestedBlocksModel,
     SequentialModel,

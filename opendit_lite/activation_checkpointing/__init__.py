@@ -3,7 +3,7 @@ the checkpointed blocks' inputs. Applied from outside the model, like the other 
 """
 
 from .blocks import find_checkpoint_blocks, select_blocks
-from .checkpoint import CheckpointReport, apply_activation_checkpointing
+from .wrap import CheckpointReport, apply_activation_checkpointing
 from .offload import ActivationOffloader
 
 __all__ = [

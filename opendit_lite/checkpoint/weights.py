@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 from safetensors.torch import load_file
 
-from ..models.dit_checkpoint import load_original_dit_checkpoint
+from .original_dit import load_original_dit_checkpoint
 
 EMA_FILE = "ema.safetensors"
 MODEL_DIR = "model"

@@ -14,9 +14,9 @@ import weakref
 import pytest
 import torch
 
-from opendit_lite.memory import apply_activation_checkpointing
-from opendit_lite.memory import offload as offload_module
-from tests.memory.toy_models import SpatialTemporalModel, ToyDiT, assert_same_grads, grads_of, toy_inputs
+from opendit_lite.activation_checkpointing import apply_activation_checkpointing
+from opendit_lite.activation_checkpointing import offload as offload_module
+from tests.activation_checkpointing.toy_models import SpatialTemporalModel, ToyDiT, assert_same_grads, grads_of, toy_inputs
 
 
 class RecordingCopier:
