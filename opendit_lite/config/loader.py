@@ -239,6 +239,12 @@ def validate(cfg: TrainConfig) -> None:
             raise ConfigError(f"'{key}' must be >= 0; got {getattr(cfg, key)}.")
     if not 0.0 <= cfg.ema.decay <= 1.0:
         raise ConfigError(f"'ema.decay' must lie in [0, 1]; got {cfg.ema.decay}.")
+    if cfg.precision == "fp8" and cfg.zero_degree == 3:
+        raise ConfigError("precision=fp8 composes with zero_degree 0, 1 and 2; Gemini (zero_degree=3) keeps its "
+                          "weights in chunks that torchao's float8 layers cannot wrap. Use zero_degree <= 2.")
+    if getattr(cfg, "fused_optimizer_ema", False) and cfg.zero_degree == 3:
+        raise ConfigError("'fused_optimizer_ema' covers zero_degree 0, 1 and 2; Gemini (zero_degree=3) updates "
+                          "its chunks with HybridAdam. Set fused_optimizer_ema=false or zero_degree to 0, 1 or 2.")
     # A data section lists which of its types read data.path, and what that path must hold.
     needs_path = getattr(type(cfg.data), "PATH_REQUIRED", {})
     if cfg.data.type in needs_path and not cfg.data.path:

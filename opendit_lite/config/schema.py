@@ -99,7 +99,9 @@ class TrainConfig:
     resume_from: Optional[str] = _f(None, "checkpoint to resume model, optimizer and state from")
     auto_resume: bool = _f(False, "resume from the newest complete checkpoint when resume_from is empty")
     # precision
-    precision: str = _f("bf16", "parameter/compute precision", choices=("fp32", "tf32", "bf16", "fp16"))
+    precision: str = _f("bf16", "parameter/compute precision; fp8: bf16 with the blocks' Linear layers in float8 "
+                                "(torchao; GPUs with compute capability >= 8.9, zero_degree 0-2)",
+                        choices=("fp32", "tf32", "bf16", "fp16", "fp8"))
     grad_precision: Optional[str] = _f(None, "LiteGen's FSDP reduce dtype; accepted, but gradients are reduced in "
                                              "the parameter dtype (a warning says so when set)",
                                        choices=(None, "fp32", "tf32", "bf16", "fp16"))
@@ -108,6 +110,8 @@ class TrainConfig:
     lr: float = _f(1e-4, "AdamW learning rate")
     weight_decay: float = _f(0.0, "AdamW weight decay")
     fused_optimizer: bool = _f(True, "use the fused AdamW implementation where available")
+    fused_optimizer_ema: bool = _f(False, "AdamW and the EMA update in one optimizer step, multi-tensor ops "
+                                          "(zero_degree 0, 1, 2; replaces fused_optimizer's choice)")
     warmup_steps: int = _f(0, "linear learning-rate warm-up steps")
     grad_clip: float = _f(1.0, "clip the global gradient norm to this value (0 disables)")
     # distributed strategy
@@ -132,6 +136,8 @@ class TrainConfig:
     ckpt_every: int = _f(0, "steps between checkpoints (0: only at the end)")
     keep_last: int = _f(0, "keep only this many newest checkpoints (0: keep all)")
     compile: bool = _f(False, "torch.compile the model")
+    cuda_graphs: bool = _f(False, "with compile: replay the compiled blocks as CUDA graphs (torch.compile "
+                                  "mode 'reduce-overhead'; CUDA and fixed shapes only)")
     # sections
     model: ModelConfig = _section(ModelConfig, "model to train")
     data: DataConfig = _section(DataConfig, "training data")

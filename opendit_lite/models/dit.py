@@ -48,6 +48,9 @@ class DiTBlock(nn.Module):
     DiT paper found to train best among its conditioning variants.
     """
 
+    # Submodules that compute the conditioning (kept in bf16 under precision=fp8).
+    conditioning_modules = ("adaLN_modulation",)
+
     def __init__(self, hidden_size: int, num_heads: int, mlp_ratio: float = 4.0):
         super().__init__()
         self.norm1 = LayerNormModulate(hidden_size, eps=1e-6)

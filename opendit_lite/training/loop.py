@@ -27,7 +27,9 @@ from colossalai.booster import Booster
 from ..config import ConfigError, to_dict
 from ..data.sampler import ResumableDistributedSampler
 from ..plugins import OpenDiTPlugin
+from ..precision import apply_fp8_training, check_fp8_supported
 from ..checkpoint.state import load_checkpoint, load_ema_file, save_checkpoint
+from .cuda_graphs import check_cuda_graphs
 from .lr_schedule import warmup_scheduler
 from .metrics import MetricsLogger
 from ..checkpoint.layout import checkpoint_root, pick_resume_checkpoint
@@ -38,7 +40,11 @@ def build_booster(cfg, info) -> Tuple[OpenDiTPlugin, Booster]:
     """The plugin (it builds the data x sequence mesh the conversions need, so it comes first)."""
     if (cfg.allow_tf32 or cfg.precision == "tf32") and torch.cuda.is_available():
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-    precision = "fp32" if cfg.precision == "tf32" else cfg.precision  # tf32: fp32 weights, TF32 matmuls
+    check_cuda_graphs(cuda_graphs=cfg.cuda_graphs, compile=cfg.compile, device=info.device)
+    if cfg.precision == "fp8":
+        check_fp8_supported(info.device)  # ConfigError on CPU, pre-Ada GPUs or without torchao
+    # tf32: fp32 weights, TF32 matmuls; fp8: bf16 everywhere but the blocks' Linear layers
+    precision = {"tf32": "fp32", "fp8": "bf16"}.get(cfg.precision, cfg.precision)
     if cfg.grad_precision not in (None, cfg.precision):
         warnings.warn(f"grad_precision={cfg.grad_precision!r} is not used: gradients are reduced in the "
                       f"parameter dtype ({precision})")
@@ -59,8 +65,10 @@ def boost_training(cfg, plugin: OpenDiTPlugin, booster: Booster, model, dataset)
     Returns (model, optimizer, lr_scheduler, dataloader, micro_batch) where micro_batch =
     global_batch_size / (data-parallel ranks x grad_accum_steps) samples per rank and micro-step."""
     micro_batch = cfg.global_batch_size // (plugin.dp_size * cfg.grad_accum_steps)
+    if cfg.precision == "fp8":  # before the optimizer: Float8Linear keeps the Parameters, but swap first
+        apply_fp8_training(model)
     optimizer = plugin.build_optimizer(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
-                                       fused=cfg.fused_optimizer)
+                                       fused=cfg.fused_optimizer, fused_ema=cfg.fused_optimizer_ema and cfg.ema.enable)
     lr_scheduler = warmup_scheduler(optimizer, cfg.warmup_steps)
     dataloader = plugin.prepare_dataloader(dataset, batch_size=micro_batch, shuffle=True, seed=cfg.global_seed,
                                            drop_last=True, num_workers=cfg.num_workers, pin_memory=cfg.pin_memory,
