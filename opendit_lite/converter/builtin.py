@@ -50,7 +50,7 @@ def _to_fused_adaln(module: LayerNormModulate, options: ConverterOptions, contex
     return FusedLayerNormModulate.from_module(module)
 
 
-def _to_fused_residual(module: GatedResidualNorm, config: Any, context: dict) -> nn.Module:
+def _to_fused_residual(module: GatedResidualNorm, options: ConverterOptions, context: dict) -> nn.Module:
     from opendit_lite.kernels import FusedGatedResidualNorm
 
     return FusedGatedResidualNorm.from_module(module)

@@ -1,4 +1,5 @@
-"""``cuda_graphs: true``: replay the compiled blocks as CUDA graphs (torch.compile's "reduce-overhead").
+"""``cuda_graphs: true``: replay the compiled blocks as CUDA graphs (torch.compile's "reduce-overhead",
+applied by ``parallelize``'s compile step); here, the check that a run can use it.
 
 A DiT-XL/2 step at 256 px launches thousands of small kernels (norms, elementwise ops, the
 optimizer); with CUDA graphs each compiled block's forward and backward is recorded once and then
@@ -7,8 +8,6 @@ graph needs: CUDA, and the same shapes every step (image training with a fixed r
 ``drop_last`` loader, as train.py builds it; not variable-shape buckets). It applies to what is
 compiled, so it needs ``compile: true``.
 """
-
-from typing import Optional
 
 import torch
 
@@ -25,8 +24,3 @@ def check_cuda_graphs(*, cuda_graphs: bool, compile: bool, device: torch.device)
     if not compile:
         raise ConfigError("cuda_graphs=true replays the torch.compile'd blocks as CUDA graphs; set compile=true "
                           "as well, or cuda_graphs=false.")
-
-
-def compile_mode(cuda_graphs: bool) -> Optional[str]:
-    """torch.compile's ``mode`` for the blocks: "reduce-overhead" (CUDA graphs) or None (default)."""
-    return "reduce-overhead" if cuda_graphs else None

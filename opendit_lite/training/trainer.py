@@ -51,7 +51,8 @@ def train(spec: TrainerSpec, cfg, info) -> str:
     # Every transformation of the serial model, in parallelize's order, before the plugin wraps it.
     report = parallelize(model, sp_group=plugin.sp_group, sp_mode=cfg.sp_mode, fused_adaln=cfg.fused_adaln,
                          fused_layernorm=cfg.fused_layernorm, attention_backend=cfg.attention_backend,
-                         selective_ratio=cfg.selective_ratio, ac_offload=cfg.ac_offload, compile=cfg.compile)
+                         selective_ratio=cfg.selective_ratio, ac_offload=cfg.ac_offload, compile=cfg.compile,
+                         cuda_graphs=cfg.cuda_graphs)
     log.write(str(report))
     objective = build_training_objective(cfg)
     model.to(info.device)

@@ -11,7 +11,8 @@ from opendit_lite.config import ConfigError, TrainConfig
 from opendit_lite.config.loader import validate
 from opendit_lite.models import build_model
 from opendit_lite.precision import check_fp8_supported, fp8_linear_names
-from opendit_lite.training.cuda_graphs import check_cuda_graphs, compile_mode
+from opendit_lite.parallelize import apply_compile
+from opendit_lite.training.cuda_graphs import check_cuda_graphs
 from opendit_lite.training.loop import build_booster
 
 CPU = torch.device("cpu")
@@ -50,7 +51,15 @@ def test_cuda_graphs_refused_on_cpu_and_without_compile():
     with pytest.raises(ConfigError, match="set compile=true"):
         check_cuda_graphs(cuda_graphs=True, compile=False, device=torch.device("cuda"))
     check_cuda_graphs(cuda_graphs=False, compile=False, device=CPU)
-    assert compile_mode(True) == "reduce-overhead" and compile_mode(False) is None
+
+
+def test_cuda_graphs_compile_the_blocks_in_reduce_overhead_mode(monkeypatch):
+    calls = []
+    monkeypatch.setattr(nn.Module, "compile", lambda self, **kwargs: calls.append(kwargs))
+    model = build_model("DiT-T/2", input_size=8, num_classes=10)
+    rows = apply_compile(model, enabled=True, cuda_graphs=True)
+    assert calls == [{"mode": "reduce-overhead"}] * len(model.blocks)
+    assert "CUDA graphs" in rows[0].swapped
 
 
 @pytest.mark.parametrize("overrides,match", [(dict(precision="fp8"), "precision=fp8"),
