@@ -132,14 +132,20 @@ def copy_bandwidth_gbps(nbytes: int = 2 * 2**30, rep: int = 200) -> float:
 
 
 def modes_for(fn: Callable[[], torch.Tensor], dy: torch.Tensor) -> Dict[str, Callable[[], object]]:
-    """The callables timed for forward, backward and full (forward + backward) of ``fn``."""
+    """The callables timed for forward, backward and full (forward + backward) of ``fn``; an ``fn``
+    returning several tensors gets ``dy`` as the gradient of each."""
+
+    def backward_of(out, retain_graph=False):
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        torch.autograd.backward(outs, [dy] * len(outs), retain_graph=retain_graph)
+
     out = fn()
 
     def backward():
-        out.backward(dy, retain_graph=True)
+        backward_of(out, retain_graph=True)
 
     def full():
-        fn().backward(dy)
+        backward_of(fn())
 
     return {"forward": fn, "backward": backward, "full": full}
 
