@@ -223,6 +223,10 @@ def _norm_affine_bwd_kernel(
                 tl.store(DSCALE + pcols, tl.load(DSCALE + pcols, mask=cmask) + tl.sum(dy * xhat, axis=0), mask=cmask)
                 if RESIDUAL:
                     tl.store(DGATE + pcols, tl.load(DGATE + pcols, mask=cmask) + tl.sum(dx * h, axis=0), mask=cmask)
+        if not PER_ROW:
+            # The next row block reads these partial sums back, possibly in other threads of this
+            # program (a reduced vector is spread over several threads): make the stores visible.
+            tl.debug_barrier()
 
 
 # Kernels decorated while TRITON_INTERPRET=1 was set run in Triton's interpreter, which executes
