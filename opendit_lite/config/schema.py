@@ -136,7 +136,7 @@ class TrainConfig:
     log_every: int = _f(50, "steps between logged metrics (the only host syncs of the loop)")
     ckpt_every: int = _f(0, "steps between checkpoints (0: only at the end)")
     keep_last: int = _f(0, "keep only this many newest checkpoints (0: keep all)")
-    compile: bool = _f(False, "torch.compile the model")
+    compile: bool = _f(False, "torch.compile each repeated block (the last step of parallelize)")
     # sections
     model: ModelConfig = _section(ModelConfig, "model to train")
     data: DataConfig = _section(DataConfig, "training data")
