@@ -147,3 +147,15 @@ def test_lazy_import_from_the_package():
 
     assert LazyReport is ParallelizeReport and callable(lazy) and callable(opendit_lite.parallelize)
     assert isinstance(opendit_lite.parallelize(tiny_dit()), ParallelizeReport)
+
+
+def test_trainers_read_is_video():
+    from opendit_lite.config import load_config
+    from opendit_lite.config.video_schema import VideoTrainConfig
+    from opendit_lite.training.image import build_image_model
+    from opendit_lite.training.video import build_video_model
+
+    with pytest.raises(ConfigError, match="declares is_video = True"):
+        build_image_model(load_config(None, ["model.name=STDiT-tiny"]))
+    with pytest.raises(ConfigError, match="is not a text-to-video model"):
+        build_video_model(load_config(None, ["model.name=DiT-T/2"], schema=VideoTrainConfig))
