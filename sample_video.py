@@ -36,10 +36,10 @@ from opendit_lite.config.video_schema import TextEncoderConfig, VideoDiffusionCo
 from opendit_lite.diffusion import RectifiedFlow, create_diffusion
 from opendit_lite.diffusion.sampling_utils import SampleGenerators
 from opendit_lite.checkpoint.layout import resolve_sample_checkpoint, saved_config
-from opendit_lite.sampling import compile_denoiser, gather_on_main, sampling_ranks
+from opendit_lite.sampling import gather_on_main, sampling_ranks
 from opendit_lite.sampling.checks import check_sample_settings
+from opendit_lite.sampling.denoiser import parallelize_denoiser
 from opendit_lite.training.video import (
-    apply_video_parallelism,
     build_video_model,
     load_caption_encoder,
     load_video_vae,
@@ -177,7 +177,6 @@ def main(argv=None) -> List[str]:
     validate_video_config(cfg)
     ckpt = resolve_sample_checkpoint(cfg, cfg.sample.ckpt, "train_video.py")
     adopt_checkpoint_config(cfg, ckpt)
-    validate_video_config(cfg)  # again: DSP needs the checkpoint's model to be STDiT
     check_sampler(cfg)
     prompts = read_prompts(cfg)
     pixel_space = cfg.model.in_channels == 3 and not cfg.vae.path
@@ -189,12 +188,10 @@ def main(argv=None) -> List[str]:
         device = ranks.device
         model = build_video_model(cfg)
         load_weights(model, ckpt, use_ema=cfg.sample.use_ema)
-        report = apply_video_parallelism(model, cfg, ranks.sp_group)  # the training machinery (Ulysses / DSP)
-        if ranks.is_main and ranks.sp_size > 1:
+        report = parallelize_denoiser(model, cfg, ranks)  # the training machinery: Ulysses / DSP, compile
+        if ranks.is_main and (ranks.sp_size > 1 or cfg.sample.compile):
             print(report)
         model.to(device).eval()
-        if cfg.sample.compile:
-            compile_denoiser(model)
         captions, vae = load_caption_encoder(cfg, device), load_video_vae(cfg, device)
         block, mine = ranks.shard(len(prompts)), []
         for start in range(block.start, block.stop, cfg.sample.batch_size):  # this rank's prompts

@@ -92,7 +92,7 @@ class SampleConfig:
                       "gives the same images")
     output: Optional[str] = _f(None, "PNG path of the grid; None: <run dir>/samples.png")
     batch_size: int = _f(32, "samples per forward on each data-parallel rank (guidance runs twice as many rows)")
-    compile: bool = _f(False, "torch.compile the denoiser (eager fallback with a warning)")
+    compile: bool = _f(False, "torch.compile each block of the denoiser, as training's compile does")
 
 
 @dataclass

@@ -67,7 +67,7 @@ class VideoSampleConfig:
     seed: int = _f(0, "sampling seed (>= 0): prompt i's noise comes from (seed, i), so any number of ranks "
                       "gives the same videos")
     batch_size: int = _f(8, "prompts per forward on each data-parallel rank")
-    compile: bool = _f(False, "torch.compile the denoiser (eager fallback with a warning)")
+    compile: bool = _f(False, "torch.compile each block of the denoiser, as training's compile does")
     fps: int = _f(4, "frames per second of the written videos")
     output_dir: Optional[str] = _f(None, "folder for the videos and contact sheet; None: <run dir>/samples")
 

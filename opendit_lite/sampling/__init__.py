@@ -7,11 +7,11 @@
   (``opendit_lite.diffusion.SampleGenerators``), so the output does not depend on the rank layout
   or batch size: ``torchrun --nproc_per_node 8 sample.py`` writes the one-process grid.
 * ``gather_on_main``: the finished samples, in index order, on rank 0 (which writes the files).
-* ``prepare_denoiser``: sequence parallelism and the optional ``torch.compile`` of the denoiser.
+* ``denoiser.parallelize_denoiser``: ``opendit_lite.parallelize`` for sampling (kernels, Ulysses/DSP
+  over the sampling mesh, ``sample.compile``).
 * ``image.py``: class-conditional image generation with batched classifier-free guidance.
 """
 
-from .denoiser import compile_denoiser
 from .ranks import SamplingRanks, gather_on_main, sampling_ranks
 
-__all__ = ["SamplingRanks", "compile_denoiser", "gather_on_main", "sampling_ranks"]
+__all__ = ["SamplingRanks", "gather_on_main", "sampling_ranks"]

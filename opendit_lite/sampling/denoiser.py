@@ -1,18 +1,14 @@
-"""The optional ``torch.compile`` of the denoiser (``sample.compile``)."""
-
-import sys
+"""The denoiser as sampling runs it: the training transformations of ``opendit_lite.parallelize``."""
 
 import torch.nn as nn
 
+from ..parallelize import ParallelizeReport, parallelize
+from .ranks import SamplingRanks
 
-def compile_denoiser(model: nn.Module) -> nn.Module:
-    """``torch.compile`` the model's ``forward`` in place (and return the model).
 
-    The forward itself is replaced, not the module's ``__call__``, because guidance helpers such as
-    DiT's ``forward_with_cfg`` call ``self.forward`` directly. Compiling falls back to eager with a
-    warning where torch.compile is unavailable or fails on the first call."""
-    from ..litegen import CompiledFunction
-
-    print("sample.compile: compiling the denoiser's forward (the first step takes longer)", file=sys.stderr)
-    model.forward = CompiledFunction(model.forward)
-    return model
+def parallelize_denoiser(model: nn.Module, cfg, ranks: SamplingRanks) -> ParallelizeReport:
+    """The training transformations for sampling: the config's kernels, sequence parallelism over
+    the sampling mesh's group (``sp_mode``), and ``sample.compile``; no activation checkpointing."""
+    return parallelize(model, sp_group=ranks.sp_group, sp_mode=cfg.sp_mode, fused_adaln=cfg.fused_adaln,
+                       fused_layernorm=cfg.fused_layernorm, attention_backend=cfg.attention_backend,
+                       compile=cfg.sample.compile)

@@ -10,7 +10,6 @@ import torch.nn as nn
 from ..checkpoint.layout import resolve_sample_checkpoint, saved_config
 from ..checkpoint.weights import load_weights
 from ..config import ConfigError, DiffusionConfig, ModelConfig, from_dict
-from ..converter import ModuleConverter
 from ..diffusion import RectifiedFlow, create_diffusion
 from ..diffusion.sampling_utils import SampleGenerators
 from ..encoders import vae_decode
@@ -22,7 +21,7 @@ from ..training.factory import (
     resolve_model_geometry,
 )
 from .checks import check_sample_settings
-from .denoiser import compile_denoiser
+from .denoiser import parallelize_denoiser
 from .ranks import SamplingRanks
 
 
@@ -50,13 +49,10 @@ def load_image_model(cfg, ranks: SamplingRanks) -> Tuple[nn.Module, str, Optiona
     check_sample_settings(cfg.sample.seed, cfg.sample.batch_size)
     model = build_model_from_config(cfg)
     load_weights(model, ckpt, use_ema=cfg.sample.use_ema)
-    # The training conversions (kernels, Ulysses when sp_size > 1), then compile the result.
-    report = ModuleConverter(cfg, sp_group=ranks.sp_group).convert(model)
-    if ranks.is_main and ranks.sp_size > 1:
+    report = parallelize_denoiser(model, cfg, ranks)
+    if ranks.is_main and (ranks.sp_size > 1 or cfg.sample.compile):
         print(report)
     model.to(ranks.device).eval()
-    if cfg.sample.compile:
-        compile_denoiser(model)
     return model, ckpt, vae, dataset
 
 
