@@ -152,6 +152,8 @@ class TrainConfig:
     pin_memory: bool = _f(False, "pin data-loader memory")
     log_every: int = _f(50, "steps between logged metrics (the only host syncs of the loop)")
     ckpt_every: int = _f(0, "steps between checkpoints (0: only at the end)")
+    eval_every: int = _f(0, "steps between evaluations (eval.*: FID of fresh samples) of the checkpoint saved at that "
+                            "step; a multiple of ckpt_every; 0: off")
     keep_last: int = _f(0, "keep only this many newest checkpoints (0: keep all)")
     compile: bool = _f(False, "torch.compile the model")
     # sections

@@ -37,10 +37,10 @@ def test_two_rank_samples_equal_one_process_and_score(tmp_path, monkeypatch, cap
     assert not (tmp_path / "two" / "parts").exists()
 
     # Score the 2-rank file against the 1-process one with a tiny extractor in place of Inception.
-    import opendit_lite.evaluate.__main__ as cli
+    import opendit_lite.evaluate.run as run
 
     fn = TinyFeatures()
-    monkeypatch.setattr(cli, "load_inception", lambda path, device: fn)
+    monkeypatch.setattr(run, "load_inception", lambda path, device: fn)
     metrics = evaluate_main(args + [f"eval.samples={tmp_path}/two/samples.npz", f"eval.output_dir={tmp_path}/two",
                                     f"eval.reference={tmp_path}/one/samples.npz", "eval.inception_path=tiny",
                                     "eval.precision_recall=true"])
@@ -78,3 +78,42 @@ def test_config_errors_exit_2(override, expected, capsys):
         evaluate_main(["--config", os.path.join(root, "configs/demo.yaml"), *override])
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and expected in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_eval_every_scores_saved_checkpoints_without_changing_training(tmp_path, monkeypatch):
+    """train.py with eval_every=2 (ckpt_every=1): metrics of the step-2 and step-4 checkpoints land in
+    metrics.jsonl as eval/*, and the loss curve and weights are those of a run without evaluation."""
+    import opendit_lite.evaluate.run as run
+    import train
+    from tests.scripts.test_train_sample import TINY, model_weights
+
+    fn = TinyFeatures()
+    monkeypatch.setattr(run, "load_inception", lambda path, device: fn)
+    ref = tmp_path / "ref.npz"
+    np.savez(ref, arr_0=np.random.default_rng(0).integers(0, 256, (16, 16, 16, 3)).astype(np.uint8))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    common = ["--config", os.path.join(root, "configs/demo.yaml"), f"results_dir={tmp_path}", "max_steps=4",
+              "ckpt_every=1", "log_every=1", *TINY, "sample.num_sampling_steps=2"]
+    train.main(common + ["exp_name=plain"])
+    train.main(common + ["exp_name=evald", "eval_every=2", f"eval.reference={ref}", "eval.inception_path=tiny",
+                         "eval.samples_per_class=1"])
+    records = {name: [json.loads(line) for line in open(tmp_path / name / "metrics.jsonl")]
+               for name in ("plain", "evald")}
+    evals = [r for r in records["evald"] if "eval/fid" in r]
+    assert [r["step"] for r in evals] == [2, 4] and all(r["eval/fid"] > 0 for r in evals)
+    assert (tmp_path / "evald" / "eval" / "step2" / "samples.npz").exists()
+    losses = {name: [r["loss"] for r in recs if "loss" in r] for name, recs in records.items()}
+    assert losses["evald"] == losses["plain"]
+    want, got = (model_weights(tmp_path / name / "checkpoints" / f"{name}_step4") for name in ("plain", "evald"))
+    for k in want:
+        assert torch.equal(want[k], got[k]), k
+
+
+def test_eval_every_must_follow_checkpoints(tmp_path):
+    import train
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(["--config", os.path.join(root, "configs/demo.yaml"), f"results_dir={tmp_path}", "eval_every=3",
+                    "ckpt_every=2"])
+    assert exit_info.value.code == 2
