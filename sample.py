@@ -54,7 +54,7 @@ def main(argv=None) -> str:
     with sampling_ranks(cfg.sp_size) as ranks:
         model, ckpt, vae, dataset = load_image_model(cfg, ranks)
         labels = cfg.sample.class_labels if cfg.sample.class_labels is not None else list(range(cfg.model.num_classes))
-        per_sample = class_labels(cfg, labels, cfg.sample.samples_per_class)  # [rows * cols], row-major
+        per_sample = class_labels(cfg.model.num_classes, labels, cfg.sample.samples_per_class)  # rows x cols
         mine = [images for _, images in image_batches(model, cfg, per_sample, ranks, vae, step_progress=True)]
         images = gather_on_main(torch.cat(mine) if mine else torch.empty(0), ranks)
         if not ranks.is_main:

@@ -29,7 +29,7 @@ def generate_samples(cfg, ranks: SamplingRanks, out_dir: str, save_png: bool = F
     """Sample every class ``cfg.eval.samples_per_class`` times over all ranks; returns the path of
     ``samples.npz`` (written by rank 0; every rank returns it once the file is complete)."""
     model, ckpt, vae, _ = load_image_model(cfg, ranks)
-    labels = class_labels(cfg, None, cfg.eval.samples_per_class)
+    labels = class_labels(cfg.model.num_classes, None, cfg.eval.samples_per_class)
     parts, png_dir = os.path.join(out_dir, "parts"), os.path.join(out_dir, "samples")
     os.makedirs(parts, exist_ok=True)
     if save_png:

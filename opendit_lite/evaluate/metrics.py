@@ -26,7 +26,8 @@ def score_images(images: np.ndarray, reference: Optional[Reference], feature_fn:
         if ref["mu"].shape != mu.shape:
             raise ValueError(f"the reference statistics have {ref['mu'].shape[0]} features, the samples {mu.shape[0]}: "
                              f"they come from different feature extractors")
-        out["fid"] = fid_statistics_to_metric({"mu": mu, "sigma": sigma}, ref, verbose=False)["frechet_inception_distance"]
+        fid = fid_statistics_to_metric({"mu": mu, "sigma": sigma}, ref, verbose=False)
+        out["fid"] = fid["frechet_inception_distance"]
     if logits is not None:
         isc = isc_features_to_metric(logits, splits=min(10, len(images)))
         out["inception_score"], out["inception_score_std"] = isc["inception_score_mean"], isc["inception_score_std"]

@@ -56,13 +56,13 @@ def load_image_model(cfg, ranks: SamplingRanks) -> Tuple[nn.Module, str, Optiona
     return model, ckpt, vae, dataset
 
 
-def class_labels(cfg, labels: Optional[Sequence[int]], per_class: int) -> List[int]:
-    """The label of every global sample index: each class in ``labels`` (None: every class)
+def class_labels(num_classes: int, labels: Optional[Sequence[int]], per_class: int) -> List[int]:
+    """The label of every global sample index: each class in ``labels`` (None: all ``num_classes``)
     ``per_class`` times in a row."""
-    labels = list(range(cfg.model.num_classes)) if labels is None else list(labels)
-    bad = [lab for lab in labels if not 0 <= lab < cfg.model.num_classes]
+    labels = list(range(num_classes)) if labels is None else list(labels)
+    bad = [lab for lab in labels if not 0 <= lab < num_classes]
     if bad:
-        raise ConfigError(f"class labels {bad} are outside 0..{cfg.model.num_classes - 1}, the model's classes.")
+        raise ConfigError(f"class labels {bad} are outside 0..{num_classes - 1}, the model's classes.")
     return [lab for lab in labels for _ in range(per_class)]
 
 
