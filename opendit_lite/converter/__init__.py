@@ -7,13 +7,16 @@ sequence-parallel versions, chosen by config keys, without touching model code.
 
 Register a conversion for your own module type with ``register_conversion`` (see ``registry.py``
 for the factory signature and the order conversions run in). Importing this package registers the
-built-in conversions (``builtin.py``) and the sequence-parallel ones (``opendit_lite.parallel``).
+built-in conversions (``builtin.py``), fused AdaLN for blocks of Meta's DiT and diffusers and for
+blocks following the ``adaln_norms`` protocol (``adaln_protocol.py``, ``meta_dit.py``,
+``diffusers_blocks.py``), and the sequence-parallel and foreign-attention ones (``opendit_lite.parallel``).
 """
 
 from .converter import ConversionReport, ConversionSection, ModuleConverter, Replacement
 from .registry import (
     CONFIG_DEFAULTS,
     CONVERSIONS,
+    PRIORITY_ADAPTER,
     PRIORITY_BACKEND,
     PRIORITY_WRAPPER,
     Conversion,
@@ -22,6 +25,8 @@ from .registry import (
     register_conversion,
 )
 from .builtin import register_builtin_conversions  # noqa: E402  (registers the built-ins)
+from .adaln_protocol import AdaLNLayerNorm, norm_modulate, register_adaln_block  # noqa: E402  (fused AdaLN, foreign blocks)
+from . import diffusers_blocks as _diffusers_blocks, meta_dit as _meta_dit  # noqa: E402,F401  (register their families)
 from .. import parallel as _parallel  # noqa: E402,F401  (registers the sequence-parallel conversions)
 
 __all__ = [
@@ -31,6 +36,7 @@ __all__ = [
     "Replacement",
     "CONFIG_DEFAULTS",
     "CONVERSIONS",
+    "PRIORITY_ADAPTER",
     "PRIORITY_BACKEND",
     "PRIORITY_WRAPPER",
     "Conversion",
@@ -38,4 +44,7 @@ __all__ = [
     "config_value",
     "register_conversion",
     "register_builtin_conversions",
+    "AdaLNLayerNorm",
+    "norm_modulate",
+    "register_adaln_block",
 ]

@@ -6,7 +6,8 @@
 For each conversion, in the registry's order (see ``registry.py``), whose ``enabled(config)`` is
 true, every submodule that matches its source type is handed to its factory and the result is put
 in its place on the parent module; a factory that instead changes the module in place (swaps one
-of its direct children, e.g. wraps ``attn_op``) has those children reported. The root module is
+of its direct children, e.g. wraps ``attn_op``, or rebinds its class's forward) has those children
+and the class change reported. The root module is
 never replaced. A matched module's own
 children are not searched by the same conversion (the factory owns that subtree), but the next
 conversion sees the model as this one left it, so a later wrapper finds an earlier replacement.
@@ -61,19 +62,30 @@ class ConversionReport:
         return [r for section in self.sections for r in section.replaced]
 
     def counts(self) -> Dict[str, int]:
-        """Modules replaced per conversion name."""
-        return {section.name: len(section.replaced) for section in self.sections}
+        """Modules replaced per conversion name (summed over the types registered under it)."""
+        counts: Dict[str, int] = {}
+        for section in self.sections:
+            counts[section.name] = counts.get(section.name, 0) + len(section.replaced)
+        return counts
+
+    def merged(self) -> List[ConversionSection]:
+        """One section per conversion name, in first-run order: a name registered for several
+        types (or by several families) is on when any of them is, with all their replacements."""
+        by_name: Dict[str, ConversionSection] = {}
+        for section in self.sections:
+            merged = by_name.setdefault(section.name, ConversionSection(section.name, False, section.note))
+            if section.enabled and not merged.enabled:
+                merged.enabled = True
+                merged.note = section.note or merged.note
+            merged.note = merged.note or section.note
+            merged.replaced += section.replaced
+        return list(by_name.values())
 
     def __str__(self) -> str:
         on = sum(section.enabled for section in self.sections)
         lines = [f"module converter: {on} of {len(self.sections)} conversions on, "
                  f"{len(self.replaced)} modules replaced"]
-        seen = set()
-        for section in self.sections:  # one line per distinct summary (a conversion may cover several types)
-            summary = section.summary()
-            if summary not in seen:
-                seen.add(summary)
-                lines.append(f"  {summary}")
+        lines += [f"  {section.summary()}" for section in self.merged()]
         return "\n".join(lines)
 
 
@@ -111,7 +123,10 @@ class ModuleConverter:
             if id(module) in done:
                 new = done[id(module)]
             else:
-                children_before = dict(module._modules)
+                type_before = type(module)
+                # Children, and plain attributes that may become children (a diffusers attention
+                # processor set as an nn.Module), to report what an in-place factory swapped.
+                attributes_before = {**vars(module), **module._modules}
                 new = conversion.factory(module, self.config, self.context)
                 if not isinstance(new, nn.Module):
                     raise TypeError(
@@ -120,11 +135,14 @@ class ModuleConverter:
                     )
                 new.train(module.training)
                 done[id(module)] = new
-                if new is module:  # converted in place, if at all: report the children it swapped
+                if new is module:  # converted in place, if at all: report what it swapped
+                    if type(module) is not type_before:  # its forward rebound (see class_swap.py)
+                        replaced.append(Replacement(qualified_name, type_before, type(module)))
                     replaced += [
-                        Replacement(f"{qualified_name}.{name}", type(old), type(module._modules.get(name)))
-                        for name, old in children_before.items() if module._modules.get(name) is not old
-                    ]
+                        Replacement(f"{qualified_name}.{name}", type(attributes_before.get(name)), type(child))
+                        for name, child in module._modules.items()
+                        if attributes_before.get(name) is not None and child is not attributes_before[name]
+                    ]  # a child added where nothing was (an attn_op for a rebound forward) is not a swap
             if new is not module:
                 setattr(parent, attr, new)
                 replaced.append(Replacement(qualified_name, type(module), type(new)))

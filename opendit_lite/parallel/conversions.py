@@ -19,9 +19,10 @@ backend (flash-attn or SDPA). The factories of one ``ModuleConverter`` share one
 ``SequenceParallelState`` (kept in its context as ``sp_state``): use one converter per model. An
 EMA copy made with ``copy.deepcopy`` after conversion gets its own state automatically.
 
-Unlike ``apply_sequence_parallel``, the converter only sees the module types it was told about: an
-attention module of an unregistered type would stay serial, so register every attention module type
-of a new model (``None`` for ops along an axis that is not sharded).
+Unlike ``apply_sequence_parallel``, the converter only sees the module types it was told about
+(registered, or declaring ``sequence_parallel_attention``, see foreign.py): an attention module of
+another type would stay serial, and it places no split/gather for a model without markers. Use
+``apply_sequence_parallel`` (what ``parallelize`` calls) for models written outside the zoo.
 """
 
 from typing import Any, Optional
@@ -32,6 +33,7 @@ from opendit_lite.converter.registry import PRIORITY_WRAPPER, config_value, regi
 from opendit_lite.models.layers.attention import Attention
 from opendit_lite.models.layers.sequence import SequenceGather, SequenceSplit
 
+from .foreign import declared_role
 from .sequence import SequenceParallelState
 from .sequence_parallel import (
     SEQUENCE_PARALLEL_ATTENTION,
@@ -90,6 +92,11 @@ def register_sequence_parallel_attention(module_type: type, op_factory: Optional
                         describe=_describe, priority=PRIORITY_WRAPPER, include_subclasses=True)
 
 
+# Attention modules that declare their role (the protocol in foreign.py, which timm's and
+# diffusers' adapted modules follow): the same swap, without a registry entry.
+register_conversion(nn.Module, _convert_attention, name="sequence_parallel_attn", enabled=_enabled,
+                    describe=_describe, priority=PRIORITY_WRAPPER, include_subclasses=True,
+                    when=lambda module: declared_role(module) is not None)
 for _marker, _name in ((SequenceSplit, "sequence_parallel_split"), (SequenceGather, "sequence_parallel_gather")):
     register_conversion(_marker, _convert_marker, name=_name, enabled=_enabled, describe=_describe,
                         priority=PRIORITY_WRAPPER)
