@@ -144,12 +144,13 @@ def meta_dit_inputs(batch: int = 2, seed: int = 1):
 
 # ---------------------------------------------------------------------------------- diffusers
 
-def tiny_diffusers_dit(seed: int = 0):
+def tiny_diffusers_dit(seed: int = 0, sample_size: int = 8):
     from diffusers import DiTTransformer2DModel
 
     torch.manual_seed(seed)
     model = DiTTransformer2DModel(num_attention_heads=2, attention_head_dim=8, in_channels=IN_CHANNELS,
-                                  num_layers=2, sample_size=8, patch_size=PATCH, num_embeds_ada_norm=NUM_CLASSES)
+                                  num_layers=2, sample_size=sample_size, patch_size=PATCH,
+                                  num_embeds_ada_norm=NUM_CLASSES)
     return perturb(model, seed)
 
 
