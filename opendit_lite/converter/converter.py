@@ -1,13 +1,13 @@
 """``ModuleConverter``: apply the registered conversions to a model in place and report them.
 
-    report = ModuleConverter(config, sp_group=group).convert(model)
+    report = ModuleConverter(fused_adaln=True, attention_backend="auto").convert(model)
     print(report)
 
-For each conversion, in the registry's order (see ``registry.py``), whose ``enabled(config)`` is
+For each conversion, in the registry's order (see ``registry.py``), whose ``enabled(options)`` is
 true, every submodule that matches its source type is handed to its factory and the result is put
 in its place on the parent module; a factory that instead changes the module in place (swaps one
 of its direct children, e.g. wraps ``attn_op``, or rebinds its class's forward) has those children
-and the class change reported. The root module is
+and the class change reported. Conversions registered under one name report as one section. The root module is
 never replaced. A matched module's own
 children are not searched by the same conversion (the factory owns that subtree), but the next
 conversion sees the model as this one left it, so a later wrapper finds an earlier replacement.
@@ -20,7 +20,8 @@ from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import torch.nn as nn
 
-from .registry import CONVERSIONS, Conversion, ConversionRegistry
+from ..config.access import config_get
+from .registry import CONVERSIONS, Conversion, ConversionRegistry, ConverterOptions
 
 
 class Replacement(NamedTuple):
@@ -62,58 +63,61 @@ class ConversionReport:
         return [r for section in self.sections for r in section.replaced]
 
     def counts(self) -> Dict[str, int]:
-        """Modules replaced per conversion name (summed over the types registered under it)."""
-        counts: Dict[str, int] = {}
-        for section in self.sections:
-            counts[section.name] = counts.get(section.name, 0) + len(section.replaced)
-        return counts
-
-    def merged(self) -> List[ConversionSection]:
-        """One section per conversion name, in first-run order: a name registered for several
-        types (or by several families) is on when any of them is, with all their replacements."""
-        by_name: Dict[str, ConversionSection] = {}
-        for section in self.sections:
-            merged = by_name.setdefault(section.name, ConversionSection(section.name, False, section.note))
-            if section.enabled and not merged.enabled:
-                merged.enabled = True
-                merged.note = section.note or merged.note
-            merged.note = merged.note or section.note
-            merged.replaced += section.replaced
-        return list(by_name.values())
+        """Modules replaced per conversion name."""
+        return {section.name: len(section.replaced) for section in self.sections}
 
     def __str__(self) -> str:
         on = sum(section.enabled for section in self.sections)
         lines = [f"module converter: {on} of {len(self.sections)} conversions on, "
                  f"{len(self.replaced)} modules replaced"]
-        lines += [f"  {section.summary()}" for section in self.merged()]
+        seen = set()
+        for section in self.sections:  # one line per distinct summary (a conversion may cover several types)
+            summary = section.summary()
+            if summary not in seen:
+                seen.add(summary)
+                lines.append(f"  {summary}")
         return "\n".join(lines)
 
 
 class ModuleConverter:
-    """Swap model submodules for faster or parallel versions according to ``config``.
+    """Swap model submodules for faster backends, as asked by keyword.
 
     Args:
-        config: any object with attribute access (a dataclass, an EasyDict) or a mapping; keys it
-            lacks take ``CONFIG_DEFAULTS`` (everything off, SDPA attention). None: all defaults.
+        config: optional, for configs written for it before the keywords existed (a TrainConfig,
+            an EasyDict, a mapping): its ``fused_adaln``, ``fused_layernorm`` and
+            ``attention_backend`` fill the keywords not given. None: everything off, SDPA.
         registry: the conversions to apply (default: the module-level ``CONVERSIONS``).
-        **context: runtime objects handed to every factory as a dict (e.g. ``sp_group``).
+        fused_adaln, fused_layernorm, attention_backend: see ``ConverterOptions``.
+        **context: runtime objects handed to every factory as a dict.
     """
 
-    def __init__(self, config: Any = None, registry: Optional[ConversionRegistry] = None, **context: Any):
-        self.config = config
+    def __init__(self, config: Any = None, registry: Optional[ConversionRegistry] = None, *,
+                 fused_adaln: Optional[bool] = None, fused_layernorm: Optional[bool] = None,
+                 attention_backend: Optional[str] = None, **context: Any):
+        given = dict(fused_adaln=fused_adaln, fused_layernorm=fused_layernorm, attention_backend=attention_backend)
+        self.options = ConverterOptions(**{key: config_get(config, key) if value is None else value
+                                           for key, value in given.items()})
         self.registry = registry if registry is not None else CONVERSIONS
         self.context: Dict[str, Any] = context
 
     def convert(self, model: nn.Module) -> ConversionReport:
         """Replace matching submodules of ``model`` in place; returns what was done."""
         report = ConversionReport()
+        by_name: Dict[str, ConversionSection] = {}
         for conversion in self.registry.ordered():
-            enabled = bool(conversion.enabled(self.config))
-            note = conversion.describe(self.config) if conversion.describe is not None else None
-            section = ConversionSection(conversion.name, enabled, note)
-            if enabled:
-                section.replaced = self._apply(conversion, model)
-            report.sections.append(section)
+            enabled = bool(conversion.enabled(self.options))
+            note = conversion.describe(self.options) if conversion.describe is not None else None
+            replaced = self._apply(conversion, model) if enabled else []
+            # One section per name: a name registered for several types (the zoo's module and
+            # foreign blocks for fused_adaln, adapters and ops for attention_backend) is one swap.
+            section = by_name.get(conversion.name)
+            if section is None:
+                section = by_name[conversion.name] = ConversionSection(conversion.name, enabled, note)
+                report.sections.append(section)
+            else:
+                section.note = (note if enabled and not section.enabled else section.note) or note
+                section.enabled = section.enabled or enabled
+            section.replaced += replaced
         return report
 
     def _apply(self, conversion: Conversion, model: nn.Module) -> List[Replacement]:
@@ -127,7 +131,7 @@ class ModuleConverter:
                 # Children, and plain attributes that may become children (a diffusers attention
                 # processor set as an nn.Module), to report what an in-place factory swapped.
                 attributes_before = {**vars(module), **module._modules}
-                new = conversion.factory(module, self.config, self.context)
+                new = conversion.factory(module, self.options, self.context)
                 if not isinstance(new, nn.Module):
                     raise TypeError(
                         f"conversion {conversion.name!r} returned {type(new).__name__} for {qualified_name!r}; "

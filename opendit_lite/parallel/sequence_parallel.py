@@ -16,9 +16,8 @@ cross-attention modules register ``SequenceParallelCrossAttentionOp``. An attent
 type was not registered is an error rather than a silent serial op that would attend to a shard.
 
 Run it after the backend conversion (the Ulysses op wraps whatever op it finds) and before
-activation checkpointing and data-parallel wrapping, which only see the finished modules. The
-module converter does the same swaps with the same functions (``conversions.py``, switched on by
-``sp_size > 1``). See ``comm.py`` for the gradient convention: DDP/ZeRO's world mean of gradients
+activation checkpointing and data-parallel wrapping, which only see the finished modules. ``opendit_lite.parallelize`` calls it
+(``sp_mode="ulysses"``) in that place of its order. See ``comm.py`` for the gradient convention: DDP/ZeRO's world mean of gradients
 is exact; docs/sequence_parallel.md for usage and communication volume.
 """
 
@@ -27,22 +26,36 @@ from typing import Callable, Dict, Optional
 import torch.distributed as dist
 import torch.nn as nn
 
-from opendit_lite.models.layers.attention import AttentionOp
+from opendit_lite.models.layers.attention import Attention, AttentionOp
 from opendit_lite.models.layers.sequence import SequenceGather, SequenceSplit
 
 from opendit_lite.activation_checkpointing.blocks import find_checkpoint_blocks
 
 from .boundaries import place_sequence_boundaries
-from .foreign import PROTOCOL, attention_adapter, declared_role
+from .foreign import PROTOCOL, adapt_foreign_attention, declared_role
 from .sequence import SequenceParallelGather, SequenceParallelSplit, SequenceParallelState
 from .ulysses import SequenceParallelCrossAttentionOp, SequenceParallelOp, UlyssesAttentionOp
 
 SPOpFactory = Callable[[AttentionOp, SequenceParallelState], SequenceParallelOp]
 
 # Attention module type -> factory of the SP op wrapping its ``attn_op`` (None: keep it serial).
-# Filled by ``register_sequence_parallel_attention`` (conversions.py), which also registers the
-# module type with the module converter; ``Attention`` -> ``UlyssesAttentionOp`` is built in.
+# Filled by ``register_sequence_parallel_attention``; ``Attention`` -> ``UlyssesAttentionOp`` is
+# built in (below), the video models' types are registered in ``dsp.py``.
 SEQUENCE_PARALLEL_ATTENTION: Dict[type, Optional[SPOpFactory]] = {}
+
+
+def register_sequence_parallel_attention(module_type: type, op_factory: Optional[SPOpFactory]) -> None:
+    """Declare how the ``attn_op`` of ``module_type`` modules runs under sequence parallelism.
+
+    ``op_factory(inner_op, state)`` builds the ``SequenceParallelOp`` that replaces it (e.g.
+    ``UlyssesAttentionOp`` for self-attention over the tokens, ``SequenceParallelCrossAttentionOp``
+    for attention to a replicated context); None keeps it serial (attention along an axis that is
+    not sharded). Subclasses follow their nearest registered base. A duplicate is an error.
+    """
+    if module_type in SEQUENCE_PARALLEL_ATTENTION:
+        raise ValueError(f"{module_type.__qualname__} already has a sequence-parallel attention entry "
+                         f"({SEQUENCE_PARALLEL_ATTENTION[module_type]!r})")
+    SEQUENCE_PARALLEL_ATTENTION[module_type] = op_factory
 
 
 # The op factory for each role an attention module can declare (the protocol in foreign.py).
@@ -91,26 +104,6 @@ def convert_sequence_marker(module: nn.Module, state: SequenceParallelState) -> 
     raise TypeError(f"expected a SequenceSplit or SequenceGather marker, got {type(module).__qualname__}")
 
 
-def _adapt_foreign_attention(model: nn.Module) -> None:
-    """Give timm's and diffusers' attention modules an ``attn_op`` (see foreign.py), or raise
-    naming those that cannot take one, before anything is changed."""
-    found, refused = [], []
-    for name, module in model.named_modules():
-        adapter = attention_adapter(module)
-        if adapter is None:
-            continue
-        reason = adapter.unsupported(module)
-        if reason is None:
-            found.append((adapter, module))
-        else:
-            refused.append(f"{name} ({adapter.name}): {reason}")
-    if refused:
-        raise TypeError(f"sequence parallelism cannot run these attention modules: {'; '.join(refused)}. "
-                        f"To run one anyway, {PROTOCOL}")
-    for adapter, module in found:
-        adapter.adapt(module)
-
-
 def _check_blocks_attend(blocks, attention) -> None:
     """Every block must hold an attention op that sequence parallelism knows, or its attention (of
     a class we cannot see into) would attend within a shard."""
@@ -143,7 +136,7 @@ def apply_sequence_parallel(model: nn.Module, sp_group: Optional[dist.ProcessGro
         return model
     if any(isinstance(m, (SequenceParallelSplit, SequenceParallelGather)) for m in model.modules()):
         raise ValueError(f"{type(model).__qualname__} is already sequence-parallel")
-    _adapt_foreign_attention(model)
+    adapt_foreign_attention(model)
     # Plan on the (adapted) tree, check, then swap: a bad model is left without sequence parallelism.
     markers, attention, unregistered = [], [], []
     for parent_name, parent in model.named_modules():
@@ -187,3 +180,6 @@ def apply_sequence_parallel(model: nn.Module, sp_group: Optional[dist.ProcessGro
     for parent, name, marker in markers:
         parent.register_module(name, convert_sequence_marker(marker, state))
     return model
+
+
+register_sequence_parallel_attention(Attention, UlyssesAttentionOp)

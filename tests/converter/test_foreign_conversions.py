@@ -10,11 +10,11 @@ import torch.nn as nn
 
 from opendit_lite.converter import AdaLNLayerNorm, ModuleConverter
 from opendit_lite.models.layers.attention import SDPAAttentionOp
-from opendit_lite.parallel import OpAttnProcessor, OpCrossAttnProcessor
+from opendit_lite.converter.attention_adapters import OpAttnProcessor, OpCrossAttnProcessor
 from tests import foreign_models as fm
 
 TOL = 1e-5
-CONFIG = {"fused_adaln": True, "attention_backend": "auto"}
+CONFIG = dict(fused_adaln=True, attention_backend="auto")
 
 
 def _run(model, inputs):
@@ -43,7 +43,7 @@ def check_same(reference: nn.Module, converted: nn.Module, inputs) -> None:
 
 def convert(model):
     converted = copy.deepcopy(model)
-    report = ModuleConverter(CONFIG).convert(converted)
+    report = ModuleConverter(**CONFIG).convert(converted)
     return converted, report
 
 
@@ -99,7 +99,7 @@ def test_user_block_protocol_gets_fused_adaln():
 def test_fused_adaln_off_and_sdpa_leave_foreign_models_alone():
     model = fm.meta_dit()
     converted = copy.deepcopy(model)
-    report = ModuleConverter({"attention_backend": "sdpa"}).convert(converted)
+    report = ModuleConverter(attention_backend="sdpa").convert(converted)
     assert report.counts()["fused_adaln"] == 0 and report.counts()["attention_backend"] == 0
     assert type(converted.blocks[0]) is fm.DiTBlock
 
@@ -111,7 +111,7 @@ def test_a_block_that_differs_from_meta_dit_is_not_matched():
             self.extra = nn.Linear(fm.HIDDEN, fm.HIDDEN)
 
     holder = nn.Sequential(WiderBlock())
-    report = ModuleConverter({"fused_adaln": True}).convert(holder)
+    report = ModuleConverter(fused_adaln=True).convert(holder)
     assert report.counts()["fused_adaln"] == 0 and type(holder[0]) is WiderBlock
 
 
@@ -122,13 +122,27 @@ def test_protocol_naming_an_affine_layernorm_is_an_error():
             self.norm1 = nn.LayerNorm(fm.HIDDEN)  # has weight and bias: not an adaLN norm
 
     with pytest.raises(TypeError, match="Bad.adaln_norms names 'norm1'.*affine-free"):
-        ModuleConverter({"fused_adaln": True}).convert(nn.Sequential(Bad()))
+        ModuleConverter(fused_adaln=True).convert(nn.Sequential(Bad()))
 
 
 def test_timm_attention_with_dropout_keeps_its_own_attention_with_a_warning(capsys):
     from timm.models.vision_transformer import Attention
 
     holder = nn.Sequential(Attention(fm.HIDDEN, num_heads=fm.HEADS, attn_drop=0.1))
-    report = ModuleConverter({"attention_backend": "flash"}).convert(holder)
+    report = ModuleConverter(attention_backend="flash").convert(holder)
     assert report.counts()["attention_backend"] == 0 and type(holder[0]) is Attention
     assert "attention dropout p=0.1" in capsys.readouterr().err
+
+
+def test_parallelize_converts_meta_dit_without_warnings():
+    import warnings
+
+    from opendit_lite.parallelize import parallelize
+
+    model = fm.meta_dit()
+    converted = copy.deepcopy(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a requested swap that matched nothing would warn
+        report = parallelize(converted, fused_adaln=True, attention_backend="auto")
+    assert report.conversion.counts()["fused_adaln"] > 0 and report.conversion.counts()["attention_backend"] == 2
+    check_same(model, converted, fm.meta_dit_inputs())

@@ -1,11 +1,12 @@
 """Sequence parallelism (Ulysses, sp_size=2 on 2 gloo ranks) for models written outside the zoo,
 against the serial model: outputs and the world mean of every parameter gradient (fp32, 1e-5).
 
-A user's own model (both protocols) also gets fused AdaLN from the converter first (the fused
-kernels are checked on Meta's DiT serially in tests/converter, and run slowly in Triton's
-interpreter); Meta's DiT (timm attention), diffusers' DiT and PixArt (self- and cross-attention processors, a caption
-key mask) run through ``apply_sequence_parallel`` alone. None of them has split/gather markers:
-the boundaries sit at their block list.
+A user's own model (both protocols) goes through ``parallelize`` with fused AdaLN and Ulysses
+(the fused kernels are checked on Meta's DiT serially in tests/converter; they run slowly in
+Triton's interpreter), diffusers' DiT through ``parallelize`` with activation checkpointing of half
+its blocks; Meta's DiT (timm attention) and PixArt (self- and cross-attention processors, a caption
+key mask) through ``apply_sequence_parallel`` alone. None of them has split/gather markers: the
+boundaries sit at their block list.
 """
 
 import copy
@@ -16,7 +17,8 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from opendit_lite.converter import ModuleConverter
+from opendit_lite.config import ConfigError
+from opendit_lite.parallelize import parallelize
 from opendit_lite.parallel import UlyssesAttentionOp, apply_sequence_parallel
 from opendit_lite.parallel.ulysses import SequenceParallelCrossAttentionOp
 from tests import foreign_models as fm
@@ -51,10 +53,16 @@ def _errors(serial: nn.Module, parallel: nn.Module, inputs) -> dict:
     return {"out": (got - expected).abs().max().item(), "grad": grad_err, "missing": missing}
 
 
-def _sequence_parallel(model, fused: bool):
-    if fused:
-        ModuleConverter({"fused_adaln": True, "attention_backend": "auto"}).convert(model)
-    return apply_sequence_parallel(model, dist.group.WORLD)
+def _sequence_parallel(model, how: str):
+    """``how``: "apply" (apply_sequence_parallel alone), "parallelize" (fused AdaLN, attention
+    backend and Ulysses), "parallelize+ac" (Ulysses and activation checkpointing of half the blocks)."""
+    if how == "apply":
+        return apply_sequence_parallel(model, dist.group.WORLD)
+    if how == "parallelize":
+        parallelize(model, sp_group=dist.group.WORLD, fused_adaln=True, attention_backend="auto")
+    else:
+        parallelize(model, sp_group=dist.group.WORLD, selective_ratio=0.5)
+    return model
 
 
 class SerialAttentionBlock(nn.Module):
@@ -73,14 +81,14 @@ class SerialAttentionBlock(nn.Module):
 def _checks(rank: int, world_size: int) -> dict:
     out = {}
     cases = {
-        "meta_dit": (fm.meta_dit, fm.meta_dit_inputs, False),
-        "user_dit": (fm.user_dit, fm.user_dit_inputs, True),
-        "diffusers_dit": (fm.tiny_diffusers_dit, fm.diffusers_dit_inputs, False),
-        "pixart": (fm.tiny_pixart, fm.pixart_inputs, False),
+        "meta_dit": (fm.meta_dit, fm.meta_dit_inputs, "apply"),
+        "user_dit": (fm.user_dit, fm.user_dit_inputs, "parallelize"),
+        "diffusers_dit": (fm.tiny_diffusers_dit, fm.diffusers_dit_inputs, "parallelize+ac"),
+        "pixart": (fm.tiny_pixart, fm.pixart_inputs, "apply"),
     }
-    for name, (build, inputs, fused) in cases.items():
+    for name, (build, inputs, how) in cases.items():
         serial = build()
-        parallel = _sequence_parallel(copy.deepcopy(serial), fused)
+        parallel = _sequence_parallel(copy.deepcopy(serial), how)
         out[name] = _errors(serial, parallel, inputs())
         ops = [type(m).__name__ for m in parallel.modules() if isinstance(m, (UlyssesAttentionOp,
                                                                             SequenceParallelCrossAttentionOp))]
@@ -103,6 +111,11 @@ def _checks(rank: int, world_size: int) -> dict:
         out["unknown"] = None
     except TypeError as e:
         out["unknown"] = str(e)
+    try:
+        parallelize(unknown, sp_group=dist.group.WORLD)
+        out["unknown_parallelize"] = None
+    except ConfigError as e:
+        out["unknown_parallelize"] = str(e)
     return out
 
 
@@ -124,6 +137,7 @@ def test_expected_swaps_were_made():
 
 
 def test_unknown_attention_raises_naming_the_class_and_the_protocol():
-    message = spawn_results("foreign models", 2)[0]["unknown"]
-    assert message is not None and "SerialAttentionBlock" in message
-    assert "attn_op" in message and "sequence_parallel_attention" in message
+    for key in ("unknown", "unknown_parallelize"):
+        message = spawn_results("foreign models", 2)[0][key]
+        assert message is not None and "SerialAttentionBlock" in message
+        assert "attn_op" in message and "sequence_parallel_attention" in message
