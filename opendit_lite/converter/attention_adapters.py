@@ -28,8 +28,8 @@ Adapters for modules that cannot declare anything
   for one built with it. Other processors (IP-adapter, added KV, custom) are not adapted.
 
 Both keep parameters and state-dict keys. One conversion, ``attention_backend`` at
-``PRIORITY_ADAPTER``, adapts them when a backend other than ``sdpa`` is asked for (so the backend
-swap that follows reaches their ops); ``opendit_lite.parallel.apply_sequence_parallel`` adapts them
+``PRIORITY_ADAPTER``, adapts them when the attention backend resolves to flash-attn (the same
+switch as the op swap that follows and reaches their ops; with SDPA there is nothing to swap); ``opendit_lite.parallel.apply_sequence_parallel`` adapts them
 itself. This module does not import ``opendit_lite.parallel``.
 """
 
@@ -42,7 +42,7 @@ import torch.nn as nn
 
 from opendit_lite.models.layers.attention import AttentionOp, SDPAAttentionOp
 
-from .builtin import _attention_describe
+from .builtin import _attention_describe, _attention_enabled
 from .class_swap import swap_class
 from .foreign import is_exactly, loaded_class
 from .registry import CONVERSIONS, PRIORITY_ADAPTER, ConversionRegistry, ConverterOptions
@@ -219,10 +219,6 @@ def attention_adapter(module: nn.Module) -> Optional[AttentionAdapter]:
     return None
 
 
-def _adapter_enabled(options: ConverterOptions) -> bool:
-    return options.attention_backend != "sdpa"
-
-
 def _adapt(module: nn.Module, options: ConverterOptions, context: dict) -> nn.Module:
     adapter = attention_adapter(module)
     reason = adapter.unsupported(module)
@@ -235,7 +231,7 @@ def _adapt(module: nn.Module, options: ConverterOptions, context: dict) -> nn.Mo
 
 def register_attention_adapters(registry: ConversionRegistry) -> None:
     """Register the adapters as one ``attention_backend`` conversion (done once for ``CONVERSIONS``)."""
-    registry.register(nn.Module, _adapt, name="attention_backend", enabled=_adapter_enabled,
+    registry.register(nn.Module, _adapt, name="attention_backend", enabled=_attention_enabled,
                       describe=_attention_describe, priority=PRIORITY_ADAPTER, include_subclasses=True,
                       when=lambda module: attention_adapter(module) is not None)
 
