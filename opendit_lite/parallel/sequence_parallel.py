@@ -15,6 +15,12 @@ tokens are sharded) register their module type with ``None`` to keep its op seri
 cross-attention modules register ``SequenceParallelCrossAttentionOp``. An attention op whose module
 type was not registered is an error rather than a silent serial op that would attend to a shard.
 
+Models written outside the zoo: timm's and diffusers' attention modules first get an ``attn_op``
+(``foreign.py``); a module that declares ``sequence_parallel_attention`` ("self", "cross" or
+"serial") needs no registration; a model without markers is split at its first block's input and
+gathered at its last block's output (``boundaries.py``), and then every block must hold an
+attention op this module can run.
+
 Run it after the backend conversion (the Ulysses op wraps whatever op it finds) and before
 activation checkpointing and data-parallel wrapping, which only see the finished modules. ``opendit_lite.parallelize`` calls it
 (``sp_mode="ulysses"``) in that place of its order. See ``comm.py`` for the gradient convention: DDP/ZeRO's world mean of gradients
