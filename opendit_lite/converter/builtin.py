@@ -5,7 +5,7 @@ imported:
 name               source type           replacement                                 switched on by (option)
 =================  ====================  ==========================================  =======================
 fused_adaln        LayerNormModulate     FusedLayerNormModulate (Triton)             ``fused_adaln``
-fused_residual     GatedResidualNorm     FusedGatedResidualNorm (Triton)             ``fused_adaln``
+fused_adaln        GatedResidualNorm     FusedGatedResidualNorm (Triton)             ``fused_adaln``
 fused_layernorm    nn.LayerNorm          apex FusedLayerNorm, else TritonLayerNorm   ``fused_layernorm``
 attention_backend  SDPAAttentionOp       FlashAttentionOp                            ``attention_backend``
 =================  ====================  ==========================================  =======================
@@ -103,7 +103,7 @@ def register_builtin_conversions(registry: ConversionRegistry) -> None:
     """Register the conversions above in ``registry`` (done once for ``CONVERSIONS``)."""
     registry.register(LayerNormModulate, _to_fused_adaln, name="fused_adaln",
                       enabled=_fused_adaln_enabled, describe=_fused_adaln_describe)
-    registry.register(GatedResidualNorm, _to_fused_residual, name="fused_residual",
+    registry.register(GatedResidualNorm, _to_fused_residual, name="fused_adaln",
                       enabled=_fused_adaln_enabled, describe=_fused_adaln_describe)
     registry.register(nn.LayerNorm, _to_fused_layernorm, name="fused_layernorm",
                       enabled=_fused_layernorm_enabled, describe=_fused_layernorm_describe)

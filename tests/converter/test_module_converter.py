@@ -111,9 +111,8 @@ def test_dit_all_conversions_match_unconverted():
     # The default registry, as training uses it (sequence parallelism is off without sp_size > 1).
     report = check_equivalent(model, inputs, ModuleConverter(ALL_ON))
     depth = len(model.blocks)
-    # norm1 per block plus the final layer's norm; norm2 (attention residual + MLP norm) per block
-    assert report.counts()["fused_adaln"] == depth + 1
-    assert report.counts()["fused_residual"] == depth
+    # norm1 and norm2 (the attention residual + the MLP's norm) per block, plus the final layer's norm
+    assert report.counts()["fused_adaln"] == 2 * depth + 1
     assert all(type(b.norm1) is FusedLayerNormModulate and type(b.norm2) is FusedGatedResidualNorm
                for b in model.blocks)
     assert type(model.final_layer.norm_final) is FusedLayerNormModulate
@@ -124,7 +123,7 @@ def test_report_text_and_defaults():
     report = builtin_converter(None).convert(model)         # no config: every conversion off
     assert report.replaced == [] and type(model.norm) is LayerNormModulate
     text = str(report)
-    assert text.splitlines()[0] == "module converter: 0 of 4 conversions on, 0 modules replaced"
+    assert text.splitlines()[0] == "module converter: 0 of 3 conversions on, 0 modules replaced"
     assert "fused_adaln: off" in text and "fused_layernorm: off" in text
     assert "attention: sdpa (attention_backend=sdpa)" in text
 
