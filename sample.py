@@ -33,7 +33,7 @@ from opendit_lite.training.factory import (
     resolve_model_geometry,
 )
 from opendit_lite.checkpoint.layout import resolve_sample_checkpoint, saved_config
-from opendit_lite.checkpoint.weights import load_weights
+from opendit_lite.training.lora import load_merged
 
 
 @torch.no_grad()
@@ -99,7 +99,7 @@ def main(argv=None) -> str:
                           f"diffusion.scheduler={cfg.diffusion.scheduler!r}: use "
                           + ("sample.sampler=euler." if flow else "sample.sampler=ddpm or ddim."))
     model = build_model_from_config(cfg)
-    load_weights(model, ckpt, use_ema=cfg.sample.use_ema)
+    load_merged(model, ckpt, use_ema=cfg.sample.use_ema, lora=saved.get("lora"))  # LoRA runs: adapters merged
     model.to(device).eval()
 
     labels = cfg.sample.class_labels if cfg.sample.class_labels is not None else list(range(cfg.model.num_classes))

@@ -39,7 +39,7 @@ from opendit_lite.training.video import (
     model_clip_shape,
     validate_video_config,
 )
-from opendit_lite.checkpoint.weights import load_weights
+from opendit_lite.training.lora import load_merged
 
 # Captions of the embedded moving-shapes data, used when no prompts are given for it.
 SHAPES_PROMPTS = ["a red square moving right", "a blue disc moving down", "a green disc moving left",
@@ -175,7 +175,7 @@ def main(argv=None) -> List[str]:
         raise ConfigError(f"The model works on {cfg.model.in_channels}-channel latents: set vae.path to the local "
                           f"VAE folder that decodes them.")
     model = build_video_model(cfg)
-    load_weights(model, ckpt, use_ema=cfg.sample.use_ema)
+    load_merged(model, ckpt, use_ema=cfg.sample.use_ema, lora=saved_config(ckpt).get("lora"))  # LoRA runs: adapters merged
     model.to(device).eval()
 
     states, mask = load_caption_encoder(cfg, device).encode(prompts, device)         # [n, M, Cy], [n, M]

@@ -33,7 +33,7 @@ from opendit_lite.utils.quiet import quiet_third_party_startup
 
 quiet_third_party_startup()  # before colossalai is imported
 
-from opendit_lite.config import exit_on_config_error, parse_cli, validate_world
+from opendit_lite.config import exit_on_config_error, parse_cli, to_dict, validate_world
 from opendit_lite.config.video_schema import VideoTrainConfig
 from opendit_lite.activation_checkpointing import apply_activation_checkpointing
 from opendit_lite.distributed.launch import cleanup_distributed, init_distributed
@@ -47,6 +47,7 @@ from opendit_lite.training.loop import (
     run_steps,
     write_run_config,
 )
+from opendit_lite.training.lora import apply_lora, export_merged
 from opendit_lite.training.metrics import MetricsLogger
 from opendit_lite.checkpoint.layout import pick_resume_checkpoint
 from opendit_lite.distributed.seed import seed_everything
@@ -66,7 +67,7 @@ from opendit_lite.checkpoint.weights import load_weights
 
 def train(cfg, info) -> str:
     run_dir = os.path.join(cfg.results_dir, cfg.exp_name)
-    log = MetricsLogger(run_dir, enabled=info.is_main)
+    log = MetricsLogger(run_dir, enabled=info.is_main, loggers=cfg.logger, run_name=cfg.exp_name, config=to_dict(cfg))
 
     plugin, booster = build_booster(cfg, info)
     seed_everything(cfg.global_seed, 0, 1)  # the same model initialisation on every rank
@@ -80,6 +81,9 @@ def train(cfg, info) -> str:
     if cfg.init_from and not pick_resume_checkpoint(cfg):
         load_weights(model, cfg.init_from, use_ema=False)
         log.write(f"initialised weights from {cfg.init_from}")
+    if cfg.lora.rank:  # adapters on the frozen base, before conversions swap modules around them
+        log.write(str(apply_lora(model, rank=cfg.lora.rank, alpha=cfg.lora.alpha, dropout=cfg.lora.dropout,
+                                 targets=cfg.lora.targets)))
     # Order: kernel/SP conversions replace modules, then checkpointing wraps the blocks holding
     # them, then the plugin wraps the whole model for DDP/ZeRO.
     log.write(apply_video_parallelism(model, cfg, plugin.sp_group))
@@ -106,8 +110,13 @@ def train(cfg, info) -> str:
         x, states, mask = batch_to_inputs(batch, captions, vae, info.device)  # x [B, C, T, H, W]
         return objective_loss(objective, model, x, dict(y=states, mask=mask))
 
-    return run_steps(cfg, info, log, booster, plugin, ema_plugin, model, optimizer, lr_scheduler, batches, step,
+    path = run_steps(cfg, info, log, booster, plugin, ema_plugin, model, optimizer, lr_scheduler, batches, step,
                      batch_loss)
+    if cfg.lora.rank and cfg.lora.export_merged and info.is_main:
+        merged = export_merged(build_video_model(cfg), path, os.path.join(run_dir, "merged.safetensors"),
+                               use_ema=cfg.ema.enable, lora=to_dict(cfg.lora))
+        print(f"wrote the merged LoRA weights to {merged} (sample.ckpt={merged} or init_from={merged})")
+    return path
 
 
 @exit_on_config_error
