@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from tests.distributed import free_port
@@ -36,6 +37,7 @@ def run_all(commands, timeout=240):
     return outputs
 
 
+@pytest.mark.slow
 def test_two_nodes_of_two_ranks_equal_one_node_of_four(tmp_path):
     two, one = str(tmp_path / "two_nodes"), str(tmp_path / "one_node")
     endpoint = f"127.0.0.1:{free_port()}"
