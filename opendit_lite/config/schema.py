@@ -89,10 +89,10 @@ class LoRAConfig:
     rank: int = _f(0, "adapter rank r; > 0 fine-tunes low-rank adapters (peft) on a frozen base, 0: full training")
     alpha: float = _f(16.0, "adapter scale numerator: updates are scaled by alpha / rank")
     dropout: float = _f(0.0, "dropout on the adapters' input")
-    targets: List[str] = _f(["qkv", "proj", "fc1", "fc2"], "names (last component) or regular expressions of the "
-                                                           "linear layers that get adapters; default: attention "
-                                                           "qkv/proj and MLP fc1/fc2 of every block")
-    export_merged: bool = _f(True, "at the end of training also write <run dir>/merged.pt: the adapters merged "
+    targets: List[str] = _f(["qkv", "proj", "fc1", "fc2"], "linear layers that get adapters: a name, a dotted "
+                                                           "suffix (attn.proj) or a regular expression over full "
+                                                           "names; default: attention qkv/proj and MLP fc1/fc2")
+    export_merged: bool = _f(True, "at the end of training also write <run dir>/merged.safetensors: the adapters merged "
                                    "into the base (EMA weights where kept), loadable as sample.ckpt or init_from")
 
 
