@@ -240,7 +240,8 @@ def validate(cfg: TrainConfig) -> None:
     if not 0.0 <= cfg.ema.decay <= 1.0:
         raise ConfigError(f"'ema.decay' must lie in [0, 1]; got {cfg.ema.decay}.")
     if not 0.0 <= cfg.min_lr_ratio <= 1.0:
-        raise ConfigError(f"'min_lr_ratio' must lie in [0, 1] (the final LR as a fraction of lr); got {cfg.min_lr_ratio}.")
+        raise ConfigError(f"'min_lr_ratio' must lie in [0, 1] (the final LR as a fraction of lr); "
+                          f"got {cfg.min_lr_ratio}.")
     unknown = [name for name in cfg.logger if name not in LOGGERS]
     if unknown:
         raise ConfigError(f"'logger' lists {unknown}; the metric sinks are {', '.join(LOGGERS)} "

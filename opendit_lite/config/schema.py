@@ -92,8 +92,8 @@ class LoRAConfig:
     targets: List[str] = _f(["qkv", "proj", "fc1", "fc2"], "linear layers that get adapters: a name, a dotted "
                                                            "suffix (attn.proj) or a regular expression over full "
                                                            "names; default: attention qkv/proj and MLP fc1/fc2")
-    export_merged: bool = _f(True, "at the end of training also write <run dir>/merged.safetensors: the adapters merged "
-                                   "into the base (EMA weights where kept), loadable as sample.ckpt or init_from")
+    export_merged: bool = _f(True, "at the end of training also write <run dir>/merged.safetensors: the adapters "
+                                   "merged into the base (EMA weights where kept), for sample.ckpt or init_from")
 
 
 @dataclass

@@ -218,7 +218,8 @@ class OpenDiTPlugin(DPPluginBase):
         from ..training.lora import apply_lora
 
         if not self.support_lora():
-            raise NotImplementedError(f"LoRA needs zero_degree 0, 1 or 2; this plugin has zero_degree={self.zero_degree}")
+            raise NotImplementedError(f"LoRA needs zero_degree 0, 1 or 2; this plugin has "
+                                      f"zero_degree={self.zero_degree}")
         if isinstance(model, ModelWrapper):
             raise ValueError("enable LoRA before Booster.boost, on the plain nn.Module")
         if pretrained_dir is not None or bnb_quantization_config is not None:

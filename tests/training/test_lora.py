@@ -50,7 +50,8 @@ def test_targets_are_linear_layers_only():
     assert "x_embedder.proj" not in names  # a Conv2d named proj
     assert sorted(names) == sorted(f"blocks.{b}.{m}" for b in range(2)
                                    for m in ("attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2"))
-    assert lora_target_names(pretrained_tiny_dit(), [r"blocks\.1\.attn\..*"]) == ["blocks.1.attn.qkv", "blocks.1.attn.proj"]
+    assert lora_target_names(pretrained_tiny_dit(), [r"blocks\.1\.attn\..*"]) == ["blocks.1.attn.qkv",
+                                                                                 "blocks.1.attn.proj"]
 
 
 def test_only_adapters_train_and_merge_equals_adapted():
