@@ -15,11 +15,7 @@ import torch
 
 from ..checkpoint.layout import pick_resume_checkpoint
 from ..checkpoint.weights import load_weights
-<<<<<<< HEAD
-from ..config import exit_on_config_error, parse_cli, to_dict, validate_world
-=======
-from ..config import ConfigError, exit_on_config_error, parse_cli, validate_world
->>>>>>> main
+from ..config import ConfigError, exit_on_config_error, parse_cli, to_dict, validate_world
 from ..distributed.launch import cleanup_distributed, init_distributed
 from ..distributed.seed import seed_everything
 from ..models import MODELS, registered_class
@@ -43,13 +39,9 @@ from .spec import TrainerSpec
 def train(spec: TrainerSpec, cfg, info) -> str:
     """Train ``cfg.max_steps`` steps of the spec's model; returns the final checkpoint's path."""
     run_dir = os.path.join(cfg.results_dir, cfg.exp_name)
-<<<<<<< HEAD
     log = MetricsLogger(run_dir, enabled=info.is_main, loggers=cfg.logger, run_name=cfg.exp_name,
                         config=to_dict(cfg))
-=======
-    log = MetricsLogger(run_dir, enabled=info.is_main)
     after_save = evaluation_hook(spec, cfg, log)  # eval_every: checked before anything is built
->>>>>>> main
 
     plugin, booster = build_booster(cfg, info)  # first: it builds the mesh sequence parallelism needs
     seed_everything(cfg.global_seed, 0, 1)  # the same model initialisation on every rank
@@ -88,17 +80,13 @@ def train(spec: TrainerSpec, cfg, info) -> str:
         x, model_kwargs = data.model_inputs(batch)
         return objective_loss(objective, model, x, model_kwargs)
 
-<<<<<<< HEAD
     path = run_steps(cfg, info, log, booster, plugin, ema_plugin, model, optimizer, lr_scheduler, batches, step,
-                     batch_loss)
+                     batch_loss, after_save=after_save)
     if cfg.lora.rank and cfg.lora.export_merged and info.is_main:
         merged = export_merged(spec.build_model(cfg), path, os.path.join(run_dir, "merged.safetensors"),
                                use_ema=cfg.ema.enable, lora=to_dict(cfg.lora))
         print(f"wrote the merged LoRA weights to {merged} (sample.ckpt={merged} or init_from={merged})")
     return path
-=======
-    return run_steps(cfg, info, log, booster, plugin, ema_plugin, model, optimizer, lr_scheduler, batches, step,
-                     batch_loss, after_save=after_save)
 
 
 def evaluation_hook(spec: TrainerSpec, cfg, log):
@@ -109,7 +97,6 @@ def evaluation_hook(spec: TrainerSpec, cfg, log):
         raise ConfigError(f"'eval_every' is not available for the {spec.name} trainer (its evaluation, FID, is for "
                           f"class-conditional image models): set eval_every=0.")
     return spec.evaluator(cfg, log)
->>>>>>> main
 
 
 @exit_on_config_error
