@@ -175,7 +175,7 @@ class TrainConfig:
     eval_every: int = _f(0, "steps between evaluations (eval.*: FID of fresh samples) of the checkpoint saved at that "
                             "step; a multiple of ckpt_every; 0: off")
     keep_last: int = _f(0, "keep only this many newest checkpoints (0: keep all)")
-    compile: bool = _f(False, "torch.compile the model")
+    compile: bool = _f(False, "torch.compile each repeated block (the last step of parallelize)")
     logger: List[str] = _f(["tensorboard"], "metric sinks besides metrics.jsonl: tensorboard and/or wandb "
                                             "(a single name is accepted; wandb runs offline unless WANDB_MODE is set)")
     # sections

@@ -1,18 +1,7 @@
-"""The parts of a training run that do not depend on what is trained, shared by the trainers:
-plugin and booster set-up, the boosted optimizer/scheduler/data loader, resuming, the endless
-resumable batch stream, and the step loop (accumulation, optimizer step, EMA, logging, checkpoints).
-
-A trainer's own code is then only model/data set-up and "batch -> loss", plus these calls in this order::
-
-    plugin, booster = build_booster(cfg, info)
-    model, optimizer, lr_scheduler, dataloader, micro_batch = boost_training(cfg, plugin, booster, model, dataset)
-    seed_everything(cfg.global_seed, plugin.dp_rank, plugin.dp_size)
-    ema_plugin = enable_ema(cfg, plugin, model, optimizer)
-    step, epoch, batch_in_epoch = restore_training(cfg, booster, plugin, ema_plugin, model, optimizer, lr_scheduler, log)
-    write_run_config(cfg, run_dir, info.is_main)
-    batches = ResumableBatches(dataloader, micro_batch, epoch, batch_in_epoch)
-    run_steps(cfg, info, log, booster, plugin, ema_plugin, model, optimizer, lr_scheduler, batches, step,
-              batch_loss=lambda batch: ...)
+"""The parts of a training run that do not depend on what is trained: plugin and booster set-up,
+the boosted optimizer/scheduler/data loader, resuming, the endless resumable batch stream, and the
+step loop (accumulation, optimizer step, EMA, logging, checkpoints). ``trainer.py`` calls them in
+order for every trainer; a trainer itself only declares its data and model (``spec.py``).
 """
 
 import contextlib
