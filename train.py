@@ -84,10 +84,10 @@ def train(cfg, info) -> str:
     # same noise, timesteps and label dropout for the sample they share.
     seed_everything(cfg.global_seed, plugin.dp_rank, plugin.dp_size)
     ema_plugin = enable_ema(cfg, plugin, model, optimizer)
-    step, epoch, batch_in_epoch = restore_training(cfg, booster, plugin, ema_plugin, model, optimizer,
+    step, position = restore_training(cfg, booster, plugin, ema_plugin, model, optimizer,
                                                    lr_scheduler, log)
     write_run_config(cfg, run_dir, info.is_main)
-    batches = ResumableBatches(dataloader, micro_batch, epoch, batch_in_epoch)
+    batches = ResumableBatches(dataloader, micro_batch, position["epoch"], position["batch_in_epoch"])
     encode = vae is not None and cfg.data.type != "latents"
 
     def batch_loss(batch) -> torch.Tensor:

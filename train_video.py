@@ -50,16 +50,22 @@ from opendit_lite.training.loop import (
 from opendit_lite.training.metrics import MetricsLogger
 from opendit_lite.checkpoint.layout import pick_resume_checkpoint
 from opendit_lite.distributed.seed import seed_everything
+from opendit_lite.data.buckets import BucketBatches
+from opendit_lite.plan import plan_bucket_batches
 from opendit_lite.training.video import (
     apply_video_parallelism,
     batch_to_inputs,
+    bucket_loss_weights,
+    build_bucket_sampler,
     build_video_dataset,
+    check_bucket_shapes,
     build_video_model,
     load_caption_encoder,
     load_video_vae,
     model_clip_shape,
     resolve_video_geometry,
     validate_video_config,
+    video_buckets,
 )
 from opendit_lite.checkpoint.weights import load_weights
 
@@ -71,12 +77,15 @@ def train(cfg, info) -> str:
     plugin, booster = build_booster(cfg, info)
     seed_everything(cfg.global_seed, 0, 1)  # the same model initialisation on every rank
 
-    dataset = build_video_dataset(cfg)
+    buckets = video_buckets(cfg)
+    dataset = build_video_dataset(cfg, buckets)
     # CSV captions are encoded while training; shapes and latents carry their states.
     captions = load_caption_encoder(cfg, info.device) if cfg.data.type == "csv" else None
     vae = load_video_vae(cfg, info.device, sp_group=plugin.sp_group) if cfg.data.type != "latents" else None
-    resolve_video_geometry(cfg, dataset, vae, captions.width if captions else None)
+    resolve_video_geometry(cfg, dataset, vae, captions.width if captions else None, buckets)
     model = build_video_model(cfg)
+    if buckets:
+        check_bucket_shapes(buckets, model.patch_size, vae.downsample if vae is not None else 1)
     if cfg.init_from and not pick_resume_checkpoint(cfg):
         load_weights(model, cfg.init_from, use_ema=False)
         log.write(f"initialised weights from {cfg.init_from}")
@@ -92,19 +101,34 @@ def train(cfg, info) -> str:
     log.write(f"model {cfg.model.name}: {num_params / 1e6:.2f}M parameters, clips {C}x{T}x{H}x{W}, "
               f"captions {cfg.text_encoder.max_length}x{cfg.model.caption_channels}, {cfg.diffusion.scheduler}")
 
-    model, optimizer, lr_scheduler, dataloader, micro_batch = boost_training(cfg, plugin, booster, model, dataset)
+    batch_sampler = None
+    if buckets:
+        if cfg.bucket_batch == "auto":
+            buckets = plan_bucket_batches(cfg, buckets, info.world_size, log)
+        batch_sampler = build_bucket_sampler(buckets, dataset, plugin.dp_rank, plugin.dp_size, cfg.global_seed)
+        log.write(batch_sampler.describe())
+    model, optimizer, lr_scheduler, dataloader, micro_batch = boost_training(cfg, plugin, booster, model, dataset,
+                                                                              batch_sampler)
     # One random stream per data-parallel rank: the ranks of a sequence-parallel group must draw the
     # same noise, timesteps and caption dropout for the clip they share.
     seed_everything(cfg.global_seed, plugin.dp_rank, plugin.dp_size)
     ema_plugin = enable_ema(cfg, plugin, model, optimizer)
-    step, epoch, batch_in_epoch = restore_training(cfg, booster, plugin, ema_plugin, model, optimizer,
+    step, position = restore_training(cfg, booster, plugin, ema_plugin, model, optimizer,
                                                    lr_scheduler, log)
     write_run_config(cfg, run_dir, info.is_main)
-    batches = ResumableBatches(dataloader, micro_batch, epoch, batch_in_epoch)
+    if buckets:
+        batches = BucketBatches(dataloader, position)
+        loss_weights = bucket_loss_weights(buckets)
+    else:
+        batches = ResumableBatches(dataloader, micro_batch, position["epoch"], position["batch_in_epoch"])
+        loss_weights = {}
 
     def batch_loss(batch) -> torch.Tensor:
+        # Each sample's loss is the mean over its elements, so a clip and an image count alike; a
+        # bucket's loss_weight scales its samples (a batch holds one bucket).
+        weight = loss_weights.get(tuple(batch[0].shape[2:]), 1.0)
         x, states, mask = batch_to_inputs(batch, captions, vae, info.device)  # x [B, C, T, H, W]
-        return objective_loss(objective, model, x, dict(y=states, mask=mask))
+        return objective_loss(objective, model, x, dict(y=states, mask=mask)) * weight
 
     return run_steps(cfg, info, log, booster, plugin, ema_plugin, model, optimizer, lr_scheduler, batches, step,
                      batch_loss)
