@@ -31,6 +31,7 @@ repeated or skipped.
 """
 
 import math
+import random
 from dataclasses import dataclass
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -176,12 +177,12 @@ class BucketBatchSampler:
 
     def _draw(self, step: int, cursors: List[int]) -> Optional[int]:
         """The bucket of ``step`` given the cursors before it, or None at the end of the epoch."""
-        weights = torch.tensor([b.probability if len(self.members[j]) - cursors[j] >= b.batch_size * self.dp_size
-                                else 0.0 for j, b in enumerate(self.buckets)], dtype=torch.float64)
-        if weights.sum() <= 0:
+        weights = [b.probability if len(self.members[j]) - cursors[j] >= b.batch_size * self.dp_size else 0.0
+                   for j, b in enumerate(self.buckets)]
+        if sum(weights) <= 0:
             return None
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch * 7919 + step * 104_729 + 17)
-        return int(torch.multinomial(weights, 1, generator=g))
+        rng = random.Random(self.seed * 1_000_003 + self.epoch * 7919 + step * 104_729 + 17)
+        return rng.choices(range(len(weights)), weights=weights)[0]
 
     def position_after(self, batches: int) -> dict:
         """The position ``batches`` steps after the current one (without moving)."""
