@@ -6,6 +6,8 @@ same videos.
 
 From the newest checkpoint of a run (EMA weights by default), prompts from the config:
     python sample_video.py --config configs/video_stdit_demo.yaml
+At another clip shape than the trained one (frames and pixels; the models take any shape):
+    python sample_video.py --config configs/video_buckets_demo.yaml sample.num_frames=1 sample.height=16 sample.width=24
 Prompts on the command line or from a file (one a line):
     python sample_video.py --config configs/video_stdit_demo.yaml 'sample.prompts=["a red disc moving up"]'
     python sample_video.py --config configs/video_stdit_xl.yaml sample.prompt_file=prompts.txt \\
@@ -36,7 +38,7 @@ from opendit_lite.training.video import (
     build_video_model,
     load_caption_encoder,
     load_video_vae,
-    model_clip_shape,
+    sample_clip_shape,
     validate_video_config,
 )
 from opendit_lite.checkpoint.weights import load_weights
@@ -87,9 +89,11 @@ def check_sampler(cfg) -> None:
 
 @torch.no_grad()
 def sample_clips(model, cfg, states: torch.Tensor, mask: torch.Tensor, device, generator: torch.Generator,
-                 pixel_space: bool) -> torch.Tensor:
-    """Caption states [n, M, Cy] -> clips [n, C, T, H, W] in model space (latents or pixels)."""
-    z = torch.randn(states.shape[0], *model_clip_shape(cfg), generator=generator).to(device)  # [n, C, T, H, W]
+                 pixel_space: bool, downsample: int = 1) -> torch.Tensor:
+    """Caption states [n, M, Cy] -> clips [n, C, T, H, W] in model space (latents or pixels), of the
+    trained clip shape or the one ``sample.num_frames/height/width`` ask for."""
+    shape = sample_clip_shape(cfg, downsample, model.patch_size)
+    z = torch.randn(states.shape[0], *shape, generator=generator).to(device)  # [n, C, T, H, W]
     s = cfg.sample
     # The model's own guidance runs [captions; null caption] as one batch of 2n.
     guided = functools.partial(model.forward_with_cfg, cfg_scale=s.cfg_scale)
@@ -180,8 +184,9 @@ def main(argv=None) -> List[str]:
 
     states, mask = load_caption_encoder(cfg, device).encode(prompts, device)         # [n, M, Cy], [n, M]
     generator = torch.Generator().manual_seed(cfg.sample.seed)
-    clips = sample_clips(model, cfg, states, mask, device, generator, pixel_space)   # [n, C, T, H, W]
     vae = load_video_vae(cfg, device)
+    clips = sample_clips(model, cfg, states, mask, device, generator, pixel_space,
+                         vae.downsample if vae is not None else 1)                    # [n, C, T, H, W]
     if vae is not None:
         clips = vae.decode(clips)                                                    # [n, 3, T, H', W']
 

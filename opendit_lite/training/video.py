@@ -173,6 +173,23 @@ def model_clip_shape(cfg) -> Tuple[int, int, int, int]:
     return m.in_channels, m.num_frames, h, w
 
 
+def sample_clip_shape(cfg, downsample: int = 1, patch_size: Tuple[int, int, int] = (1, 1, 1)
+                      ) -> Tuple[int, int, int, int]:
+    """(C, T, H, W) of the clips to sample: ``sample.num_frames/height/width`` (pixels) where set,
+    else the trained clip's; a size that does not split into whole patches is a ConfigError."""
+    C, T, H, W = model_clip_shape(cfg)
+    s = cfg.sample
+    T = s.num_frames or T
+    H = s.height // downsample if s.height else H
+    W = s.width // downsample if s.width else W
+    pt, ph, pw = patch_size
+    if (any(v % downsample for v in (s.height or 0, s.width or 0)) or min(T, H, W) < 1
+            or T % pt or H % ph or W % pw):
+        raise ConfigError(f"sample.num_frames/height/width ({s.num_frames}, {s.height}, {s.width}) must split into "
+                          f"whole {pt}x{ph * downsample}x{pw * downsample}-pixel patches (frames x height x width).")
+    return C, T, H, W
+
+
 def build_video_model(cfg) -> nn.Module:
     m = cfg.model
     if m.name not in MODELS:
