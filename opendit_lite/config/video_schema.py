@@ -83,7 +83,8 @@ class VideoTrainConfig(TrainConfig):
     sp_mode: str = _f("ulysses", "sequence parallelism when sp_size > 1: ulysses (heads all-to-all) or dsp "
                                  "(re-shard frames/patches; STDiT only)", choices=SP_MODES)
     bucket_batch: str = _f("config", "per-bucket batch sizes: 'config' (each bucket's batch_size) or 'auto' "
-                                     "(the largest that fits plan_memory_gb, from python -m opendit_lite.plan)",
+                                     "(the largest that fits plan_memory_gb, from python -m opendit_lite.plan; a "
+                                     "bucket's batch_size then caps it)",
                            choices=("config", "auto"))
     plan_memory_gb: Optional[float] = _f(None, "bucket_batch=auto: memory per device to plan for, in GiB; None: "
                                                "the GPU's total memory")

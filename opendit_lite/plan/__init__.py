@@ -94,7 +94,7 @@ def plan_config(cfg, memory_gib: float, world_size: int, max_batch: int = 256, m
 
 def plan_bucket_batches(cfg, buckets: Sequence, world_size: int, log=None) -> list:
     """``bucket_batch: auto``: the buckets with the planner's batch sizes for this run's settings and
-    ``plan_memory_gb`` (default: the GPU's memory)."""
+    ``plan_memory_gb`` (default: the GPU's memory); a bucket's own batch_size, if given, caps its batch."""
     memory = cfg.plan_memory_gb
     if memory is None:
         if not torch.cuda.is_available():
@@ -104,7 +104,8 @@ def plan_bucket_batches(cfg, buckets: Sequence, world_size: int, log=None) -> li
     result, _, shape = plan_config(cfg, memory, world_size, fixed=True)
     if log is not None:
         log.write("bucket_batch=auto:\n" + result.table(latent_buckets(cfg, buckets), shape))
-    return [dataclasses.replace(b, batch_size=result.batches[b.name]) for b in buckets]
+    return [dataclasses.replace(b, batch_size=min(result.batches[b.name], b.batch_size or result.batches[b.name]))
+            for b in buckets]
 
 
 __all__ = ["LatentBucket", "ModelShape", "Plan", "Setting", "latent_buckets", "model_shape_of_config", "plan",

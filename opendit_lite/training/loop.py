@@ -65,8 +65,11 @@ def boost_training(cfg, plugin: OpenDiTPlugin, booster: Booster, model, dataset,
                                        fused=cfg.fused_optimizer)
     lr_scheduler = warmup_scheduler(optimizer, cfg.warmup_steps)
     if batch_sampler is not None:
+        # Workers seeded per data-parallel rank as prepare_dataloader does; the loader's own generator
+        # also keeps iter() from drawing on the global RNG, which a resumed run restores.
+        workers_seed = torch.Generator().manual_seed(cfg.global_seed + plugin.dp_rank)
         dataloader = torch.utils.data.DataLoader(dataset, batch_sampler=batch_sampler, num_workers=cfg.num_workers,
-                                                 pin_memory=cfg.pin_memory)
+                                                 pin_memory=cfg.pin_memory, generator=workers_seed)
     else:
         dataloader = plugin.prepare_dataloader(dataset, batch_size=micro_batch, shuffle=True, seed=cfg.global_seed,
                                                drop_last=True, num_workers=cfg.num_workers,

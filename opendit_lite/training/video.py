@@ -63,10 +63,13 @@ def build_video_dataset(cfg, buckets: Optional[Sequence[Bucket]] = None):
     """The clip dataset; with ``buckets`` the generated shapes data draws its samples at the bucket shapes."""
     d = cfg.data
     if d.type == "shapes":
-        return MovingShapesDataset(num_samples=d.num_samples, num_frames=d.num_frames, image_size=d.image_size,
-                                   max_tokens=cfg.text_encoder.max_length,
-                                   caption_channels=cfg.model.caption_channels or SHAPES_CAPTION_WIDTH,
-                                   seed=cfg.global_seed, shapes=[b.shape for b in buckets] if buckets else None)
+        try:
+            return MovingShapesDataset(num_samples=d.num_samples, num_frames=d.num_frames, image_size=d.image_size,
+                                       max_tokens=cfg.text_encoder.max_length,
+                                       caption_channels=cfg.model.caption_channels or SHAPES_CAPTION_WIDTH,
+                                       seed=cfg.global_seed, shapes=[b.shape for b in buckets] if buckets else None)
+        except ValueError as e:
+            raise ConfigError(f"data.type=shapes: {e}.") from None
     if d.type == "csv":
         return VideoCSVDataset(d.path, num_frames=d.num_frames, frame_interval=d.frame_interval,
                                image_size=d.image_size)
