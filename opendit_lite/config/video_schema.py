@@ -14,7 +14,6 @@ from typing import List, Optional
 from .schema import DiffusionConfig, TrainConfig, _f, _section
 
 TEXT_ENCODER_KINDS = ("shapes", "t5", "clip")
-SP_MODES = ("ulysses", "dsp")
 
 
 @dataclass
@@ -80,8 +79,6 @@ class VideoSampleConfig:
 @dataclass
 class VideoTrainConfig(TrainConfig):
     exp_name: str = _f("video", "experiment name: run folder and checkpoint prefix")
-    sp_mode: str = _f("ulysses", "sequence parallelism when sp_size > 1: ulysses (heads all-to-all) or dsp "
-                                 "(re-shard frames/patches; STDiT only)", choices=SP_MODES)
     bucket_batch: str = _f("config", "per-bucket batch sizes: 'config' (each bucket's batch_size) or 'auto' "
                                      "(the largest that fits plan_memory_gb, from python -m opendit_lite.plan; a "
                                      "bucket's batch_size then caps it)",

@@ -1,0 +1,47 @@
+"""What a trainer declares: the only parts of a training run that differ between model families.
+
+``opendit_lite.training.trainer`` runs the same loop for every ``TrainerSpec``; the image spec is
+in ``training/image.py``, the video spec in ``training/video.py``.
+"""
+
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+
+@dataclass(frozen=True)
+class TrainingData:
+    """A dataset and how one of its loader batches becomes the model's input.
+
+    ``batch_sampler(model, dp_rank, dp_size, world_size, log)``, when given, replaces the distributed
+    sampler with one that sets each batch's samples and size (the bucket sampler of
+    ``data/buckets.py``: the trainer then streams with ``BucketBatches``); ``loss_weight(batch)``
+    scales a batch's loss (a bucket's ``loss_weight``)."""
+
+    dataset: Any
+    # loader batch -> (x [B, ...] the clean input of the objective, extra model keyword arguments)
+    model_inputs: Callable[[Any], Tuple[torch.Tensor, dict]]
+    batch_sampler: Optional[Callable[..., Any]] = None
+    loss_weight: Optional[Callable[[Any], float]] = None
+
+
+@dataclass(frozen=True)
+class TrainerSpec:
+    """A model family's trainer.
+
+    ``prepare_data(cfg, device, sp_group)`` builds the dataset and encoders and fills the model
+    geometry left unset in ``cfg`` from them (so the saved config rebuilds the model);
+    ``build_model(cfg)`` builds the serial model; ``describe(cfg)`` is the input part of the log
+    line ("input [32, 32] x 3 ch, 8 classes"); ``validate(cfg)`` checks settings across sections
+    before any process group starts.
+    """
+
+    name: str
+    schema: type
+    prepare_data: Callable[[Any, torch.device, Optional[dist.ProcessGroup]], TrainingData]
+    build_model: Callable[[Any], nn.Module]
+    describe: Callable[[Any], str]
+    validate: Optional[Callable[[Any], None]] = None
