@@ -1,7 +1,8 @@
 """Ulysses (both video models) and DSP (STDiT) give the serial outputs and, averaged over the SP
 group, the serial gradients, at several clip shapes (as a bucketed run feeds them, one model for
 all): frames (3, 1, 2) and patches per frame (9, 15) not divisible by sp_size, non-square frames,
-a 1-frame image, and a padded caption (which the Vchitect model masks)."""
+a 1-frame image, and a padded caption (which the Vchitect model masks); and a variable-size DiT
+under Ulysses at 15, 6 and 21 tokens per image."""
 
 import pytest
 import torch
@@ -71,6 +72,34 @@ def _compare(rank, world_size):
                 dist.all_reduce(grad)
                 grad_err = max(grad_err, (grad / world_size - q.grad).abs().max().item())
             results[f"{name}/{mode}/{shape}"] = ((out - ref).abs().max().item(), grad_err)
+    # DiT with variable_size=True under Ulysses at image sizes of 15, 6 and 21 tokens.
+    from opendit_lite.models.registry import build_model
+
+    dits = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        dits.append(build_model("DiT-T/2", input_size=6, variable_size=True, num_classes=10, class_dropout_prob=0.0))
+    serial, model = dits
+    with torch.no_grad():
+        for a, b in zip(serial.parameters(), model.parameters()):
+            a.add_(torch.randn_like(a) * 0.02)
+            b.copy_(a)
+    apply_sequence_parallel(model, dist.group.WORLD)
+    for size in [(10, 6), (4, 6), (6, 14)]:
+        g = torch.Generator().manual_seed(2)
+        x, t, labels = torch.randn(2, 4, *size, generator=g), torch.tensor([5.0, 600.0]), torch.tensor([1, 7])
+        serial.zero_grad()
+        model.zero_grad()
+        ref, out = serial(x, t, labels), model(x, t, labels)
+        _loss(ref).backward()
+        _loss(out).backward()
+        grad_err = 0.0
+        for p, q in zip(model.parameters(), serial.parameters()):
+            if q.grad is not None:
+                grad = p.grad.clone()
+                dist.all_reduce(grad)
+                grad_err = max(grad_err, (grad / world_size - q.grad).abs().max().item())
+        results[f"DiT-T/2/ulysses/{size}"] = ((out - ref).abs().max().item(), grad_err)
     try:  # a model without SequenceSwitch markers cannot run DSP
         apply_dsp(_build("Vchitect-tiny"), dist.group.WORLD)
         refusal = None
