@@ -32,5 +32,12 @@ def describe_image_input(cfg: TrainConfig) -> str:
     return f"input {m.input_size} x {m.in_channels} ch, {m.num_classes} classes"
 
 
+def periodic_image_evaluation(cfg: TrainConfig, log):
+    from ..evaluate.periodic import periodic_evaluation  # the metrics stack only when asked for
+
+    return periodic_evaluation(cfg, log)
+
+
 IMAGE_TRAINER = TrainerSpec(name="image", schema=TrainConfig, prepare_data=prepare_image_data,
-                            build_model=build_model_from_config, describe=describe_image_input)
+                            build_model=build_model_from_config, describe=describe_image_input,
+                            evaluator=periodic_image_evaluation)

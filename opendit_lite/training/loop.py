@@ -154,7 +154,8 @@ class ResumableBatches:
 
 def run_steps(cfg, info, log: MetricsLogger, booster: Booster, plugin: OpenDiTPlugin,
               ema_plugin: Optional[OpenDiTPlugin], model, optimizer, lr_scheduler, batches: ResumableBatches,
-              step: int, batch_loss: Callable[[object], torch.Tensor]) -> str:
+              step: int, batch_loss: Callable[[object], torch.Tensor],
+              after_save: Optional[Callable[[int, str], None]] = None) -> str:
     """Train from ``step`` to ``cfg.max_steps``; returns the final checkpoint's path.
 
     ``batch_loss(batch)`` maps one micro-batch to its mean loss (the trainer's only own part). Each
@@ -162,7 +163,8 @@ def run_steps(cfg, info, log: MetricsLogger, booster: Booster, plugin: OpenDiTPl
     and updates the EMA. Losses stay on the device and are averaged over ranks only every
     ``log_every`` steps (the one host sync); checkpoints every ``ckpt_every`` steps and at the end
     record the data position so a resumed run continues with the next batch. A first Ctrl-C or
-    SIGTERM stops the run at the next log point with a checkpoint (see ``stop.py``)."""
+    SIGTERM stops the run at the next log point with a checkpoint (see ``stop.py``).
+    ``after_save(step, path)`` runs on every rank after each checkpoint (e.g. ``eval_every``)."""
 
     def save(at_step: int) -> str:
         extra = {**batches.state_dict(), "config": to_dict(cfg)}
@@ -170,6 +172,8 @@ def run_steps(cfg, info, log: MetricsLogger, booster: Booster, plugin: OpenDiTPl
                                plugin=ema_plugin, extra_state=extra, keep_last=cfg.keep_last or None,
                                exp_name=cfg.exp_name)
         log.write(f"saved checkpoint {path}")
+        if after_save is not None:
+            after_save(at_step, path)
         return path
 
     loss_sum = torch.zeros((), device=info.device)
