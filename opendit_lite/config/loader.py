@@ -17,7 +17,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 import yaml
 
-from .schema import ALIASES, TrainConfig
+from .schema import ALIASES, LOGGERS, TrainConfig
 
 
 class ConfigError(ValueError):
@@ -239,6 +239,19 @@ def validate(cfg: TrainConfig) -> None:
             raise ConfigError(f"'{key}' must be >= 0; got {getattr(cfg, key)}.")
     if not 0.0 <= cfg.ema.decay <= 1.0:
         raise ConfigError(f"'ema.decay' must lie in [0, 1]; got {cfg.ema.decay}.")
+    if not 0.0 <= cfg.min_lr_ratio <= 1.0:
+        raise ConfigError(f"'min_lr_ratio' must lie in [0, 1] (the final LR as a fraction of lr); "
+                          f"got {cfg.min_lr_ratio}.")
+    unknown = [name for name in cfg.logger if name not in LOGGERS]
+    if unknown:
+        raise ConfigError(f"'logger' lists {unknown}; the metric sinks are {', '.join(LOGGERS)} "
+                          f"(metrics.jsonl is always written).")
+    if cfg.lora.rank < 0 or not 0.0 <= cfg.lora.dropout < 1.0 or (cfg.lora.rank > 0 and not cfg.lora.targets):
+        raise ConfigError(f"'lora' needs rank >= 0 (0: off), dropout in [0, 1) and at least one target; got "
+                          f"rank={cfg.lora.rank}, dropout={cfg.lora.dropout}, targets={cfg.lora.targets}.")
+    if cfg.lora.rank > 0 and cfg.zero_degree == 3:
+        raise ConfigError("LoRA (lora.rank > 0) trains with zero_degree 0, 1 or 2; Gemini (zero_degree=3) shards "
+                          "whole parameter chunks and cannot freeze the base: use zero_degree=2.")
     # A data section lists which of its types read data.path, and what that path must hold.
     needs_path = getattr(type(cfg.data), "PATH_REQUIRED", {})
     if cfg.data.type in needs_path and not cfg.data.path:

@@ -207,10 +207,29 @@ class OpenDiTPlugin(DPPluginBase):
         return True
 
     def support_lora(self) -> bool:
-        return False
+        """LoRA trains with DDP and ZeRO-1/2 (the optimizer, its shards and the EMA hold only the
+        adapters); Gemini's chunked parameters are not adapted."""
+        return self.zero_degree in (0, 1, 2)
 
-    def enable_lora(self, model: nn.Module, pretrained_dir: str, lora_config: Dict) -> nn.Module:
-        raise NotImplementedError("OpenDiTPlugin does not support LoRA")
+    def enable_lora(self, model: nn.Module, pretrained_dir: Optional[str] = None, lora_config=None,
+                    bnb_quantization_config=None) -> nn.Module:
+        """``Booster.enable_lora``: inject the adapters of a ``peft.LoraConfig`` into ``model`` in place,
+        before boosting; the base is frozen. Build the optimizer from the trainable parameters only."""
+        from ..training.lora import apply_lora
+
+        if not self.support_lora():
+            raise NotImplementedError(f"LoRA needs zero_degree 0, 1 or 2; this plugin has "
+                                      f"zero_degree={self.zero_degree}")
+        if isinstance(model, ModelWrapper):
+            raise ValueError("enable LoRA before Booster.boost, on the plain nn.Module")
+        if pretrained_dir is not None or bnb_quantization_config is not None:
+            raise NotImplementedError("OpenDiTPlugin adds new adapters only: load trained adapters with the run's "
+                                      "checkpoint (resume_from) instead of pretrained_dir, and no quantization")
+        targets = lora_config.target_modules
+        targets = [targets] if isinstance(targets, str) else sorted(targets)
+        apply_lora(model, rank=lora_config.r, alpha=lora_config.lora_alpha, dropout=lora_config.lora_dropout,
+                   targets=targets)
+        return model
 
     def support_no_sync(self) -> bool:
         return self.zero_degree in (0, 1)

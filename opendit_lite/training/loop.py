@@ -1,20 +1,10 @@
-"""The parts of a training run that do not depend on what is trained, shared by the trainers:
-plugin and booster set-up, the boosted optimizer/scheduler/data loader, resuming, the endless
-resumable batch stream, and the step loop (accumulation, optimizer step, EMA, logging, checkpoints).
-
-A trainer's own code is then only model/data set-up and "batch -> loss", plus these calls in this order::
-
-    plugin, booster = build_booster(cfg, info)
-    model, optimizer, lr_scheduler, dataloader, micro_batch = boost_training(cfg, plugin, booster, model, dataset)
-    seed_everything(cfg.global_seed, plugin.dp_rank, plugin.dp_size)
-    ema_plugin = enable_ema(cfg, plugin, model, optimizer)
-    step, position = restore_training(cfg, booster, plugin, ema_plugin, model, optimizer, lr_scheduler, log)
-    write_run_config(cfg, run_dir, info.is_main)
-    batches = ResumableBatches(dataloader, micro_batch, position["epoch"], position["batch_in_epoch"])
-    run_steps(cfg, info, log, booster, plugin, ema_plugin, model, optimizer, lr_scheduler, batches, step,
-              batch_loss=lambda batch: ...)
+"""The parts of a training run that do not depend on what is trained: plugin and booster set-up,
+the boosted optimizer/scheduler/data loader, resuming, the endless resumable batch stream, and the
+step loop (accumulation, optimizer step, EMA, logging, checkpoints). ``trainer.py`` calls them in
+order for every trainer; a trainer itself only declares its data and model (``spec.py``).
 """
 
+import contextlib
 import os
 import warnings
 from typing import Callable, Optional, Tuple
@@ -28,8 +18,9 @@ from ..config import ConfigError, to_dict
 from ..data.sampler import ResumableDistributedSampler
 from ..plugins import OpenDiTPlugin
 from ..checkpoint.state import load_checkpoint, load_ema_file, save_checkpoint
-from .lr_schedule import warmup_scheduler
-from .metrics import MetricsLogger
+from .lr_schedule import build_lr_scheduler
+from .metrics import MetricsLogger, peak_memory_gib
+from .mfu import counted_flops, current_device_peak_tflops
 from ..checkpoint.layout import checkpoint_root, pick_resume_checkpoint
 from .stop import StopRequest
 
@@ -54,16 +45,18 @@ def build_booster(cfg, info) -> Tuple[OpenDiTPlugin, Booster]:
 
 
 def boost_training(cfg, plugin: OpenDiTPlugin, booster: Booster, model, dataset, batch_sampler=None):
-    """AdamW, warm-up schedule and a resumable distributed loader, boosted together.
+    """AdamW, LR schedule and a resumable distributed loader, boosted together.
 
     Returns (model, optimizer, lr_scheduler, dataloader, micro_batch) where micro_batch =
     global_batch_size / (data-parallel ranks x grad_accum_steps) samples per rank and micro-step.
     A ``batch_sampler`` (e.g. ``data.buckets.BucketBatchSampler``, already sharded over the
     data-parallel ranks) replaces the distributed sampler; its batches set their own sizes."""
     micro_batch = cfg.global_batch_size // (plugin.dp_size * cfg.grad_accum_steps)
-    optimizer = plugin.build_optimizer(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
+    trainable = [p for p in model.parameters() if p.requires_grad]  # LoRA: the adapters only
+    optimizer = plugin.build_optimizer(trainable, lr=cfg.lr, weight_decay=cfg.weight_decay,
                                        fused=cfg.fused_optimizer)
-    lr_scheduler = warmup_scheduler(optimizer, cfg.warmup_steps)
+    lr_scheduler = build_lr_scheduler(optimizer, schedule=cfg.lr_schedule, warmup_steps=cfg.warmup_steps,
+                                      total_steps=cfg.max_steps, min_lr_ratio=cfg.min_lr_ratio)
     if batch_sampler is not None:
         # Workers seeded per data-parallel rank as prepare_dataloader does; the loader's own generator
         # also keeps iter() from drawing on the global RNG, which a resumed run restores.
@@ -176,18 +169,33 @@ def run_steps(cfg, info, log: MetricsLogger, booster: Booster, plugin: OpenDiTPl
             after_save(at_step, path)
         return path
 
+    def micro_step(last: bool) -> torch.Tensor:
+        # Gradients are reduced once, with the last micro-batch, where the strategy can defer it.
+        defer = not last and plugin.support_no_sync()
+        with booster.no_sync(model, optimizer) if defer else contextlib.nullcontext():
+            loss = batch_loss(next(batches))
+            booster.backward(loss / cfg.grad_accum_steps, optimizer)
+        return loss.detach()
+
     loss_sum = torch.zeros((), device=info.device)
     since_log = 0
+    flops_per_step = None  # this rank's FLOPs per optimizer step, counted on the first micro-batch
+    peak_tflops = current_device_peak_tflops(info.device)
     log.start(step, cfg.max_steps)
     model.train()
     with StopRequest() as stop:  # Ctrl-C / SIGTERM: stop at the next log point, after saving
         while step < cfg.max_steps:
-            for _ in range(cfg.grad_accum_steps):
-                loss = batch_loss(next(batches))
-                booster.backward(loss / cfg.grad_accum_steps, optimizer)
-                loss_sum += loss.detach() / cfg.grad_accum_steps
+            for i in range(cfg.grad_accum_steps):
+                last = i == cfg.grad_accum_steps - 1
+                if flops_per_step is None and not cfg.compile:  # the counter would run inside compilation
+                    loss, flops = counted_flops(lambda: micro_step(last))
+                    flops_per_step = flops * cfg.grad_accum_steps
+                else:
+                    loss = micro_step(last)
+                loss_sum += loss / cfg.grad_accum_steps
             optimizer.step()
             optimizer.zero_grad()
+            last_lr = lr_scheduler.get_last_lr()[0]  # the LR this step used
             lr_scheduler.step()
             if ema_plugin is not None:
                 plugin.update_ema(model, optimizer, decay=cfg.ema.decay)
@@ -197,8 +205,11 @@ def run_steps(cfg, info, log: MetricsLogger, booster: Booster, plugin: OpenDiTPl
             if step % cfg.log_every == 0 or step == cfg.max_steps:
                 stats = torch.stack([loss_sum, stop.flag_like(loss_sum)])  # one all-reduce for both
                 dist.all_reduce(stats)
+                grad_norm = optimizer.get_grad_norm()  # the last step's, before clipping (None: not tracked)
                 log.log(step, {"loss": stats[0] / info.world_size}, since_log, cfg.global_batch_size,
-                        extra={"lr": lr_scheduler.get_last_lr()[0], "epoch": batches.epoch})
+                        extra={"lr": last_lr, "grad_norm": None if grad_norm is None else float(grad_norm),
+                               "mem_gib": peak_memory_gib(info.device), "epoch": batches.epoch},
+                        flops_per_step=flops_per_step, peak_tflops=peak_tflops)
                 loss_sum.zero_()
                 since_log = 0
                 if step < cfg.max_steps and stats[1].item() > 0:  # some rank got a stop signal
