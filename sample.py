@@ -22,7 +22,7 @@ from opendit_lite.utils.quiet import quiet_third_party_startup
 
 quiet_third_party_startup()  # before colossalai is imported
 
-from opendit_lite.config import ConfigError, DiffusionConfig, ModelConfig, exit_on_config_error, from_dict, parse_cli
+from opendit_lite.config import ConfigError, DiffusionConfig, ModelConfig, from_dict, parse_cli
 from opendit_lite.diffusion import RectifiedFlow, create_diffusion
 from opendit_lite.encoders import vae_decode
 from opendit_lite.training.factory import (
@@ -32,6 +32,7 @@ from opendit_lite.training.factory import (
     model_input_hw,
     resolve_model_geometry,
 )
+from opendit_lite.utils.exit_codes import script_main
 from opendit_lite.checkpoint.layout import resolve_sample_checkpoint, saved_config
 from opendit_lite.checkpoint.weights import load_weights
 
@@ -78,11 +79,11 @@ def labelled_grid(images: torch.Tensor, rows: int, names) -> Image.Image:
     return grid
 
 
-@exit_on_config_error
-def main(argv=None) -> str:
-    cfg = parse_cli(sys.argv[1:] if argv is None else argv, __doc__)
+@script_main
+def main(argv) -> str:
+    cfg = parse_cli(argv, __doc__)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    ckpt = resolve_sample_checkpoint(cfg, cfg.sample.ckpt, "train.py")
+    ckpt = resolve_sample_checkpoint(cfg, cfg.sample.ckpt, "train.py", family="image")
     dataset = None
     vae = load_vae_from_config(cfg, device)
     saved = saved_config(ckpt)  # the resolved config train.py stored with its checkpoint

@@ -26,7 +26,7 @@ from opendit_lite.utils.quiet import quiet_third_party_startup
 
 quiet_third_party_startup()  # before colossalai is imported
 
-from opendit_lite.config import exit_on_config_error, parse_cli, validate_world
+from opendit_lite.config import parse_cli, validate_world
 from opendit_lite.converter import ModuleConverter
 from opendit_lite.encoders import vae_encode
 from opendit_lite.activation_checkpointing import apply_activation_checkpointing
@@ -49,9 +49,11 @@ from opendit_lite.training.loop import (
     write_run_config,
 )
 from opendit_lite.training.metrics import MetricsLogger
-from opendit_lite.checkpoint.layout import pick_resume_checkpoint
+from opendit_lite.checkpoint.layout import checkpoint_root, wants_resume
 from opendit_lite.distributed.seed import seed_everything
 from opendit_lite.checkpoint.weights import load_weights
+from opendit_lite.training.preflight import check_disk_space, check_training_inputs
+from opendit_lite.utils.exit_codes import script_main
 
 
 def train(cfg, info) -> str:
@@ -65,7 +67,7 @@ def train(cfg, info) -> str:
     vae = load_vae_from_config(cfg, info.device)
     resolve_model_geometry(cfg, dataset, vae)
     model = build_model_from_config(cfg)
-    if cfg.init_from and not pick_resume_checkpoint(cfg):
+    if cfg.init_from and not wants_resume(cfg):
         load_weights(model, cfg.init_from, use_ema=False)
         log.write(f"initialised weights from {cfg.init_from}")
     # Order: kernel/SP conversions replace modules, then checkpointing wraps the blocks holding
@@ -76,6 +78,7 @@ def train(cfg, info) -> str:
     objective = build_training_objective(cfg)
     model.to(info.device)
     num_params = sum(p.numel() for p in model.parameters())
+    check_disk_space(checkpoint_root(cfg), num_params)
     log.write(f"model {cfg.model.name}: {num_params / 1e6:.2f}M parameters, input {cfg.model.input_size} "
               f"x {cfg.model.in_channels} ch, {cfg.model.num_classes} classes, {cfg.diffusion.scheduler}")
 
@@ -84,7 +87,7 @@ def train(cfg, info) -> str:
     # same noise, timesteps and label dropout for the sample they share.
     seed_everything(cfg.global_seed, plugin.dp_rank, plugin.dp_size)
     ema_plugin = enable_ema(cfg, plugin, model, optimizer)
-    step, epoch, batch_in_epoch = restore_training(cfg, booster, plugin, ema_plugin, model, optimizer,
+    step, epoch, batch_in_epoch, run_id = restore_training(cfg, booster, plugin, ema_plugin, model, optimizer,
                                                    lr_scheduler, log)
     write_run_config(cfg, run_dir, info.is_main)
     batches = ResumableBatches(dataloader, micro_batch, epoch, batch_in_epoch)
@@ -97,15 +100,16 @@ def train(cfg, info) -> str:
         return objective_loss(objective, model, x, dict(y=y))
 
     return run_steps(cfg, info, log, booster, plugin, ema_plugin, model, optimizer, lr_scheduler, batches, step,
-                     batch_loss)
+                     batch_loss, run_id=run_id)
 
 
-@exit_on_config_error
-def main(argv=None) -> None:
-    cfg = parse_cli(sys.argv[1:] if argv is None else argv, __doc__)
+@script_main
+def main(argv) -> None:
+    cfg = parse_cli(argv, __doc__)
     info = init_distributed()
     try:
         validate_world(cfg, info.world_size)
+        check_training_inputs(cfg, family="image")
         train(cfg, info)
     finally:
         cleanup_distributed()

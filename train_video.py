@@ -33,7 +33,7 @@ from opendit_lite.utils.quiet import quiet_third_party_startup
 
 quiet_third_party_startup()  # before colossalai is imported
 
-from opendit_lite.config import exit_on_config_error, parse_cli, validate_world
+from opendit_lite.config import parse_cli, validate_world
 from opendit_lite.config.video_schema import VideoTrainConfig
 from opendit_lite.activation_checkpointing import apply_activation_checkpointing
 from opendit_lite.distributed.launch import cleanup_distributed, init_distributed
@@ -48,7 +48,7 @@ from opendit_lite.training.loop import (
     write_run_config,
 )
 from opendit_lite.training.metrics import MetricsLogger
-from opendit_lite.checkpoint.layout import pick_resume_checkpoint
+from opendit_lite.checkpoint.layout import checkpoint_root, wants_resume
 from opendit_lite.distributed.seed import seed_everything
 from opendit_lite.training.video import (
     apply_video_parallelism,
@@ -62,6 +62,8 @@ from opendit_lite.training.video import (
     validate_video_config,
 )
 from opendit_lite.checkpoint.weights import load_weights
+from opendit_lite.training.preflight import check_disk_space, check_training_inputs
+from opendit_lite.utils.exit_codes import script_main
 
 
 def train(cfg, info) -> str:
@@ -77,7 +79,7 @@ def train(cfg, info) -> str:
     vae = load_video_vae(cfg, info.device, sp_group=plugin.sp_group) if cfg.data.type != "latents" else None
     resolve_video_geometry(cfg, dataset, vae, captions.width if captions else None)
     model = build_video_model(cfg)
-    if cfg.init_from and not pick_resume_checkpoint(cfg):
+    if cfg.init_from and not wants_resume(cfg):
         load_weights(model, cfg.init_from, use_ema=False)
         log.write(f"initialised weights from {cfg.init_from}")
     # Order: kernel/SP conversions replace modules, then checkpointing wraps the blocks holding
@@ -88,6 +90,7 @@ def train(cfg, info) -> str:
     objective = build_training_objective(cfg)
     model.to(info.device)
     num_params = sum(p.numel() for p in model.parameters())
+    check_disk_space(checkpoint_root(cfg), num_params)
     C, T, H, W = model_clip_shape(cfg)
     log.write(f"model {cfg.model.name}: {num_params / 1e6:.2f}M parameters, clips {C}x{T}x{H}x{W}, "
               f"captions {cfg.text_encoder.max_length}x{cfg.model.caption_channels}, {cfg.diffusion.scheduler}")
@@ -97,7 +100,7 @@ def train(cfg, info) -> str:
     # same noise, timesteps and caption dropout for the clip they share.
     seed_everything(cfg.global_seed, plugin.dp_rank, plugin.dp_size)
     ema_plugin = enable_ema(cfg, plugin, model, optimizer)
-    step, epoch, batch_in_epoch = restore_training(cfg, booster, plugin, ema_plugin, model, optimizer,
+    step, epoch, batch_in_epoch, run_id = restore_training(cfg, booster, plugin, ema_plugin, model, optimizer,
                                                    lr_scheduler, log)
     write_run_config(cfg, run_dir, info.is_main)
     batches = ResumableBatches(dataloader, micro_batch, epoch, batch_in_epoch)
@@ -107,16 +110,17 @@ def train(cfg, info) -> str:
         return objective_loss(objective, model, x, dict(y=states, mask=mask))
 
     return run_steps(cfg, info, log, booster, plugin, ema_plugin, model, optimizer, lr_scheduler, batches, step,
-                     batch_loss)
+                     batch_loss, run_id=run_id)
 
 
-@exit_on_config_error
-def main(argv=None) -> None:
-    cfg = parse_cli(sys.argv[1:] if argv is None else argv, __doc__, schema=VideoTrainConfig)
+@script_main
+def main(argv) -> None:
+    cfg = parse_cli(argv, __doc__, schema=VideoTrainConfig)
     validate_video_config(cfg)
     info = init_distributed()
     try:
         validate_world(cfg, info.world_size)
+        check_training_inputs(cfg, family="video")
         train(cfg, info)
     finally:
         cleanup_distributed()

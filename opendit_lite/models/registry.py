@@ -6,15 +6,21 @@ from typing import Callable, Dict
 import torch.nn as nn
 
 MODELS: Dict[str, Callable[..., nn.Module]] = {}
+# name -> what the model generates: "image" (class-conditional, train.py) or "video" (text-to-video, train_video.py)
+MODEL_FAMILIES: Dict[str, str] = {}
 
 
-def register_model(name: str) -> Callable[[Callable[..., nn.Module]], Callable[..., nn.Module]]:
-    """Decorator registering a model factory under ``name``; a duplicate name is an error."""
+def register_model(name: str, family: str = "image") -> Callable[[Callable[..., nn.Module]], Callable[..., nn.Module]]:
+    """Decorator registering a model factory under ``name`` for ``family`` ("image" or "video");
+    a duplicate name is an error."""
+    if family not in ("image", "video"):
+        raise ValueError(f"model family must be 'image' or 'video', got {family!r}")
 
     def wrap(factory: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
         if name in MODELS:
             raise ValueError(f"model {name!r} is already registered (by {MODELS[name].__module__})")
         MODELS[name] = factory
+        MODEL_FAMILIES[name] = family
         return factory
 
     return wrap

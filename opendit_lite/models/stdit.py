@@ -123,6 +123,8 @@ class STDiT(nn.Module):
     """
 
     supports_gradient_checkpointing = True
+    # Inputs a mixed-precision wrapper must not cast: fractional diffusion times lose up to 4 steps in bf16.
+    fp32_inputs = ("t",)
 
     def __init__(self, in_channels: int = 4, patch_size: Tuple[int, int, int] = (1, 2, 2),
                  hidden_size: int = 1152, depth: int = 28, num_heads: int = 16, mlp_ratio: float = 4.0,
@@ -234,7 +236,7 @@ def _register_stdit(name: str, **config) -> Callable[..., STDiT]:
 
     factory.__name__ = factory.__qualname__ = name.replace("-", "_").replace("/", "_")
     factory.__doc__ = f"{name}: {config}; keyword arguments override them and go to STDiT."
-    return register_model(name)(factory)
+    return register_model(name, family="video")(factory)
 
 
 # Open-Sora 1.0's STDiT-XL/2 (~0.7B parameters with the caption MLP).

@@ -8,16 +8,17 @@ A trainer's own code is then only model/data set-up and "batch -> loss", plus th
     model, optimizer, lr_scheduler, dataloader, micro_batch = boost_training(cfg, plugin, booster, model, dataset)
     seed_everything(cfg.global_seed, plugin.dp_rank, plugin.dp_size)
     ema_plugin = enable_ema(cfg, plugin, model, optimizer)
-    step, epoch, batch_in_epoch = restore_training(cfg, booster, plugin, ema_plugin, model, optimizer, lr_scheduler, log)
+    step, epoch, batch_in_epoch, run_id = restore_training(cfg, booster, plugin, ema_plugin, model, optimizer, lr_scheduler, log)
     write_run_config(cfg, run_dir, info.is_main)
     batches = ResumableBatches(dataloader, micro_batch, epoch, batch_in_epoch)
     run_steps(cfg, info, log, booster, plugin, ema_plugin, model, optimizer, lr_scheduler, batches, step,
-              batch_loss=lambda batch: ...)
+              batch_loss=lambda batch: ..., run_id=run_id)
 """
 
 import os
+import uuid
 import warnings
-from typing import Callable, Optional, Tuple
+from typing import Callable, NamedTuple, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -31,7 +32,10 @@ from ..checkpoint.state import load_checkpoint, load_ema_file, save_checkpoint
 from .lr_schedule import warmup_scheduler
 from .metrics import MetricsLogger
 from ..checkpoint.layout import checkpoint_root, pick_resume_checkpoint
+from .guard import NonFiniteGuard
+from .hyperparams import apply_configured_hyperparams
 from .stop import StopRequest
+from ..utils.exit_codes import RunInterrupted
 
 
 def build_booster(cfg, info) -> Tuple[OpenDiTPlugin, Booster]:
@@ -81,19 +85,34 @@ def enable_ema(cfg, plugin: OpenDiTPlugin, model, optimizer) -> Optional[OpenDiT
     return plugin
 
 
+class Restored(NamedTuple):
+    step: int
+    epoch: int
+    batch_in_epoch: int
+    run_id: str  # names this run's checkpoints: keep_last prunes only those
+
+
 def restore_training(cfg, booster: Booster, plugin: OpenDiTPlugin, ema_plugin: Optional[OpenDiTPlugin], model,
-                     optimizer, lr_scheduler, log: MetricsLogger) -> Tuple[int, int, int]:
+                     optimizer, lr_scheduler, log: MetricsLogger) -> Restored:
     """Load the checkpoint chosen by resume_from/auto_resume (if any) and an explicit EMA file;
-    returns (step, epoch, batch_in_epoch) to continue from, (0, 0, 0) for a fresh run."""
-    step, epoch, batch_in_epoch = 0, 0, 0
-    resume = pick_resume_checkpoint(cfg)
+    returns (step, epoch, batch_in_epoch, run_id) to continue from, (0, 0, 0, new id) for a fresh
+    run. A resumed run applies the configured lr/weight_decay (and says so when they changed)."""
+    step, epoch, batch_in_epoch, run_id = 0, 0, 0, uuid.uuid4().hex
+    resume = pick_resume_checkpoint(cfg, report=log.write)
     if resume:
         state = load_checkpoint(booster, resume, model, optimizer, lr_scheduler, plugin=ema_plugin)
         step, epoch, batch_in_epoch = state["step"], state["epoch"], state["batch_in_epoch"]
+        run_id = state.get("run_id") or run_id
         log.write(f"resumed from {resume} at step {step}")
+        for change in apply_configured_hyperparams(optimizer, lr_scheduler, lr=cfg.lr, weight_decay=cfg.weight_decay):
+            log.write(change)
     if ema_plugin is not None and cfg.ema.resume_from:  # an explicit EMA file wins over the checkpoint's
         load_ema_file(plugin, cfg.ema.resume_from)
-    return step, epoch, batch_in_epoch
+    if dist.is_initialized() and dist.get_world_size() > 1:  # the fresh id of rank 0 on every rank
+        box = [run_id]
+        dist.broadcast_object_list(box, src=0)
+        run_id = box[0]
+    return Restored(step, epoch, batch_in_epoch, run_id)
 
 
 def write_run_config(cfg, run_dir: str, is_main: bool) -> None:
@@ -138,21 +157,25 @@ class ResumableBatches:
 
 def run_steps(cfg, info, log: MetricsLogger, booster: Booster, plugin: OpenDiTPlugin,
               ema_plugin: Optional[OpenDiTPlugin], model, optimizer, lr_scheduler, batches: ResumableBatches,
-              step: int, batch_loss: Callable[[object], torch.Tensor]) -> str:
+              step: int, batch_loss: Callable[[object], torch.Tensor], run_id: Optional[str] = None) -> str:
     """Train from ``step`` to ``cfg.max_steps``; returns the final checkpoint's path.
 
     ``batch_loss(batch)`` maps one micro-batch to its mean loss (the trainer's only own part). Each
     optimizer step accumulates ``grad_accum_steps`` micro-batches, steps, advances the LR schedule
     and updates the EMA. Losses stay on the device and are averaged over ranks only every
     ``log_every`` steps (the one host sync); checkpoints every ``ckpt_every`` steps and at the end
-    record the data position so a resumed run continues with the next batch. A first Ctrl-C or
-    SIGTERM stops the run at the next log point with a checkpoint (see ``stop.py``)."""
+    record the data position so a resumed run continues with the next batch. A non-finite loss
+    stops the run before any later checkpoint (``guard.py``). A first Ctrl-C or SIGTERM stops the
+    run at a step boundary with a checkpoint and raises ``RunInterrupted`` (see ``stop.py``)."""
+    guard = NonFiniteGuard(info.device, cfg.nan_policy)
 
     def save(at_step: int) -> str:
-        extra = {"epoch": batches.epoch, "batch_in_epoch": batches.batch_in_epoch, "config": to_dict(cfg)}
+        guard.check_before_save(at_step, model)
+        extra = {"epoch": batches.epoch, "batch_in_epoch": batches.batch_in_epoch, "config": to_dict(cfg),
+                 "run_id": run_id}
         path = save_checkpoint(booster, checkpoint_root(cfg), at_step, model, optimizer, lr_scheduler,
                                plugin=ema_plugin, extra_state=extra, keep_last=cfg.keep_last or None,
-                               exp_name=cfg.exp_name)
+                               exp_name=cfg.exp_name, run_id=run_id)
         log.write(f"saved checkpoint {path}")
         return path
 
@@ -160,12 +183,20 @@ def run_steps(cfg, info, log: MetricsLogger, booster: Booster, plugin: OpenDiTPl
     since_log = 0
     log.start(step, cfg.max_steps)
     model.train()
-    with StopRequest() as stop:  # Ctrl-C / SIGTERM: stop at the next log point, after saving
+    stopped = False
+    with StopRequest() as stop:  # Ctrl-C / SIGTERM: stop at the next agreed step boundary, after saving
         while step < cfg.max_steps:
+            step_loss = torch.zeros((), device=info.device)
             for _ in range(cfg.grad_accum_steps):
                 loss = batch_loss(next(batches))
                 booster.backward(loss / cfg.grad_accum_steps, optimizer)
-                loss_sum += loss.detach() / cfg.grad_accum_steps
+                step_loss += loss.detach() / cfg.grad_accum_steps
+            if guard.policy == "skip_step" and guard.should_skip(step + 1, step_loss):
+                optimizer.zero_grad()
+                log.write(f"non-finite loss: skipped the update of step {step + 1} ({guard.skipped} so far)")
+                continue
+            guard.observe(step + 1, step_loss)
+            loss_sum += step_loss
             optimizer.step()
             optimizer.zero_grad()
             lr_scheduler.step()
@@ -175,17 +206,25 @@ def run_steps(cfg, info, log: MetricsLogger, booster: Booster, plugin: OpenDiTPl
             since_log += 1
             log.advance()
             if step % cfg.log_every == 0 or step == cfg.max_steps:
-                stats = torch.stack([loss_sum, stop.flag_like(loss_sum)])  # one all-reduce for both
+                # one all-reduce for the loss, the stop votes and the non-finite flags
+                stats = torch.stack([loss_sum, stop.flag_like(loss_sum), guard.flag_like(loss_sum)])
                 dist.all_reduce(stats)
+                guard.raise_if_flagged(stats[2].item())
                 log.log(step, {"loss": stats[0] / info.world_size}, since_log, cfg.global_batch_size,
                         extra={"lr": lr_scheduler.get_last_lr()[0], "epoch": batches.epoch})
                 loss_sum.zero_()
                 since_log = 0
-                if step < cfg.max_steps and stats[1].item() > 0:  # some rank got a stop signal
-                    log.write(f"stop requested: saving at step {step}; continue with auto_resume=true")
-                    break
+                stopped = step < cfg.max_steps and stats[1].item() > 0  # some rank got a stop signal
+            elif step < cfg.max_steps:
+                stopped = stop.agreed(step, loss_sum)
+            if stopped:
+                log.write(f"stop requested: saving at step {step}; continue with auto_resume=true")
+                break
             if cfg.ckpt_every and step % cfg.ckpt_every == 0 and step < cfg.max_steps:
                 save(step)
     path = save(step)
     log.close()
+    if stopped:
+        raise RunInterrupted(f"a stop signal was honoured at step {step} of {cfg.max_steps}; the checkpoint {path} "
+                             f"holds everything: rerun the same command with auto_resume=true to continue.")
     return path
