@@ -9,6 +9,7 @@ folder. A video shorter than ``(num_frames - 1) * frame_interval + 1`` frames is
 import csv
 import os
 import random
+import sys
 from typing import List, Tuple
 
 import torch
@@ -17,14 +18,33 @@ from torch.utils.data import Dataset
 
 
 def read_video_csv(path: str) -> List[Tuple[str, str]]:
-    """Rows (video path, caption); the header must have ``path`` and ``text`` (Open-Sora's names)."""
+    """Rows (video path, caption); the header must have ``path`` and ``text`` (Open-Sora's names).
+
+    A cheap scan, no decoding: rows without a path or whose file is missing or empty are dropped
+    with a warning; an empty caption is kept as "" (the model learns it like the null caption)."""
     with open(path, newline="") as f:
         reader = csv.DictReader(f)
         if not reader.fieldnames or not {"path", "text"} <= set(reader.fieldnames):
             raise ValueError(f"{path}: the CSV needs a header with 'path' and 'text' columns, got {reader.fieldnames}")
         root = os.path.dirname(os.path.abspath(path))
-        return [(row["path"] if os.path.isabs(row["path"]) else os.path.join(root, row["path"]), row["text"])
-                for row in reader]
+        rows, dropped, uncaptioned = [], [], 0
+        for line, row in enumerate(reader, start=2):
+            video = (row.get("path") or "").strip()
+            full = video if os.path.isabs(video) else os.path.join(root, video)
+            if not video or not os.path.isfile(full) or os.path.getsize(full) == 0:
+                dropped.append(f"line {line}: {video or '(no path)'}")
+                continue
+            caption = (row.get("text") or "").strip()
+            uncaptioned += not caption
+            rows.append((full, caption))
+    if dropped:
+        print(f"warning: {path}: skipping {len(dropped)} row(s) whose video is missing or empty, e.g. {dropped[0]}",
+              file=sys.stderr)
+    if uncaptioned:
+        print(f"warning: {path}: {uncaptioned} row(s) have an empty caption", file=sys.stderr)
+    if not rows:
+        raise ValueError(f"{path}: no row names an existing, non-empty video file")
+    return rows
 
 
 def decode_frames(path: str) -> torch.Tensor:
@@ -60,6 +80,9 @@ class VideoCSVDataset(Dataset):
 
     def __len__(self) -> int:
         return len(self.rows)
+
+    def sample_path(self, index: int) -> str:
+        return self.rows[index][0]
 
     def __getitem__(self, index: int):
         path, caption = self.rows[index]

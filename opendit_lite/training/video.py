@@ -16,6 +16,7 @@ import torch.nn as nn
 
 from ..config import ConfigError
 from ..converter import ModuleConverter
+from .factory import with_bad_sample_skipping
 from ..data.video_csv import VideoCSVDataset
 from ..data.video_latents import VideoLatentDataset
 from ..data.video_shapes import MovingShapesDataset, caption_states
@@ -42,6 +43,10 @@ def validate_video_config(cfg) -> None:
 
 
 def build_video_dataset(cfg):
+    return with_bad_sample_skipping(lambda: _video_dataset(cfg), cfg)
+
+
+def _video_dataset(cfg):
     d = cfg.data
     if d.type == "shapes":
         return MovingShapesDataset(num_samples=d.num_samples, num_frames=d.num_frames, image_size=d.image_size,
