@@ -184,46 +184,48 @@ def run_steps(cfg, info, log: MetricsLogger, booster: Booster, plugin: OpenDiTPl
     log.start(step, cfg.max_steps)
     model.train()
     stopped = False
-    with StopRequest() as stop:  # Ctrl-C / SIGTERM: stop at the next agreed step boundary, after saving
-        while step < cfg.max_steps:
-            step_loss = torch.zeros((), device=info.device)
-            for _ in range(cfg.grad_accum_steps):
-                loss = batch_loss(next(batches))
-                booster.backward(loss / cfg.grad_accum_steps, optimizer)
-                step_loss += loss.detach() / cfg.grad_accum_steps
-            if guard.policy == "skip_step" and guard.should_skip(step + 1, step_loss):
+    try:  # the progress bar and metrics files are closed whichever way the run ends
+        with StopRequest() as stop:  # Ctrl-C / SIGTERM: stop at the next agreed step boundary, after saving
+            while step < cfg.max_steps:
+                step_loss = torch.zeros((), device=info.device)
+                for _ in range(cfg.grad_accum_steps):
+                    loss = batch_loss(next(batches))
+                    booster.backward(loss / cfg.grad_accum_steps, optimizer)
+                    step_loss += loss.detach() / cfg.grad_accum_steps
+                if guard.policy == "skip_step" and guard.should_skip(step + 1, step_loss):
+                    optimizer.zero_grad()
+                    log.write(f"non-finite loss: skipped the update of step {step + 1} ({guard.skipped} so far)")
+                    continue
+                guard.observe(step + 1, step_loss)
+                loss_sum += step_loss
+                optimizer.step()
                 optimizer.zero_grad()
-                log.write(f"non-finite loss: skipped the update of step {step + 1} ({guard.skipped} so far)")
-                continue
-            guard.observe(step + 1, step_loss)
-            loss_sum += step_loss
-            optimizer.step()
-            optimizer.zero_grad()
-            lr_scheduler.step()
-            if ema_plugin is not None:
-                plugin.update_ema(model, optimizer, decay=cfg.ema.decay)
-            step += 1
-            since_log += 1
-            log.advance()
-            if step % cfg.log_every == 0 or step == cfg.max_steps:
-                # one all-reduce for the loss, the stop votes and the non-finite flags
-                stats = torch.stack([loss_sum, stop.flag_like(loss_sum), guard.flag_like(loss_sum)])
-                dist.all_reduce(stats)
-                guard.raise_if_flagged(stats[2].item())
-                log.log(step, {"loss": stats[0] / info.world_size}, since_log, cfg.global_batch_size,
-                        extra={"lr": lr_scheduler.get_last_lr()[0], "epoch": batches.epoch})
-                loss_sum.zero_()
-                since_log = 0
-                stopped = step < cfg.max_steps and stats[1].item() > 0  # some rank got a stop signal
-            elif step < cfg.max_steps:
-                stopped = stop.agreed(step, loss_sum)
-            if stopped:
-                log.write(f"stop requested: saving at step {step}; continue with auto_resume=true")
-                break
-            if cfg.ckpt_every and step % cfg.ckpt_every == 0 and step < cfg.max_steps:
-                save(step)
-    path = save(step)
-    log.close()
+                lr_scheduler.step()
+                if ema_plugin is not None:
+                    plugin.update_ema(model, optimizer, decay=cfg.ema.decay)
+                step += 1
+                since_log += 1
+                log.advance()
+                if step % cfg.log_every == 0 or step == cfg.max_steps:
+                    # one all-reduce for the loss, the stop votes and the non-finite flags
+                    stats = torch.stack([loss_sum, stop.flag_like(loss_sum), guard.flag_like(loss_sum)])
+                    dist.all_reduce(stats)
+                    guard.raise_if_flagged(stats[2].item())
+                    log.log(step, {"loss": stats[0] / info.world_size}, since_log, cfg.global_batch_size,
+                            extra={"lr": lr_scheduler.get_last_lr()[0], "epoch": batches.epoch})
+                    loss_sum.zero_()
+                    since_log = 0
+                    stopped = step < cfg.max_steps and stats[1].item() > 0  # some rank got a stop signal
+                elif step < cfg.max_steps:
+                    stopped = stop.agreed(step, loss_sum)
+                if stopped:
+                    log.write(f"stop requested: saving at step {step}; continue with auto_resume=true")
+                    break
+                if cfg.ckpt_every and step % cfg.ckpt_every == 0 and step < cfg.max_steps:
+                    save(step)
+        path = save(step)
+    finally:
+        log.close()
     if stopped:
         raise RunInterrupted(f"a stop signal was honoured at step {step} of {cfg.max_steps}; the checkpoint {path} "
                              f"holds everything: rerun the same command with auto_resume=true to continue.")
