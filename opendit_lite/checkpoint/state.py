@@ -343,6 +343,7 @@ def _prune(root: str, exp_name: str, keep_last: int, newest: str, run_id: Option
         ours.append(path)
     for path in ours[:max(0, len(ours) - (keep_last - 1))]:
         logger.info("keep_last=%d: removing %s", keep_last, path)
+        os.remove(os.path.join(path, META_FILE))  # first: a kill midway leaves an incomplete folder, never a broken one
         shutil.rmtree(path)
 
 
