@@ -1,5 +1,5 @@
 """Silence start-up noise of optional third-party features we do not use (Colossal-AI's optional
-tensornvme/apex kernels, bitsandbytes' optional CPU kernels, torch.jit deprecation), so a script's
+tensornvme/apex kernels, bitsandbytes' optional CPU kernels, torch.jit and pytree deprecations), so a script's
 first lines are its own. Call before importing colossalai; real warnings stay visible."""
 
 import logging
@@ -11,3 +11,5 @@ def quiet_third_party_startup() -> None:
                     r"`torch\.jit\.script` is deprecated"):
         warnings.filterwarnings("ignore", message=pattern)
     logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
+    # torchao (pulled in by Colossal-AI) registers Enum pytree constants, which newer torch deprecates
+    logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
