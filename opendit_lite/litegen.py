@@ -17,11 +17,10 @@ Everything runs through :class:`~opendit_lite.plugins.OpenDiTPlugin` and a Colos
 ``initialize(*components)`` returns the components in the order given, each prepared by kind:
 
 - the one trainable ``nn.Module`` (any parameter with ``requires_grad``; zero or several are an
-  error): module conversions from the config (fused kernels, attention backend, Ulysses sequence
-  parallelism when ``sp_size > 1``), then activation checkpointing/offload (``selective_ratio``,
-  ``ac_offload``), then boosted with its optimizer and LR scheduler. That order is required:
-  sequence parallelism wraps the final attention backend, checkpointing wraps the converted
-  blocks, and ZeRO/DDP wrap the finished model. Then the weights are loaded (see below) and the
+  error): ``opendit_lite.parallelize`` with the config's settings (fused kernels, attention
+  backend, Ulysses/DSP sequence parallelism when ``sp_size > 1``, activation checkpointing/offload
+  from ``selective_ratio``/``ac_offload``, per-block ``compile``, in that order; see
+  ``parallelize.py`` for why), then boosted with its optimizer and LR scheduler. Then the weights are loaded (see below) and the
   EMA is created from them (``ema.enable``), so it starts from the loaded weights;
 - its ``torch.optim.Optimizer`` and optional ``LRScheduler``: boosted with it;
 - frozen modules (no trainable parameter): moved to this rank's device; with ``encoder.fsdp``
@@ -78,9 +77,9 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 from torch.utils.data import Dataset
 
+from .config.access import config_get
 from .config.schema import TrainConfig
-from .converter import ModuleConverter
-from .activation_checkpointing import apply_activation_checkpointing
+from .parallelize import parallelize
 from .plugins import OpenDiTPlugin
 from .checkpoint.state import (
     EMA_FILE,
@@ -111,21 +110,6 @@ _DEFAULTS = TrainConfig()
 # --------------------------------------------------------------------------------------------------
 # Config access and file names
 # --------------------------------------------------------------------------------------------------
-
-def config_get(config: Any, key: str) -> Any:
-    """``config.a.b`` for ``key="a.b"`` on attribute- or key-access configs; a missing field takes
-    TrainConfig's default (None when TrainConfig has no such field)."""
-    value, default = config, _DEFAULTS
-    for part in key.split("."):
-        default = getattr(default, part, None)
-        if isinstance(value, Mapping):
-            value = value.get(part)
-        else:
-            value = getattr(value, part, None)
-        if value is None:
-            return default
-    return value
-
 
 def results_folder(config: Any) -> str:
     """LiteGen's results folder: ``results_dir``, ``result_dir`` or ``checkpoint_dir``, the first
@@ -173,15 +157,6 @@ def _config_dict(config: Any) -> Dict[str, Any]:
 # --------------------------------------------------------------------------------------------------
 # Per-kind preparation
 # --------------------------------------------------------------------------------------------------
-
-def apply_memory_options(model: nn.Module, selective_ratio: float, offload: bool) -> None:
-    """Activation checkpointing of all but ``selective_ratio`` of the model's blocks, optionally
-    offloading their inputs; nothing when ``selective_ratio >= 1`` and no offload is asked for."""
-    if selective_ratio >= 1 and not offload:
-        return
-    report = apply_activation_checkpointing(model, selective_ratio=selective_ratio, offload=offload)
-    logger.info("activation checkpointing: %s", report)
-
 
 def apply_frozen_fsdp(module: nn.Module, group, device: torch.device) -> nn.Module:
     """Shard a frozen module's parameters over ``group`` with torch FSDP (FULL_SHARD) for inference.
@@ -306,9 +281,12 @@ class LiteGen:
             if any(id(p) not in own for group in optimizer.param_groups for p in group["params"]):
                 raise ValueError("the optimizer updates parameters that are not the trainable module's")
 
-        logger.info("%s", ModuleConverter(self.config, sp_group=self.plugin.sp_group).convert(model))
-        apply_memory_options(model, config_get(self.config, "selective_ratio"),
-                             bool(config_get(self.config, "ac_offload")))
+        c = self.config
+        logger.info("%s", parallelize(
+            model, sp_group=self.plugin.sp_group, sp_mode=config_get(c, "sp_mode"),
+            fused_adaln=bool(config_get(c, "fused_adaln")), fused_layernorm=bool(config_get(c, "fused_layernorm")),
+            attention_backend=config_get(c, "attention_backend"), selective_ratio=config_get(c, "selective_ratio"),
+            ac_offload=bool(config_get(c, "ac_offload")), compile=bool(config_get(c, "compile"))))
         self.model, self.optimizer, _, _, self.lr_scheduler = self.booster.boost(
             model, optimizer, lr_scheduler=pick.get("lr_scheduler"))
         self._load_initial_state()

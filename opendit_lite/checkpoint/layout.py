@@ -78,12 +78,13 @@ def resolve_sample_checkpoint(cfg, ckpt: Optional[str], train_script: str, famil
 
 def check_sample_checkpoint(ckpt: str, family: str, script: str) -> None:
     """A checkpoint folder given to a sampler holds a model of the sampler's family ("image"/"video")."""
-    from ..models import MODEL_FAMILIES
+    from ..models import MODELS
+    from ..models.capabilities import model_family
 
     name = saved_config(ckpt).get("model", {}).get("name")
-    if name in MODEL_FAMILIES and MODEL_FAMILIES[name] != family:
-        other = "sample_video.py" if MODEL_FAMILIES[name] == "video" else "sample.py"
-        raise ConfigError(f"{ckpt!r} holds {name}, a {MODEL_FAMILIES[name]} model; {script} samples {family} models. "
+    if name in MODELS and model_family(name) != family:
+        other = "sample_video.py" if model_family(name) == "video" else "sample.py"
+        raise ConfigError(f"{ckpt!r} holds {name}, a {model_family(name)} model; {script} samples {family} models. "
                           f"Sample it with {other} (same config), or pass a checkpoint of a {family} model.")
 
 

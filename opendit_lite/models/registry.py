@@ -1,29 +1,36 @@
 """Name-keyed model registry: ``register_model("DiT-XL/2")(factory)`` and ``build_model(name, **kw)``."""
 
 import difflib
-from typing import Callable, Dict
+from typing import Callable, Dict, Optional
 
 import torch.nn as nn
 
 MODELS: Dict[str, Callable[..., nn.Module]] = {}
-# name -> what the model generates: "image" (class-conditional, train.py) or "video" (text-to-video, train_video.py)
-MODEL_FAMILIES: Dict[str, str] = {}
 
 
-def register_model(name: str, family: str = "image") -> Callable[[Callable[..., nn.Module]], Callable[..., nn.Module]]:
-    """Decorator registering a model factory under ``name`` for ``family`` ("image" or "video");
-    a duplicate name is an error."""
-    if family not in ("image", "video"):
-        raise ValueError(f"model family must be 'image' or 'video', got {family!r}")
+def register_model(name: str, model_class: Optional[type] = None
+                   ) -> Callable[[Callable[..., nn.Module]], Callable[..., nn.Module]]:
+    """Decorator registering a model factory under ``name``; a duplicate name is an error.
+
+    ``model_class``: the class the factory builds, so its declared capabilities (``is_video``,
+    ``supported_sp_modes``, ...; see ``capabilities.py``) can be read before building it. Not
+    needed when the factory is the class itself."""
 
     def wrap(factory: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
         if name in MODELS:
             raise ValueError(f"model {name!r} is already registered (by {MODELS[name].__module__})")
+        if model_class is not None:
+            factory.model_class = model_class
         MODELS[name] = factory
-        MODEL_FAMILIES[name] = family
         return factory
 
     return wrap
+
+
+def registered_class(name: str) -> Optional[type]:
+    """The class the model registered as ``name`` builds (None when its factory did not say)."""
+    factory = MODELS[name]
+    return factory if isinstance(factory, type) else getattr(factory, "model_class", None)
 
 
 def build_model(name: str, **kwargs) -> nn.Module:

@@ -122,6 +122,11 @@ class STDiT(nn.Module):
         learn_sigma: also predict the variance (output channels doubled) for IDDPM.
     """
 
+    # Capabilities (see models/capabilities.py): captioned clips, Ulysses or DSP (its to_frames /
+    # to_patches switches), forward_with_cfg over B clips adding the null caption inside (B -> B).
+    is_video = True
+    supported_sp_modes = ("ulysses", "dsp")
+    guidance_layout = "paired"
     supports_gradient_checkpointing = True
     # Inputs a mixed-precision wrapper must not cast: fractional diffusion times lose up to 4 steps in bf16.
     fp32_inputs = ("t",)
@@ -236,7 +241,7 @@ def _register_stdit(name: str, **config) -> Callable[..., STDiT]:
 
     factory.__name__ = factory.__qualname__ = name.replace("-", "_").replace("/", "_")
     factory.__doc__ = f"{name}: {config}; keyword arguments override them and go to STDiT."
-    return register_model(name, family="video")(factory)
+    return register_model(name, model_class=STDiT)(factory)
 
 
 # Open-Sora 1.0's STDiT-XL/2 (~0.7B parameters with the caption MLP).

@@ -125,6 +125,11 @@ class VchitectXL(nn.Module):
     an MLP with a learned null caption for classifier-free guidance.
     """
 
+    # Capabilities (see models/capabilities.py): captioned clips, Ulysses only (no DSP switches),
+    # forward_with_cfg over B clips adding the null caption inside (B -> B).
+    is_video = True
+    supported_sp_modes = ("ulysses",)
+    guidance_layout = "paired"
     supports_gradient_checkpointing = True
     # Inputs a mixed-precision wrapper must not cast: fractional diffusion times lose up to 4 steps in bf16.
     fp32_inputs = ("t",)
@@ -219,7 +224,7 @@ def _register_vchitect(name: str, **config) -> Callable[..., VchitectXL]:
 
     factory.__name__ = factory.__qualname__ = name.replace("-", "_").replace("/", "_")
     factory.__doc__ = f"{name}: {config}; keyword arguments override them and go to VchitectXL."
-    return register_model(name, family="video")(factory)
+    return register_model(name, model_class=VchitectXL)(factory)
 
 
 Vchitect_XL = _register_vchitect("Vchitect-XL", depth=20, hidden_size=1536, num_heads=24)

@@ -18,7 +18,8 @@ import uuid
 from ..checkpoint.layout import checkpoint_root, wants_resume
 from ..checkpoint.state import META_FILE, list_checkpoints
 from ..config import ConfigError
-from ..models import MODEL_FAMILIES, MODELS
+from ..models import MODELS
+from ..models.capabilities import model_family
 
 SCRIPTS = {"image": "train.py", "video": "train_video.py"}
 # Bytes per parameter in one checkpoint, an upper bound: fp32 weights, fp32 EMA, fp32 master
@@ -40,13 +41,12 @@ def check_training_inputs(cfg, family: str) -> None:
 
 
 def check_model_name(name: str, family: str) -> None:
-    if MODEL_FAMILIES.get(name) == family:
+    if name in MODELS and model_family(name) == family:
         return
-    names = ", ".join(sorted(n for n, f in MODEL_FAMILIES.items() if f == family))
+    names = ", ".join(sorted(n for n in MODELS if model_family(n) == family))
     if name in MODELS:
-        other = SCRIPTS[MODEL_FAMILIES[name]]
-        raise ConfigError(f"'model.name' {name!r} is a {MODEL_FAMILIES[name]} model, trained and sampled with "
-                          f"{other}; {SCRIPTS[family]} takes {family} models: {names}.")
+        raise ConfigError(f"'model.name' {name!r} is a {model_family(name)} model, trained with "
+                          f"{SCRIPTS[model_family(name)]}; {SCRIPTS[family]} takes {family} models: {names}.")
     raise ConfigError(f"'model.name' {name!r} is not a registered model; {family} models are: {names}.")
 
 

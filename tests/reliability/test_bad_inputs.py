@@ -162,6 +162,9 @@ def test_checkpoint_probes(scripts, capsys, trained, tmp_path):
     # train_video.py with an image model or an image checkpoint
     code, err = run_main(scripts, capsys, "train_video", *VIDEO, f"results_dir={tmp_path}", "model.name=DiT-T/2")
     assert_one_paragraph(code, err, "is a image model")
+    code, err = run_main(scripts, capsys, "train_video", *VIDEO, f"results_dir={tmp_path}",
+                         f"resume_from={ckpts}/t_step2")
+    assert_one_paragraph(code, err, "the checkpoint is DiT-T/2, the config is STDiT-tiny")
 
 
 def test_auto_resume_walks_back_past_a_corrupted_checkpoint(scripts, capsys, trained, tmp_path):
@@ -182,16 +185,17 @@ def test_auto_resume_walks_back_past_a_corrupted_checkpoint(scripts, capsys, tra
 
 
 def test_nan_at_step_k_stops_with_exit_3_keeping_finite_checkpoints(scripts, capsys, tmp_path, monkeypatch):
-    train = scripts["train"]
+    from opendit_lite.training import trainer
+
     calls = {"n": 0}
-    real = train.objective_loss
+    real = trainer.objective_loss
 
     def nan_from_step_3(*args, **kwargs):
         calls["n"] += 1
         loss = real(*args, **kwargs)
         return loss * float("nan") if calls["n"] >= 3 else loss
 
-    monkeypatch.setattr(train, "objective_loss", nan_from_step_3)
+    monkeypatch.setattr(trainer, "objective_loss", nan_from_step_3)
     code, err = run_main(scripts, capsys, "train", *TINY, f"results_dir={tmp_path}", "exp_name=n", "max_steps=6",
                          "ckpt_every=1", "keep_last=2", "log_every=5")
     assert_one_paragraph(code, err, "at step 3", want=3)
