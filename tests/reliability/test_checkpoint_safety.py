@@ -3,6 +3,7 @@ copy of a re-saved step, and SIGKILL at random moments of saving always leaving 
 complete checkpoint to auto_resume."""
 
 import json
+import multiprocessing
 import os
 import random
 import signal
@@ -64,12 +65,13 @@ def test_a_resave_killed_between_its_renames_leaves_the_old_copy(tmp_path):
 
 
 def _child_saves_forever(root):
-    """Runs in a forked child: train and save steps 1, 2, 2, 3, 3, ... (each step saved twice, so
+    """Runs in a child process: train and save steps 1, 2, 2, 3, 3, ... (each step saved twice, so
     that re-saves happen too) with keep_last=2, until killed."""
     import socket
 
     import torch.distributed as dist
 
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -84,28 +86,26 @@ def _child_saves_forever(root):
 
 
 def test_sigkill_at_random_moments_of_saving_then_auto_resume(tmp_path):
-    """Several trials, each a forked child (no re-import: fast) killed at a random moment."""
+    """Several trials, each a child killed at a random moment. The children fork from one
+    forkserver that imported everything once (fast, and free of this process's threads)."""
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["tests.reliability.test_checkpoint_safety"])
     rng = random.Random(0)
-    for trial in range(6):
+    for trial in range(4):
         root = str(tmp_path / f"trial{trial}")
         os.makedirs(root)
-        pid = os.fork()
-        if pid == 0:  # the child never returns into pytest
-            try:
-                os.environ["CUDA_VISIBLE_DEVICES"] = ""
-                _child_saves_forever(root)
-            finally:
-                os._exit(1)
+        child = ctx.Process(target=_child_saves_forever, args=(root,), daemon=True)
+        child.start()
         try:
-            deadline = time.time() + 120
+            deadline = time.time() + 180
             while len(steps(root)) < 1:
-                assert os.waitpid(pid, os.WNOHANG) == (0, 0), "the saving process exited early"
+                assert child.is_alive(), f"the saving process exited early ({child.exitcode})"
                 assert time.time() < deadline, "no checkpoint was ever completed"
                 time.sleep(0.02)
             time.sleep(rng.uniform(0.0, 1.5))  # somewhere inside the following saves, renames and prunes
         finally:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
+            os.kill(child.pid, signal.SIGKILL)
+            child.join(30)
         found = list_checkpoints(root, EXP)
         assert found, os.listdir(root)
         chosen = newest_verified_checkpoint(root, EXP, report=lambda _: None)
