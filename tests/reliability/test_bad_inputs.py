@@ -98,6 +98,7 @@ IMAGE_PROBES = [
     ("resume_from=/nonexistent/ckpt", "'resume_from' '/nonexistent/ckpt' does not exist"),
     ("init_from=/nonexistent/w.pt", "'init_from' '/nonexistent/w.pt' does not exist"),
     ("nan_policy=maybe", "'nan_policy' must be one of"),
+    ("data.image_size=15", "DiT-T/2 cannot take a model input of (15, 15)"),
     ("results_dir=/proc/forbidden", "Cannot write to '/proc/forbidden'"),
 ]
 
@@ -235,3 +236,22 @@ def test_real_exit_code_in_a_subprocess(tmp_path):
     assert proc.stderr.strip().splitlines() == [
         "error: 'resume_from' '/nonexistent' does not exist. Point it at a checkpoint folder "
         "(<results_dir>/<exp_name>/checkpoints/<exp_name>_step<N>), or use auto_resume=true."]
+
+
+def test_skip_step_policy_drops_a_nan_batch_and_finishes(scripts, capsys, tmp_path, monkeypatch):
+    from opendit_lite.training import trainer
+
+    calls = {"n": 0}
+    real = trainer.objective_loss
+
+    def nan_once(*args, **kwargs):
+        calls["n"] += 1
+        loss = real(*args, **kwargs)
+        return loss * float("nan") if calls["n"] == 2 else loss
+
+    monkeypatch.setattr(trainer, "objective_loss", nan_once)
+    code, out = run_main(scripts, capsys, "train", *TINY, f"results_dir={tmp_path}", "exp_name=s", "max_steps=3",
+                         "nan_policy=skip_step")
+    assert code == 0, out
+    assert "skipped the update of step 2" in out
+    assert os.listdir(tmp_path / "s" / "checkpoints") == ["s_step3"]
