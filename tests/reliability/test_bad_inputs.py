@@ -185,18 +185,23 @@ def test_auto_resume_walks_back_past_a_corrupted_checkpoint(scripts, capsys, tra
     assert "resumed from" in err and "t_step1 at step 1" in err, err
 
 
-def test_nan_at_step_k_stops_with_exit_3_keeping_finite_checkpoints(scripts, capsys, tmp_path, monkeypatch):
+def inject_nan(monkeypatch, at_call):
+    """Make the trainer's loss NaN on the micro-batches for which ``at_call(n)`` (n counts from 1)."""
     from opendit_lite.training import trainer
 
     calls = {"n": 0}
     real = trainer.objective_loss
 
-    def nan_from_step_3(*args, **kwargs):
+    def loss_with_nan(*args, **kwargs):
         calls["n"] += 1
         loss = real(*args, **kwargs)
-        return loss * float("nan") if calls["n"] >= 3 else loss
+        return loss * float("nan") if at_call(calls["n"]) else loss
 
-    monkeypatch.setattr(trainer, "objective_loss", nan_from_step_3)
+    monkeypatch.setattr(trainer, "objective_loss", loss_with_nan)
+
+
+def test_nan_at_step_k_stops_with_exit_3_keeping_finite_checkpoints(scripts, capsys, tmp_path, monkeypatch):
+    inject_nan(monkeypatch, lambda n: n >= 3)
     code, err = run_main(scripts, capsys, "train", *TINY, f"results_dir={tmp_path}", "exp_name=n", "max_steps=6",
                          "ckpt_every=1", "keep_last=2", "log_every=5")
     assert_one_paragraph(code, err, "at step 3", want=3)
@@ -239,17 +244,7 @@ def test_real_exit_code_in_a_subprocess(tmp_path):
 
 
 def test_skip_step_policy_drops_a_nan_batch_and_finishes(scripts, capsys, tmp_path, monkeypatch):
-    from opendit_lite.training import trainer
-
-    calls = {"n": 0}
-    real = trainer.objective_loss
-
-    def nan_once(*args, **kwargs):
-        calls["n"] += 1
-        loss = real(*args, **kwargs)
-        return loss * float("nan") if calls["n"] == 2 else loss
-
-    monkeypatch.setattr(trainer, "objective_loss", nan_once)
+    inject_nan(monkeypatch, lambda n: n == 2)
     code, out = run_main(scripts, capsys, "train", *TINY, f"results_dir={tmp_path}", "exp_name=s", "max_steps=3",
                          "nan_policy=skip_step")
     assert code == 0, out
