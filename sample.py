@@ -15,7 +15,6 @@ From an original DiT checkpoint (weights and VAE from local paths; nothing is do
 """
 
 import os
-import sys
 
 import torch
 from PIL import Image, ImageDraw
@@ -24,10 +23,11 @@ from opendit_lite.utils.quiet import quiet_third_party_startup
 
 quiet_third_party_startup()  # before colossalai is imported
 
-from opendit_lite.config import exit_on_config_error, parse_cli
+from opendit_lite.config import parse_cli
 from opendit_lite.sampling import gather_on_main, sampling_ranks
 from opendit_lite.sampling.image import class_labels, image_batches, load_image_model
 from opendit_lite.training.factory import build_dataset_from_config
+from opendit_lite.utils.exit_codes import script_main
 
 
 def labelled_grid(images: torch.Tensor, rows: int, names) -> Image.Image:
@@ -48,9 +48,9 @@ def labelled_grid(images: torch.Tensor, rows: int, names) -> Image.Image:
     return grid
 
 
-@exit_on_config_error
-def main(argv=None) -> str:
-    cfg = parse_cli(sys.argv[1:] if argv is None else argv, __doc__)
+@script_main
+def main(argv) -> str:
+    cfg = parse_cli(argv, __doc__)
     with sampling_ranks(cfg.sp_size) as ranks:
         model, ckpt, vae, dataset = load_image_model(cfg, ranks)
         labels = cfg.sample.class_labels if cfg.sample.class_labels is not None else list(range(cfg.model.num_classes))

@@ -33,10 +33,11 @@ from opendit_lite.utils.quiet import quiet_third_party_startup
 
 quiet_third_party_startup()  # before colossalai is imported
 
-from opendit_lite.config import ConfigError, exit_on_config_error, from_dict, parse_cli
+from opendit_lite.config import ConfigError, from_dict, parse_cli
 from opendit_lite.config.video_schema import TextEncoderConfig, VideoDiffusionConfig, VideoModelConfig, VideoTrainConfig
 from opendit_lite.diffusion import RectifiedFlow, create_diffusion
 from opendit_lite.diffusion.sampling_utils import SampleGenerators
+from opendit_lite.utils.exit_codes import script_main
 from opendit_lite.checkpoint.layout import resolve_sample_checkpoint, saved_config
 from opendit_lite.sampling import gather_on_main, sampling_ranks
 from opendit_lite.sampling.checks import check_sample_settings
@@ -175,11 +176,11 @@ def slug(prompt: str) -> str:
     return re.sub(r"[^a-z0-9]+", "_", prompt.lower()).strip("_")[:40] or "prompt"
 
 
-@exit_on_config_error
-def main(argv=None) -> List[str]:
-    cfg = parse_cli(sys.argv[1:] if argv is None else argv, __doc__, schema=VideoTrainConfig)
+@script_main
+def main(argv) -> List[str]:
+    cfg = parse_cli(argv, __doc__, schema=VideoTrainConfig)
     validate_video_config(cfg)
-    ckpt = resolve_sample_checkpoint(cfg, cfg.sample.ckpt, "train_video.py")
+    ckpt = resolve_sample_checkpoint(cfg, cfg.sample.ckpt, "train_video.py", family="video")
     adopt_checkpoint_config(cfg, ckpt)
     check_sampler(cfg)
     prompts = read_prompts(cfg)

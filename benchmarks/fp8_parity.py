@@ -25,10 +25,10 @@ from typing import Dict, List
 
 import torch
 
-from opendit_lite.config import exit_on_config_error
 from opendit_lite.data import build_dataset
 from opendit_lite.diffusion import build_scheduler
 from opendit_lite.models import build_model
+from opendit_lite.utils.exit_codes import script_main
 from opendit_lite.precision import apply_fp8_training, check_fp8_supported
 from opendit_lite.training.factory import objective_loss
 
@@ -81,8 +81,8 @@ def smooth(values: List[float], window: int) -> List[float]:
     return out
 
 
-@exit_on_config_error
-def main() -> None:
+@script_main
+def main(argv) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="DiT-S/2")
     parser.add_argument("--steps", type=int, default=1000)
@@ -93,7 +93,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--compile", action="store_true", help="torch.compile each block in both runs")
     parser.add_argument("--out-dir", default=RESULTS_DIR)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     check_fp8_supported(device)  # the same refusal as precision=fp8 in train.py

@@ -22,7 +22,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from opendit_lite.config import ConfigError, exit_on_config_error  # noqa: E402
+from opendit_lite.config import ConfigError  # noqa: E402
+from opendit_lite.utils.exit_codes import script_main  # noqa: E402
 
 
 def _model_from_checkpoint(checkpoint: str, use_ema: bool):
@@ -111,8 +112,8 @@ def import_diffusers(source: str, output: str) -> str:
     return output
 
 
-@exit_on_config_error
-def main(argv=None) -> str:
+@script_main
+def main(argv) -> str:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--checkpoint", help="checkpoint folder written by train.py (exported to diffusers)")

@@ -8,6 +8,7 @@ Layout of one checkpoint, ``<root>/<exp_name>_step<N>/``::
     ema.safetensors      full fp32 EMA weights, gathered from the plugin's sharded EMA (optional)
     lr_scheduler.pt      the LR scheduler's state_dict (optional)
     rng/rank<r>.pt       generator states of rank r (see ``rng.py``)
+    master/rank<r>.safetensors  ZeRO's fp32 master shards of rank r (bf16/fp16 ZeRO-1/2 only)
     meta.json            step, caller's extra state (epoch, sampler position, config), world,
                          data- and sequence-parallel sizes, format version, and a manifest
                          (size and CRC-32 of every other file). Written last: it marks completion.
@@ -30,9 +31,12 @@ and with ``verify=True`` its CRC-32), so a truncated or corrupted checkpoint rai
 Saving reads every file back once for the checksum (and fsyncs it): about one extra read of the
 checkpoint on rank 0, from the page cache.
 
-Note that Colossal-AI saves a mixed-precision model's *working* weights (e.g. bf16); ZeRO's fp32
-master weights are re-created from them on load, so a bf16 run resumed from a checkpoint is close
-to, not bit-identical with, the uninterrupted run (fp32 runs are identical).
+Mixed precision. Colossal-AI saves a mixed-precision model's *working* weights (e.g. bf16); the
+fp32 master shards of ZeRO-1/2 are saved next to them (``master/rank<r>.safetensors``, one file
+per rank) and put back on a resume at the same world size, so a bf16 run continues exactly as the
+uninterrupted one. At another world size they are rebuilt from the working weights (close, not
+identical). ``meta.json`` also records whether the weights were finite; pruning never removes
+the last finite checkpoint.
 """
 
 import dataclasses
@@ -63,6 +67,8 @@ EMA_FILE = "ema.safetensors"
 LR_SCHEDULER_FILE = "lr_scheduler.pt"
 RNG_DIR = "rng"
 TMP_TAG = ".tmp-"
+OLD_TAG = ".old-"  # a complete checkpoint moved aside while a re-save of its step is published
+MASTER_DIR = "master"
 _CHUNK = 16 << 20  # bytes read at a time when checksumming
 
 
@@ -113,9 +119,11 @@ def atomic_path(final_path: str) -> Iterator[str]:
     has completed on every rank, rank 0 renames it to ``final_path`` (file or folder), replacing an
     older one, and every rank waits for the rename.
 
-    A file replaces a file in one atomic ``os.replace``. Otherwise (folders, which POSIX cannot
-    replace atomically) an existing ``final_path`` is first moved aside and deleted only after the
-    new one is in place. Either way a half-written object never carries the final name.
+    A file replaces a file in one atomic ``os.replace``. A folder (which POSIX cannot replace
+    atomically) that already exists is first renamed to ``<final>.old-<uid>``, the new one is moved
+    in, and only then is the old copy deleted. A kill between the two renames leaves the complete
+    old copy under ``*.old-*``, which :func:`list_checkpoints` considers when the final name is
+    missing, so there is never a moment without a complete object for this name.
     """
     uid = _from_rank0(uuid.uuid4().hex[:12])
     tmp = f"{final_path}{TMP_TAG}{uid}"
@@ -129,7 +137,7 @@ def atomic_path(final_path: str) -> Iterator[str]:
             raise CheckpointError(f"nothing was written to {tmp}; cannot publish {final_path}")
         old = None
         if os.path.isdir(final_path) or (os.path.lexists(final_path) and os.path.isdir(tmp)):
-            old = f"{final_path}.old-{uid}"
+            old = f"{final_path}{OLD_TAG}{uid}"
             os.rename(final_path, old)
         os.replace(tmp, final_path)
         if old is not None:
@@ -208,27 +216,32 @@ def list_checkpoints(root: str, exp_name: str = DEFAULT_EXP_NAME) -> List[Tuple[
     """Complete checkpoints ``<root>/<exp_name>_step<N>`` as ``(N, path)``, oldest first.
 
     Complete means: a folder with this exact name (so never ``*.tmp-*``) holding a readable
-    ``meta.json`` for the same step. Contents are not checksummed here (see ``verify_checkpoint``).
+    ``meta.json`` for the same step. When that folder is missing or incomplete but a re-save of
+    step N was killed between its two renames, the moved-aside ``<name>.old-<uid>`` copy stands in.
+    Contents are not checksummed here (see ``verify_checkpoint``).
     """
     if not os.path.isdir(root):
         return []
-    pattern = re.compile(rf"{re.escape(exp_name)}_step(\d+)")
-    found = []
-    for name in os.listdir(root):
+    pattern = re.compile(rf"{re.escape(exp_name)}_step(\d+)(?:{re.escape(OLD_TAG)}[0-9a-f]+)?")
+    found: Dict[int, str] = {}
+    for name in sorted(os.listdir(root), key=lambda n: OLD_TAG in n):  # final names first
         match = pattern.fullmatch(name)
         path = os.path.join(root, name)
         if match is None or not os.path.isdir(path):
+            continue
+        step = int(match.group(1))
+        if step in found:
             continue
         try:
             meta = _read_meta(path)
         except CheckpointError as e:
             logger.warning("skipping %s: %s", path, e)
             continue
-        if meta.get("step") != int(match.group(1)):
+        if meta.get("step") != step:
             logger.warning("skipping %s: its meta.json says step %s", path, meta.get("step"))
             continue
-        found.append((int(match.group(1)), path))
-    return sorted(found)
+        found[step] = path
+    return sorted(found.items())
 
 
 def find_latest_checkpoint(root: str, exp_name: str = DEFAULT_EXP_NAME) -> Optional[str]:
@@ -283,6 +296,17 @@ def verify_checkpoint(ckpt_dir: str, check_content: bool = True) -> Dict[str, An
 # Save
 # --------------------------------------------------------------------------------------------------
 
+def _master_shards(booster, model, optimizer) -> Optional[Dict[str, torch.Tensor]]:
+    """This rank's fp32 master-weight shards when the booster's plugin keeps them apart from the
+    working weights (ZeRO in bf16/fp16), keyed by parameter name; None otherwise."""
+    from ..plugins import OpenDiTPlugin
+
+    if optimizer is None or not isinstance(getattr(booster, "plugin", None), OpenDiTPlugin):
+        return None
+    shards = booster.plugin.master_weight_shards(model, optimizer)
+    return None if shards is None else {k: v.detach().cpu().contiguous() for k, v in shards.items()}
+
+
 def _json_value(obj: Any) -> Any:
     """``json.dumps`` fallback for the few non-JSON types extra state commonly holds."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
@@ -299,10 +323,45 @@ def _json_value(obj: Any) -> Any:
     )
 
 
-def _prune(root: str, exp_name: str, keep_last: int) -> None:
-    for _, path in list_checkpoints(root, exp_name)[:-keep_last]:
+def _prune(root: str, exp_name: str, keep_last: int, newest: str, run_id: Optional[str]) -> None:
+    """Delete all but the ``keep_last`` newest checkpoints, touching only those that are older than
+    the complete checkpoint ``newest`` just published, belong to the same run (``run_id``, when
+    given) and only when ``newest`` holds finite weights (so the last finite one always stays)."""
+    newest_meta = _read_meta(newest)
+    if not newest_meta.get("finite", True):
+        logger.warning("keep_last=%d: nothing pruned, %s holds non-finite weights", keep_last, newest)
+        return
+    ours = []
+    for step, path in list_checkpoints(root, exp_name):
+        if step >= newest_meta["step"]:
+            continue
+        try:
+            if run_id is not None and _read_meta(path).get("run_id") != run_id:
+                continue
+        except CheckpointError:
+            continue
+        ours.append(path)
+    for path in ours[:max(0, len(ours) - (keep_last - 1))]:
         logger.info("keep_last=%d: removing %s", keep_last, path)
+        os.remove(os.path.join(path, META_FILE))  # first: a kill midway leaves an incomplete folder, never a broken one
         shutil.rmtree(path)
+
+
+def all_finite(model) -> bool:
+    """Whether every rank's parameters of ``model`` are finite (a collective; one host sync)."""
+    params = [p.detach() for p in (model.parameters() if model is not None else ()) if p.is_floating_point()]
+    if params:
+        device = params[0].device
+    elif dist.is_initialized() and dist.get_backend() == "nccl":
+        device = torch.device("cuda", torch.cuda.current_device())
+    else:
+        device = torch.device("cpu")
+    bad = torch.zeros((), device=device)
+    for p in params:
+        bad += (~torch.isfinite(p)).any().float()
+    if dist.is_initialized() and _world_size() > 1:
+        dist.all_reduce(bad)
+    return bad.item() == 0
 
 
 def save_checkpoint(
@@ -316,6 +375,7 @@ def save_checkpoint(
     extra_state: Optional[Dict[str, Any]] = None,
     keep_last: Optional[int] = None,
     exp_name: str = DEFAULT_EXP_NAME,
+    run_id: Optional[str] = None,
 ) -> str:
     """Collective (every rank calls it): write ``<ckpt_dir_root>/<exp_name>_step<step>/`` atomically
     and return its path.
@@ -326,10 +386,15 @@ def save_checkpoint(
     when there is no EMA. ``extra_state`` (epoch, sampler position, the config as a dict, ...)
     must be JSON-serialisable; :func:`load_checkpoint` returns it with ``step`` added.
     ``keep_last`` > 0 then deletes all but the newest ``keep_last`` complete checkpoints of
-    ``exp_name`` (this one included); None or 0 keeps all.
+    ``exp_name`` (this one included), only older ones, only those saved with the same ``run_id``
+    when one is given, and nothing when this checkpoint's weights are not finite; None or 0 keeps
+    all. ZeRO's fp32 master shards are saved too (``master/rank<r>.safetensors``), so that a bf16
+    run resumed at the same world size continues exactly.
     """
     if int(step) < 0:
         raise ValueError(f"save_checkpoint: step must be >= 0, got {step}")
+    if keep_last is not None and int(keep_last) < 0:
+        raise ValueError(f"save_checkpoint: keep_last must be >= 1, or 0/None to keep all; got {keep_last}")
     extra = dict(extra_state or {})
     if extra.get("step", step) != step:
         raise ValueError(f"save_checkpoint: extra_state['step']={extra['step']} contradicts step={step}")
@@ -337,6 +402,8 @@ def save_checkpoint(
     extra = json.loads(json.dumps(extra, default=_json_value))  # fail before writing anything
     rank, world = _rank(), _world_size()
     final = os.path.join(ckpt_dir_root, checkpoint_name(exp_name, step))
+    finite = all_finite(model)
+    masters = _master_shards(booster, model, optimizer)
 
     with atomic_path(final) as tmp:
         if rank == 0:
@@ -352,6 +419,11 @@ def save_checkpoint(
             if rank == 0:
                 save_file({k: v.detach().cpu().contiguous() for k, v in ema.items()}, os.path.join(tmp, EMA_FILE))
         torch.save(get_rng_state(), os.path.join(tmp, RNG_DIR, f"rank{rank:05d}.pt"))
+        if masters is not None:
+            if rank == 0:
+                os.makedirs(os.path.join(tmp, MASTER_DIR))
+            _barrier()
+            save_file(masters, os.path.join(tmp, MASTER_DIR, f"rank{rank:05d}.safetensors"))
         _barrier()  # every rank's files are on disk before rank 0 lists them
         if rank == 0:
             meta = {
@@ -366,6 +438,9 @@ def save_checkpoint(
                 "has_optimizer": optimizer is not None,
                 "has_ema": plugin is not None,
                 "has_lr_scheduler": lr_scheduler is not None,
+                "has_master_shards": masters is not None,
+                "finite": finite,
+                "run_id": run_id,
                 "torch_version": torch.__version__,
                 "extra_state": extra,
                 "files": _manifest(tmp),
@@ -376,7 +451,7 @@ def save_checkpoint(
                 os.fsync(f.fileno())
 
     if keep_last and rank == 0:
-        _prune(ckpt_dir_root, exp_name, keep_last)
+        _prune(ckpt_dir_root, exp_name, keep_last, final, run_id)
     _barrier()
     return final
 
@@ -443,6 +518,28 @@ def load_optimizer_state(booster, optimizer, path: str) -> None:
         booster.load_optimizer(optimizer, path)
 
 
+def _load_master_shards(booster, model, optimizer, ckpt_dir: str, meta: Dict[str, Any]) -> None:
+    """Put the saved fp32 master shards back (same world size only; elsewhere they are rebuilt from
+    the working weights by the booster, and a warning says the run continues close to, not
+    exactly as, the uninterrupted one)."""
+    from ..plugins import OpenDiTPlugin
+
+    if not meta.get("has_master_shards") or not isinstance(getattr(booster, "plugin", None), OpenDiTPlugin):
+        return
+    if meta["world_size"] != _world_size():
+        if _rank() == 0:
+            logger.warning("%s: fp32 master weights were saved by %d ranks and cannot be split for %d; they are "
+                           "rebuilt from the working weights", ckpt_dir, meta["world_size"], _world_size())
+        return
+    path = os.path.join(ckpt_dir, MASTER_DIR, f"rank{_rank():05d}.safetensors")
+    try:
+        shards = load_file(path)
+    except Exception as e:
+        raise CheckpointError(f"cannot read {path}: {type(e).__name__}: {e}") from e
+    with _loading("fp32 master weights", path):
+        booster.plugin.load_master_weight_shards(model, optimizer, shards)
+
+
 def load_checkpoint(
     booster,
     ckpt_dir: str,
@@ -469,6 +566,7 @@ def load_checkpoint(
         if not meta["has_optimizer"]:
             raise CheckpointError(f"{path} does not exist: the checkpoint was saved without an optimizer")
         load_optimizer_state(booster, optimizer, path)
+        _load_master_shards(booster, model, optimizer, ckpt_dir, meta)
     if lr_scheduler is not None:
         path = os.path.join(ckpt_dir, LR_SCHEDULER_FILE)
         if not meta["has_lr_scheduler"]:

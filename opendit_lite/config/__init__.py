@@ -1,6 +1,5 @@
 from .loader import (
     ConfigError,
-    exit_on_config_error,
     from_dict,
     load_config,
     parse_cli,
@@ -21,7 +20,7 @@ from .schema import (
 )
 
 __all__ = [
-    "ConfigError", "exit_on_config_error", "from_dict", "load_config", "parse_cli", "parse_overrides", "to_dict",
+    "ConfigError", "from_dict", "load_config", "parse_cli", "parse_overrides", "to_dict",
     "validate", "validate_world", "DataConfig", "DiffusionConfig", "EMAConfig", "EncoderConfig",
     "ModelConfig", "SampleConfig", "TrainConfig", "VAEConfig",
 ]

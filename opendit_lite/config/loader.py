@@ -4,7 +4,7 @@
 
 Values given on the command line are parsed as YAML scalars (``true``, ``1e-4``, ``[1, 2]``, ``null``).
 Every problem raises :class:`ConfigError` whose message says what was wrong and what is allowed;
-scripts turn it into exit code 2 without a traceback (:func:`exit_on_config_error`).
+scripts turn it into exit code 2 without a traceback (``opendit_lite.utils.exit_codes.script_main``).
 """
 
 import dataclasses
@@ -234,9 +234,24 @@ def validate(cfg: TrainConfig) -> None:
     for key in ("sp_size", "global_batch_size", "max_steps", "grad_accum_steps", "log_every"):
         if getattr(cfg, key) < 1:
             raise ConfigError(f"'{key}' must be a positive integer; got {getattr(cfg, key)}.")
-    for key in ("lr", "weight_decay", "grad_clip"):
+    for key in ("weight_decay", "grad_clip", "ckpt_every", "warmup_steps"):
         if getattr(cfg, key) < 0:
             raise ConfigError(f"'{key}' must be >= 0; got {getattr(cfg, key)}.")
+    if not cfg.lr > 0:
+        raise ConfigError(f"'lr' must be positive (the weights would never change); got {cfg.lr}.")
+    if cfg.keep_last < 0:
+        raise ConfigError(f"'keep_last' must be >= 1 (checkpoints to keep), or 0 to keep all; got {cfg.keep_last}.")
+    if not 0.0 <= cfg.max_bad_data_fraction <= 1.0:
+        raise ConfigError(f"'max_bad_data_fraction' must lie in [0, 1]; got {cfg.max_bad_data_fraction}.")
+    name = cfg.exp_name
+    if not name or name in (".", "..") or "/" in name or "\\" in name:
+        raise ConfigError(f"'exp_name' {name!r} must be a plain folder name (no '/' or '\\', not '.' or '..'): it "
+                          f"names the run folder and prefixes its checkpoints; e.g. exp_name=dit_s2.")
+    if cfg.sample.cfg_scale < 0:
+        raise ConfigError(f"'sample.cfg_scale' must be >= 0 (1 disables guidance, larger values strengthen it); "
+                          f"got {cfg.sample.cfg_scale}.")
+    if cfg.sample.num_sampling_steps < 1 or getattr(cfg.sample, "samples_per_class", 1) < 1:
+        raise ConfigError("'sample.num_sampling_steps' and 'sample.samples_per_class' must be positive integers.")
     if not 0.0 <= cfg.ema.decay <= 1.0:
         raise ConfigError(f"'ema.decay' must lie in [0, 1]; got {cfg.ema.decay}.")
     if not 0.0 <= cfg.min_lr_ratio <= 1.0:
@@ -311,7 +326,7 @@ def parse_cli(argv: Sequence[str], description: str, schema=TrainConfig):
     """``[--config FILE] [key=value ...]``; --help lists every key of ``schema``."""
     argv = list(argv)
     if "-h" in argv or "--help" in argv:
-        print(f"{description}\n\nusage: [--config FILE.yaml] [key=value ...]\n\nkeys:{format_help(schema)}")
+        print(f"{description}\n\nusage: [--config FILE.yaml] [--debug] [key=value ...]\n\nkeys:{format_help(schema)}")
         sys.exit(0)
     path = None
     rest = []
@@ -326,25 +341,11 @@ def parse_cli(argv: Sequence[str], description: str, schema=TrainConfig):
         if arg.startswith("--config="):
             path = arg.split("=", 1)[1]
         elif arg.startswith("--"):
-            raise ConfigError(f"Unknown option '{arg}'. Options are --config FILE and --help; settings are key=value.")
+            raise ConfigError(f"Unknown option '{arg}'. Options are --config FILE, --debug and --help; settings are key=value.")
         else:
             rest.append(arg)
         i += 1
     return load_config(path, rest, schema)
-
-
-def exit_on_config_error(fn):
-    """Decorator for script entry points: a ConfigError prints its paragraph and exits with 2."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except ConfigError as e:
-            print(f"error: {e}", file=sys.stderr)
-            sys.exit(2)
-
-    return wrapper
 
 
 def to_dict(cfg) -> Dict[str, Any]:

@@ -134,7 +134,9 @@ class TrainConfig:
     checkpoint_dir: Optional[str] = _f(None, "where checkpoints are written and searched; None: <run dir>/checkpoints")
     init_from: Optional[str] = _f(None, "weights to start from (model only; step 0)")
     resume_from: Optional[str] = _f(None, "checkpoint to resume model, optimizer and state from")
-    auto_resume: bool = _f(False, "resume from the newest complete checkpoint when resume_from is empty")
+    auto_resume: bool = _f(False, "resume from the newest checkpoint that verifies when resume_from is empty")
+    overwrite: bool = _f(False, "let a fresh run write into a checkpoint folder that already holds checkpoints of "
+                                "exp_name (same-named steps are replaced); false refuses")
     # precision
     precision: str = _f("bf16", "parameter/compute precision; fp8: bf16 with the blocks' Linear layers in float8 "
                                 "(torchao; GPUs with compute capability >= 8.9, zero_degree 0-2)",
@@ -178,7 +180,12 @@ class TrainConfig:
     ckpt_every: int = _f(0, "steps between checkpoints (0: only at the end)")
     eval_every: int = _f(0, "steps between evaluations (eval.*: FID of fresh samples) of the checkpoint saved at that "
                             "step; a multiple of ckpt_every; 0: off")
-    keep_last: int = _f(0, "keep only this many newest checkpoints (0: keep all)")
+    keep_last: int = _f(0, "keep only this many newest checkpoints of this run (0: keep all)")
+    nan_policy: str = _f("stop", "on a non-finite loss: stop (exit code 3, no checkpoint after it) or skip_step "
+                                 "(drop that step's update; costs one host sync per step)",
+                         choices=("stop", "skip_step"))
+    max_bad_data_fraction: float = _f(0.01, "fraction of samples that may fail to decode (each skipped with a "
+                                            "warning naming the file) before the run stops")
     compile: bool = _f(False, "torch.compile each repeated block (the last step of parallelize)")
     cuda_graphs: bool = _f(False, "with compile: replay the compiled blocks as CUDA graphs (torch.compile "
                                   "mode 'reduce-overhead'; CUDA and fixed shapes only)")

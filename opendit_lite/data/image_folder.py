@@ -1,5 +1,8 @@
 """An image folder with one sub-folder per class, cropped the way DiT crops ImageNet."""
 
+import os
+import sys
+
 import numpy as np
 from PIL import Image
 from torchvision import datasets, transforms
@@ -28,11 +31,30 @@ def image_transform(image_size: int, random_flip: bool = True) -> transforms.Com
     return transforms.Compose(steps)
 
 
-def build_image_folder(path: str, image_size: int, random_flip: bool = True) -> datasets.ImageFolder:
-    ds = datasets.ImageFolder(path, transform=image_transform(image_size, random_flip))
+class ImageFolderDataset(datasets.ImageFolder):
+    """torchvision's ImageFolder that names the file behind an index (for bad-sample warnings) and
+    drops empty files when listing (a cheap scan: names and sizes, no decoding)."""
+
+    def __init__(self, root: str, transform=None):
+        try:
+            super().__init__(root, transform=transform)
+        except (FileNotFoundError, OSError) as e:  # no class sub-folders, or no image in them
+            raise ValueError(f"no images found under {root!r}: expected <path>/<class name>/<image files> ({e})") from None
+        empty = [path for path, _ in self.samples if os.path.getsize(path) == 0]
+        if empty:
+            print(f"warning: skipping {len(empty)} empty image file(s), e.g. {empty[0]}", file=sys.stderr)
+            self.samples = [s for s in self.samples if s[0] not in set(empty)]
+            self.imgs, self.targets = self.samples, [t for _, t in self.samples]
+
+    def sample_path(self, index: int) -> str:
+        return self.samples[index][0]
+
+
+def build_image_folder(path: str, image_size: int, random_flip: bool = True) -> ImageFolderDataset:
+    ds = ImageFolderDataset(path, transform=image_transform(image_size, random_flip))
     if len(ds) == 0:
         raise ValueError(f"no images found under {path!r}: expected <path>/<class name>/<image files>")
     return ds
 
 
-__all__ = ["center_crop_arr", "image_transform", "build_image_folder"]
+__all__ = ["center_crop_arr", "image_transform", "build_image_folder", "ImageFolderDataset"]

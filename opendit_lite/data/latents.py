@@ -45,14 +45,25 @@ class LatentDataset(Dataset):
                 data = load_file(path)
             except Exception as e:  # truncated or not safetensors
                 raise ValueError(f"cannot read latent shard {path!r}: {e}") from None
+            if "latents" not in data or "labels" not in data:
+                raise ValueError(f"latent shard {path!r} lacks a 'latents' or 'labels' tensor")
             self.latents.append(data["latents"])
             self.labels.append(data["labels"])
         self.offsets = [0]
         for lat in self.latents:
             self.offsets.append(self.offsets[-1] + lat.shape[0])
         meta_path = os.path.join(directory, META)
-        self.meta = json.load(open(meta_path)) if os.path.exists(meta_path) else {}
+        try:
+            self.meta = json.load(open(meta_path)) if os.path.exists(meta_path) else {}
+        except ValueError as e:
+            raise ValueError(f"cannot read {meta_path!r}: {e}") from None
         self.classes = self.meta.get("classes")
+        if self.classes:
+            for name, labels in zip(shards, self.labels):
+                bad = labels[(labels < 0) | (labels >= len(self.classes))]
+                if bad.numel():
+                    raise ValueError(f"latent shard {os.path.join(directory, name)!r} holds label {int(bad[0])}, "
+                                     f"outside 0..{len(self.classes) - 1} (the {len(self.classes)} classes of {META})")
         self.random_flip = random_flip
 
     def __len__(self) -> int:

@@ -16,6 +16,7 @@ import csv
 import json
 import os
 import random
+import sys
 from typing import Dict, List, Optional, Tuple
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
@@ -27,14 +28,33 @@ from torch.utils.data import Dataset
 
 
 def read_video_csv(path: str) -> List[Tuple[str, str]]:
-    """Rows (video path, caption); the header must have ``path`` and ``text`` (Open-Sora's names)."""
+    """Rows (video path, caption); the header must have ``path`` and ``text`` (Open-Sora's names).
+
+    A cheap scan, no decoding: rows without a path or whose file is missing or empty are dropped
+    with a warning; an empty caption is kept as "" (the model learns it like the null caption)."""
     with open(path, newline="") as f:
         reader = csv.DictReader(f)
         if not reader.fieldnames or not {"path", "text"} <= set(reader.fieldnames):
             raise ValueError(f"{path}: the CSV needs a header with 'path' and 'text' columns, got {reader.fieldnames}")
         root = os.path.dirname(os.path.abspath(path))
-        return [(row["path"] if os.path.isabs(row["path"]) else os.path.join(root, row["path"]), row["text"])
-                for row in reader]
+        rows, dropped, uncaptioned = [], [], 0
+        for line, row in enumerate(reader, start=2):
+            video = (row.get("path") or "").strip()
+            full = video if os.path.isabs(video) else os.path.join(root, video)
+            if not video or not os.path.isfile(full) or os.path.getsize(full) == 0:
+                dropped.append(f"line {line}: {video or '(no path)'}")
+                continue
+            caption = (row.get("text") or "").strip()
+            uncaptioned += not caption
+            rows.append((full, caption))
+    if dropped:
+        print(f"warning: {path}: skipping {len(dropped)} row(s) whose video is missing or empty, e.g. {dropped[0]}",
+              file=sys.stderr)
+    if uncaptioned:
+        print(f"warning: {path}: {uncaptioned} row(s) have an empty caption", file=sys.stderr)
+    if not rows:
+        raise ValueError(f"{path}: no row names an existing, non-empty video file")
+    return rows
 
 
 def probe_shape(path: str, frame_interval: int = 1) -> Tuple[int, int, int]:
@@ -53,18 +73,30 @@ def probe_shape(path: str, frame_interval: int = 1) -> Tuple[int, int, int]:
     return (frames - 1) // frame_interval + 1, height, width
 
 
-def read_sample_shapes(csv_path: str, frame_interval: int = 1) -> List[Tuple[int, int, int]]:
-    """Each row's (frames, height, width): from the CSV's shape columns, else probed and cached."""
+def read_sample_shapes(csv_path: str, frame_interval: int = 1,
+                       kept: Optional[List[str]] = None) -> List[Tuple[int, int, int]]:
+    """Each row's (frames, height, width): from the CSV's shape columns, else probed and cached.
+
+    ``kept``: the resolved paths of the rows the dataset kept (``read_video_csv`` drops rows whose
+    file is missing or empty), in order; the shapes returned are those rows' only."""
     with open(csv_path, newline="") as f:
         rows = list(csv.DictReader(f))
+    root = os.path.dirname(os.path.abspath(csv_path))
+    resolved = [(row, (row.get("path") or "").strip()) for row in rows]
+    resolved = [(row, p if os.path.isabs(p) else os.path.join(root, p)) for row, p in resolved]
+    if kept is not None:  # the rows read_video_csv kept, in order (a path may repeat)
+        selected = []
+        for row, path in resolved:
+            if len(selected) < len(kept) and path == kept[len(selected)]:
+                selected.append((row, path))
+        resolved = selected
     cache_path = csv_path + ".shapes.json"
     cache: Dict[str, list] = json.load(open(cache_path)) if os.path.exists(cache_path) else {}
-    root, shapes, probed = os.path.dirname(os.path.abspath(csv_path)), [], False
-    for row in rows:
+    shapes, probed = [], False
+    for row, path in resolved:
         if all(row.get(c) not in (None, "") for c in SHAPE_COLUMNS):
             shapes.append(tuple(int(row[c]) for c in SHAPE_COLUMNS))
             continue
-        path = row["path"] if os.path.isabs(row["path"]) else os.path.join(root, row["path"])
         st = os.stat(path)
         key = f"{path}|{st.st_size}|{int(st.st_mtime)}|{frame_interval}"
         if key not in cache:
@@ -123,8 +155,13 @@ class VideoCSVDataset(Dataset):
     def sample_shapes(self) -> List[Tuple[int, int, int]]:
         """Each row's own (frames at frame_interval, height, width); read or probed on first use."""
         if self._sample_shapes is None:
-            self._sample_shapes = read_sample_shapes(self.csv_path, self.frame_interval)
+            self._sample_shapes = read_sample_shapes(
+                self.csv_path, self.frame_interval, kept=[path for path, _ in self.rows])
         return self._sample_shapes
+
+    def sample_path(self, index) -> str:
+        """The file behind ``index`` (a row number or a ``(row, frames, height, width)`` tuple)."""
+        return self.rows[index[0] if isinstance(index, tuple) else index][0]
 
     def __getitem__(self, index):
         """``index``: a row number (the configured clip size) or ``(row, frames, height, width)``."""

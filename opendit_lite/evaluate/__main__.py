@@ -15,21 +15,21 @@ computed (and nothing at all without ``eval.inception_path``).
 """
 
 import os
-import sys
 
 from opendit_lite.utils.quiet import quiet_third_party_startup
 
 quiet_third_party_startup()  # before colossalai is imported
 
-from opendit_lite.config import exit_on_config_error, parse_cli
+from opendit_lite.config import parse_cli
+from opendit_lite.utils.exit_codes import script_main
 from opendit_lite.evaluate.generate import generate_samples
 from opendit_lite.evaluate.run import check_eval_config, score
 from opendit_lite.sampling import sampling_ranks
 
 
-@exit_on_config_error
-def main(argv=None) -> dict:
-    cfg = parse_cli(sys.argv[1:] if argv is None else argv, __doc__)
+@script_main
+def main(argv) -> dict:
+    cfg = parse_cli(argv, __doc__)
     check_eval_config(cfg)
     out_dir = cfg.eval.output_dir or os.path.join(cfg.results_dir, cfg.exp_name, "eval")
     samples = cfg.eval.samples

@@ -39,6 +39,14 @@ def is_video_model(model: ModelOrClass) -> bool:
     return bool(getattr(_cls(model), "is_video", False))
 
 
+def model_family(name: str) -> str:
+    """"video" or "image" for a registered model name, from its declared class (before building it)."""
+    from .registry import registered_class
+
+    cls = registered_class(name)
+    return "video" if cls is not None and is_video_model(cls) else "image"
+
+
 def supported_sp_modes(model: ModelOrClass) -> Tuple[str, ...]:
     """The sequence-parallel modes the model declares (default: Ulysses only)."""
     modes = tuple(getattr(_cls(model), "supported_sp_modes", ("ulysses",)))

@@ -351,6 +351,21 @@ class OpenDiTPlugin(DPPluginBase):
         fused = torch.cuda.is_available() if fused is None else fused
         return torch.optim.AdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, fused=fused)
 
+    # ------------------------------------------------------------------ fp32 master weights
+
+    def master_weight_shards(self, model: ModelWrapper, optimizer: OptimizerWrapper) -> Optional[Dict[str, torch.Tensor]]:
+        """This rank's fp32 master shards by parameter name when they are kept apart from the working
+        weights (ZeRO-1/2 in bf16/fp16), for checkpoints; None for DDP (fp32 weights) and fp32 ZeRO
+        (the masters equal the working weights). Gemini's chunks are not covered yet."""
+        if self.zero_degree not in (1, 2) or self.dtype is None:
+            return None
+        return _zero.master_shards(model.unwrap(), optimizer)
+
+    def load_master_weight_shards(self, model: ModelWrapper, optimizer: OptimizerWrapper,
+                                  shards: Dict[str, torch.Tensor]) -> None:
+        """Put shards from :meth:`master_weight_shards` of the same world size back into ``optimizer``."""
+        _zero.load_master_shards(model.unwrap(), optimizer, shards)
+
     # ------------------------------------------------------------------ EMA
 
     def create_ema(self, model: ModelWrapper, optimizer: Optional[OptimizerWrapper] = None) -> ShardedEMA:

@@ -13,8 +13,9 @@ splits the collective in two levels, the first of which reduce-scatters full gra
 across nodes.
 """
 
+import inspect
 from types import MethodType
-from typing import Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -33,6 +34,7 @@ from colossalai.zero import LowLevelZeroOptimizer
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.distributed import ProcessGroup
 from torch.optim import Optimizer
+from torch.utils._pytree import tree_map
 
 from .sync import broadcast_module_states
 
@@ -114,6 +116,46 @@ class ZeroCheckpointIO(LowLevelZeroCheckpointIO):
         sharded_optimizer_loading_epilogue(inner)
 
 
+def master_shards(module: nn.Module, optimizer: LowLevelZeroOptimizer) -> Dict[str, torch.Tensor]:
+    """This rank's fp32 master shard of every trainable parameter of ``module``, by name."""
+    masters = optimizer.working_to_master_param
+    return {name: masters[id(p)] for name, p in module.named_parameters() if id(p) in masters}
+
+
+def load_master_shards(module: nn.Module, optimizer: LowLevelZeroOptimizer, shards: Dict[str, torch.Tensor]) -> None:
+    """Copy saved master shards (same ZeRO partition) into ``optimizer``'s fp32 masters; a missing
+    name or a shard of another size raises naming the parameter."""
+    masters = optimizer.working_to_master_param
+    for name, p in module.named_parameters():
+        if id(p) not in masters:
+            continue
+        if name not in shards:
+            raise KeyError(f"no saved master shard for parameter {name!r}")
+        saved, master = shards[name], masters[id(p)]
+        if saved.shape != master.shape:
+            raise ValueError(f"master shard of {name!r} has shape {tuple(saved.shape)}, this run's partition "
+                             f"{tuple(master.shape)}: saved with another ZeRO grouping")
+        master.data.copy_(saved.to(master.device))
+
+
+class TimestepSafeZeroModel(LowLevelZeroModel):
+    """LowLevelZero's model wrapper, except that the inputs the module declares in ``fp32_inputs``
+    (diffusion timesteps: rectified-flow times x 1000 are fractional, and bf16 would round them to
+    steps of up to 4) keep their dtype; every other float input is cast to the training dtype as
+    Colossal-AI does. The module's timestep embedder then computes its frequencies in fp32."""
+
+    def forward(self, *args, **kwargs):
+        keep = getattr(self.module, "fp32_inputs", ())
+        if self.convert_fn is None or not keep:
+            return super().forward(*args, **kwargs)
+        bound = inspect.signature(self.module.forward).bind(*args, **kwargs)
+        for name, value in bound.arguments.items():
+            if name not in keep:
+                bound.arguments[name] = tree_map(self.convert_fn, value)
+        with self._hook_context():
+            return self.module(*bound.args, **bound.kwargs)
+
+
 def apply_low_level_zero(
     model: nn.Module,
     optimizer: Optional[Optimizer],
@@ -135,7 +177,7 @@ def apply_low_level_zero(
     ``zero_kwargs`` go to ``LowLevelZeroOptimizer`` (``reduce_bucket_size``,
     ``communication_dtype``, ``cpu_offload``, loss-scale settings, ...).
     """
-    model = LowLevelZeroModel(model, precision)  # cast and moved to the current device
+    model = TimestepSafeZeroModel(model, precision)  # cast and moved to the current device
     broadcast_module_states(model.module, next(model.module.parameters()).device)
     if optimizer is None:
         return model, None

@@ -30,7 +30,7 @@ def load_image_model(cfg, ranks: SamplingRanks) -> Tuple[nn.Module, str, Optiona
     newest checkpoint). The model, sequence-parallel over ``ranks.sp_group`` and compiled when
     ``sample.compile``, is in eval mode on ``ranks.device``; ``cfg.model``/``cfg.diffusion`` are
     replaced in place by those saved with the checkpoint."""
-    ckpt = resolve_sample_checkpoint(cfg, cfg.sample.ckpt, "train.py")
+    ckpt = resolve_sample_checkpoint(cfg, cfg.sample.ckpt, "train.py", family="image")
     dataset = None
     vae = load_vae_from_config(cfg, ranks.device)
     saved = saved_config(ckpt)  # the resolved config train.py stored with its checkpoint

@@ -6,16 +6,30 @@ from typing import Optional, Tuple
 import torch
 import torch.nn as nn
 
-from ..config import TrainConfig
+from ..config import ConfigError, TrainConfig
 from ..data import build_dataset
+from ..data.skip_bad import SkipBadSamples
 from ..diffusion import RectifiedFlow, build_scheduler
 from ..models import build_model
 
 
 def build_dataset_from_config(cfg: TrainConfig):
     d = cfg.data
-    return build_dataset(d.type, path=d.path, image_size=d.image_size, num_samples=d.num_samples,
-                         random_flip=d.random_flip, seed=cfg.global_seed)
+    return with_bad_sample_skipping(lambda: build_dataset(
+        d.type, path=d.path, image_size=d.image_size, num_samples=d.num_samples, random_flip=d.random_flip,
+        seed=cfg.global_seed), cfg)
+
+
+def with_bad_sample_skipping(build, cfg):
+    """``build()``'s dataset, its errors as one-paragraph ConfigErrors, and wrapped so that files
+    failing to decode are skipped with a warning when it reads files (declares ``sample_path``)."""
+    try:
+        dataset = build()
+    except ValueError as e:
+        raise ConfigError(f"Cannot use 'data.path' {cfg.data.path!r} as data.type={cfg.data.type}: {e}.") from None
+    if hasattr(dataset, "sample_path"):
+        dataset = SkipBadSamples(dataset, cfg.max_bad_data_fraction)
+    return dataset
 
 
 def resolve_model_geometry(cfg: TrainConfig, dataset=None, vae=None) -> None:
@@ -49,8 +63,16 @@ def model_input_hw(cfg: TrainConfig) -> Tuple[int, int]:
 
 def build_model_from_config(cfg: TrainConfig) -> nn.Module:
     m = cfg.model
-    return build_model(m.name, input_size=model_input_hw(cfg), in_channels=m.in_channels, num_classes=m.num_classes,
-                       learn_sigma=m.learn_sigma, class_dropout_prob=m.class_dropout_prob)
+    try:
+        return build_model(m.name, input_size=model_input_hw(cfg), in_channels=m.in_channels,
+                           num_classes=m.num_classes, learn_sigma=m.learn_sigma,
+                           class_dropout_prob=m.class_dropout_prob)
+    except KeyError as e:  # unknown name
+        raise ConfigError(f"'model.name': {e.args[0]}") from None
+    except ValueError as e:  # e.g. an input size the patch size does not divide
+        raise ConfigError(f"{m.name} cannot take a model input of {model_input_hw(cfg)} (from data.image_size="
+                          f"{cfg.data.image_size}{' and the VAE' if cfg.vae.path else ''}): {e}. Choose "
+                          f"data.image_size so that image size / VAE factor is a multiple of the patch size.") from None
 
 
 def build_training_objective(cfg: TrainConfig):

@@ -6,8 +6,9 @@ order for every trainer; a trainer itself only declares its data and model (``sp
 
 import contextlib
 import os
+import uuid
 import warnings
-from typing import Callable, Optional, Tuple
+from typing import Callable, NamedTuple, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -24,7 +25,10 @@ from .lr_schedule import build_lr_scheduler
 from .metrics import MetricsLogger, peak_memory_gib
 from .mfu import counted_flops, current_device_peak_tflops
 from ..checkpoint.layout import checkpoint_root, pick_resume_checkpoint
+from .guard import NonFiniteGuard
+from .hyperparams import apply_configured_hyperparams
 from .stop import StopRequest
+from ..utils.exit_codes import RunInterrupted
 
 
 def build_booster(cfg, info) -> Tuple[OpenDiTPlugin, Booster]:
@@ -92,21 +96,38 @@ def enable_ema(cfg, plugin: OpenDiTPlugin, model, optimizer) -> Optional[OpenDiT
     return plugin
 
 
+class Restored(NamedTuple):
+    step: int
+    position: dict  # the batch stream's saved state (epoch, batch_in_epoch, bucket cursors)
+    run_id: str  # names this run's checkpoints: keep_last prunes only those
+    flops_per_step: Optional[float]  # counted by the run's first step; None before it
+
+
 def restore_training(cfg, booster: Booster, plugin: OpenDiTPlugin, ema_plugin: Optional[OpenDiTPlugin], model,
-                     optimizer, lr_scheduler, log: MetricsLogger) -> Tuple[int, dict]:
+                     optimizer, lr_scheduler, log: MetricsLogger) -> Restored:
     """Load the checkpoint chosen by resume_from/auto_resume (if any) and an explicit EMA file;
-    returns (step, data position) to continue from: the position is what the batch stream's
-    ``state_dict()`` saved (``epoch``, ``batch_in_epoch``, a bucket sampler's cursors), zeros for a fresh run."""
-    step, position = 0, {"epoch": 0, "batch_in_epoch": 0}
-    resume = pick_resume_checkpoint(cfg)
+    returns what to continue from: the step, the data position (what the batch stream's
+    ``state_dict()`` saved: ``epoch``, ``batch_in_epoch``, a bucket sampler's cursors; zeros for a
+    fresh run), the run id and the FLOPs per step counted by the run's first step (None: not yet).
+    A resumed run applies the configured lr/weight_decay (and says so when they changed)."""
+    step, position, run_id, flops_per_step = 0, {"epoch": 0, "batch_in_epoch": 0}, uuid.uuid4().hex, None
+    resume = pick_resume_checkpoint(cfg, report=log.write)
     if resume:
         state = load_checkpoint(booster, resume, model, optimizer, lr_scheduler, plugin=ema_plugin)
         step = state["step"]
-        position = {k: v for k, v in state.items() if k not in ("step", "config")}
+        run_id = state.get("run_id") or run_id
+        flops_per_step = state.get("flops_per_step")
+        position = {k: v for k, v in state.items() if k not in ("step", "config", "run_id", "flops_per_step")}
         log.write(f"resumed from {resume} at step {step}")
+        for change in apply_configured_hyperparams(optimizer, lr_scheduler, lr=cfg.lr, weight_decay=cfg.weight_decay):
+            log.write(change)
     if ema_plugin is not None and cfg.ema.resume_from:  # an explicit EMA file wins over the checkpoint's
         load_ema_file(plugin, cfg.ema.resume_from)
-    return step, position
+    if dist.is_initialized() and dist.get_world_size() > 1:  # the fresh id of rank 0 on every rank
+        box = [run_id]
+        dist.broadcast_object_list(box, src=0)
+        run_id = box[0]
+    return Restored(step, position, run_id, flops_per_step)
 
 
 def write_run_config(cfg, run_dir: str, is_main: bool) -> None:
@@ -155,23 +176,32 @@ class ResumableBatches:
 
 def run_steps(cfg, info, log: MetricsLogger, booster: Booster, plugin: OpenDiTPlugin,
               ema_plugin: Optional[OpenDiTPlugin], model, optimizer, lr_scheduler, batches: ResumableBatches,
-              step: int, batch_loss: Callable[[object], torch.Tensor],
-              after_save: Optional[Callable[[int, str], None]] = None) -> str:
+              step: int, batch_loss: Callable[[object], torch.Tensor], run_id: Optional[str] = None,
+              after_save: Optional[Callable[[int, str], None]] = None,
+              flops_per_step: Optional[float] = None) -> str:
     """Train from ``step`` to ``cfg.max_steps``; returns the final checkpoint's path.
 
     ``batch_loss(batch)`` maps one micro-batch to its mean loss (the trainer's only own part). Each
     optimizer step accumulates ``grad_accum_steps`` micro-batches, steps, advances the LR schedule
     and updates the EMA. Losses stay on the device and are averaged over ranks only every
     ``log_every`` steps (the one host sync); checkpoints every ``ckpt_every`` steps and at the end
-    record the data position so a resumed run continues with the next batch. A first Ctrl-C or
-    SIGTERM stops the run at the next log point with a checkpoint (see ``stop.py``).
-    ``after_save(step, path)`` runs on every rank after each checkpoint (e.g. ``eval_every``)."""
+    record the data position so a resumed run continues with the next batch. A non-finite loss
+    stops the run before any later checkpoint (``guard.py``). A first Ctrl-C or SIGTERM stops the
+    run at a step boundary with a checkpoint and raises ``RunInterrupted`` (see ``stop.py``).
+    ``after_save(step, path)`` runs on every rank after each checkpoint (e.g. ``eval_every``).
+    ``flops_per_step``: this rank's FLOPs per optimizer step as counted by the run's first step
+    (a resumed run passes the saved count: counting runs the step under a dispatch mode, which
+    may change its rounding, so only the first step of a run is ever counted)."""
+    guard = NonFiniteGuard(info.device, cfg.nan_policy)
 
     def save(at_step: int) -> str:
-        extra = {**batches.state_dict(), "config": to_dict(cfg)}
+        guard.check_before_save(at_step, model)
+        extra = {**batches.state_dict(), "config": to_dict(cfg), "run_id": run_id}
+        if flops_per_step is not None:
+            extra["flops_per_step"] = flops_per_step
         path = save_checkpoint(booster, checkpoint_root(cfg), at_step, model, optimizer, lr_scheduler,
                                plugin=ema_plugin, extra_state=extra, keep_last=cfg.keep_last or None,
-                               exp_name=cfg.exp_name)
+                               exp_name=cfg.exp_name, run_id=run_id)
         log.write(f"saved checkpoint {path}")
         if after_save is not None:
             after_save(at_step, path)
@@ -187,44 +217,61 @@ def run_steps(cfg, info, log: MetricsLogger, booster: Booster, plugin: OpenDiTPl
 
     loss_sum = torch.zeros((), device=info.device)
     since_log = 0
-    flops_per_step = None  # this rank's FLOPs per optimizer step, counted on the first micro-batch
     peak_tflops = current_device_peak_tflops(info.device)
     log.start(step, cfg.max_steps)
     model.train()
-    with StopRequest() as stop:  # Ctrl-C / SIGTERM: stop at the next log point, after saving
-        while step < cfg.max_steps:
-            for i in range(cfg.grad_accum_steps):
-                last = i == cfg.grad_accum_steps - 1
-                if flops_per_step is None and not cfg.compile:  # the counter would run inside compilation
-                    loss, flops = counted_flops(lambda: micro_step(last))
-                    flops_per_step = flops * cfg.grad_accum_steps
-                else:
-                    loss = micro_step(last)
-                loss_sum += loss / cfg.grad_accum_steps
-            optimizer.step()
-            optimizer.zero_grad()
-            last_lr = lr_scheduler.get_last_lr()[0]  # the LR this step used
-            lr_scheduler.step()
-            if ema_plugin is not None:
-                plugin.update_ema(model, optimizer, decay=cfg.ema.decay)
-            step += 1
-            since_log += 1
-            log.advance()
-            if step % cfg.log_every == 0 or step == cfg.max_steps:
-                stats = torch.stack([loss_sum, stop.flag_like(loss_sum)])  # one all-reduce for both
-                dist.all_reduce(stats)
-                grad_norm = optimizer.get_grad_norm()  # the last step's, before clipping (None: not tracked)
-                log.log(step, {"loss": stats[0] / info.world_size}, since_log, cfg.global_batch_size,
-                        extra={"lr": last_lr, "grad_norm": None if grad_norm is None else float(grad_norm),
-                               "mem_gib": peak_memory_gib(info.device), "epoch": batches.epoch},
-                        flops_per_step=flops_per_step, peak_tflops=peak_tflops)
-                loss_sum.zero_()
-                since_log = 0
-                if step < cfg.max_steps and stats[1].item() > 0:  # some rank got a stop signal
+    stopped = False
+    try:  # the progress bar and metrics files are closed whichever way the run ends
+        with StopRequest() as stop:  # Ctrl-C / SIGTERM: stop at the next agreed step boundary, after saving
+            while step < cfg.max_steps:
+                step_loss = torch.zeros((), device=info.device)
+                for i in range(cfg.grad_accum_steps):
+                    last = i == cfg.grad_accum_steps - 1
+                    if flops_per_step is None and step == 0 and not cfg.compile:  # not inside compilation
+                        loss, flops = counted_flops(lambda: micro_step(last))
+                        flops_per_step = flops * cfg.grad_accum_steps
+                    else:
+                        loss = micro_step(last)
+                    step_loss += loss / cfg.grad_accum_steps
+                if guard.policy == "skip_step" and guard.should_skip(step + 1, step_loss):
+                    optimizer.zero_grad()
+                    log.write(f"non-finite loss: skipped the update of step {step + 1} ({guard.skipped} so far)")
+                    continue
+                guard.observe(step + 1, step_loss)
+                loss_sum += step_loss
+                optimizer.step()
+                optimizer.zero_grad()
+                last_lr = lr_scheduler.get_last_lr()[0]  # the LR this step used
+                lr_scheduler.step()
+                if ema_plugin is not None:
+                    plugin.update_ema(model, optimizer, decay=cfg.ema.decay)
+                step += 1
+                since_log += 1
+                log.advance()
+                if step % cfg.log_every == 0 or step == cfg.max_steps:
+                    # one all-reduce for the loss, the stop votes and the non-finite flags
+                    stats = torch.stack([loss_sum, stop.flag_like(loss_sum), guard.flag_like(loss_sum)])
+                    dist.all_reduce(stats)
+                    guard.raise_if_flagged(stats[2].item())
+                    grad_norm = optimizer.get_grad_norm()  # the last step's, before clipping (None: not tracked)
+                    log.log(step, {"loss": stats[0] / info.world_size}, since_log, cfg.global_batch_size,
+                            extra={"lr": last_lr, "grad_norm": None if grad_norm is None else float(grad_norm),
+                                   "mem_gib": peak_memory_gib(info.device), "epoch": batches.epoch},
+                            flops_per_step=flops_per_step, peak_tflops=peak_tflops)
+                    loss_sum.zero_()
+                    since_log = 0
+                    stopped = step < cfg.max_steps and stats[1].item() > 0  # some rank got a stop signal
+                elif step < cfg.max_steps:
+                    stopped = stop.agreed(step, loss_sum)
+                if stopped:
                     log.write(f"stop requested: saving at step {step}; continue with auto_resume=true")
                     break
-            if cfg.ckpt_every and step % cfg.ckpt_every == 0 and step < cfg.max_steps:
-                save(step)
-    path = save(step)
-    log.close()
+                if cfg.ckpt_every and step % cfg.ckpt_every == 0 and step < cfg.max_steps:
+                    save(step)
+        path = save(step)
+    finally:
+        log.close()
+    if stopped:
+        raise RunInterrupted(f"a stop signal was honoured at step {step} of {cfg.max_steps}; the checkpoint {path} "
+                             f"holds everything: rerun the same command with auto_resume=true to continue.")
     return path

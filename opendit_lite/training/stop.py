@@ -1,12 +1,15 @@
 """Stop a run cleanly on Ctrl-C or SIGTERM (a scheduler's pre-emption): the first signal asks the
-loop to stop at its next log point, where every rank agrees on it and a checkpoint is saved, so no
-work since the last checkpoint is lost. A second signal stops at once."""
+loop to stop at the next step boundary where every rank agrees on it (a single process: the next
+step; several ranks: within ``CHECK_EVERY`` steps, or the next log point if sooner), and a
+checkpoint is saved, so no work since the last checkpoint is lost. A second signal stops at once."""
 
 import signal
 
 import torch
+import torch.distributed as dist
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
+CHECK_EVERY = 5  # steps between the ranks' flag all-reduces (one tiny collective and host sync each)
 
 
 class StopRequest:
@@ -42,3 +45,14 @@ class StopRequest:
         """1.0 when this rank got a signal, else 0.0, as a tensor like ``like``: sum it over the ranks
         in the collective the loop makes anyway, and stop when the sum is positive."""
         return torch.full_like(like, 1.0 if self.requested else 0.0)
+
+    def agreed(self, step: int, like: torch.Tensor) -> bool:
+        """Whether the ranks agree to stop after ``step``: this rank's flag alone in a world of one,
+        else every ``CHECK_EVERY`` steps a sum over the ranks (collective: call it on every rank)."""
+        if not dist.is_initialized() or dist.get_world_size() == 1:
+            return self.requested
+        if step % CHECK_EVERY:
+            return False
+        flag = self.flag_like(like)
+        dist.all_reduce(flag)
+        return flag.item() > 0

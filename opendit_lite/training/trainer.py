@@ -8,14 +8,13 @@ seeds; EMA; resume; then the step loop of ``loop.py`` with "batch -> loss" built
 """
 
 import os
-import sys
 from typing import Optional, Sequence
 
 import torch
 
-from ..checkpoint.layout import pick_resume_checkpoint
+from ..checkpoint.layout import checkpoint_root, wants_resume
 from ..checkpoint.weights import load_weights
-from ..config import ConfigError, exit_on_config_error, parse_cli, to_dict, validate_world
+from ..config import ConfigError, parse_cli, to_dict, validate_world
 from ..data.buckets import BucketBatches
 from ..distributed.launch import cleanup_distributed, init_distributed
 from ..distributed.seed import seed_everything
@@ -34,7 +33,9 @@ from .loop import (
 )
 from .lora import apply_lora, export_merged
 from .metrics import MetricsLogger
+from .preflight import check_disk_space, check_training_inputs
 from .spec import TrainerSpec
+from ..utils.exit_codes import script_main
 
 
 def train(spec: TrainerSpec, cfg, info) -> str:
@@ -49,7 +50,7 @@ def train(spec: TrainerSpec, cfg, info) -> str:
 
     data = spec.prepare_data(cfg, info.device, plugin.sp_group)
     model = spec.build_model(cfg)
-    if cfg.init_from and not pick_resume_checkpoint(cfg):
+    if cfg.init_from and not wants_resume(cfg):
         load_weights(model, cfg.init_from, use_ema=False)
         log.write(f"initialised weights from {cfg.init_from}")
     if cfg.lora.rank:  # adapters on the frozen base, before parallelize swaps modules around them
@@ -64,6 +65,7 @@ def train(spec: TrainerSpec, cfg, info) -> str:
     objective = build_training_objective(cfg)
     model.to(info.device)
     num_params = sum(p.numel() for p in model.parameters())
+    check_disk_space(checkpoint_root(cfg), num_params)
     log.write(f"model {cfg.model.name}: {num_params / 1e6:.2f}M parameters, {spec.describe(cfg)}, "
               f"{cfg.diffusion.scheduler}")
 
@@ -76,7 +78,8 @@ def train(spec: TrainerSpec, cfg, info) -> str:
     # same noise, timesteps and condition dropout for the sample they share.
     seed_everything(cfg.global_seed, plugin.dp_rank, plugin.dp_size)
     ema_plugin = enable_ema(cfg, plugin, model, optimizer)
-    step, position = restore_training(cfg, booster, plugin, ema_plugin, model, optimizer, lr_scheduler, log)
+    step, position, run_id, flops_per_step = restore_training(cfg, booster, plugin, ema_plugin, model, optimizer,
+                                                              lr_scheduler, log)
     write_run_config(cfg, run_dir, info.is_main)
     if batch_sampler is not None:
         batches = BucketBatches(dataloader, position)
@@ -89,7 +92,7 @@ def train(spec: TrainerSpec, cfg, info) -> str:
         return loss * data.loss_weight(batch) if data.loss_weight is not None else loss
 
     path = run_steps(cfg, info, log, booster, plugin, ema_plugin, model, optimizer, lr_scheduler, batches, step,
-                     batch_loss, after_save=after_save)
+                     batch_loss, run_id=run_id, after_save=after_save, flops_per_step=flops_per_step)
     if cfg.lora.rank and cfg.lora.export_merged and info.is_main:
         merged = export_merged(spec.build_model(cfg), path, os.path.join(run_dir, "merged.safetensors"),
                                use_ema=cfg.ema.enable, lora=to_dict(cfg.lora))
@@ -107,11 +110,15 @@ def evaluation_hook(spec: TrainerSpec, cfg, log):
     return spec.evaluator(cfg, log)
 
 
-@exit_on_config_error
 def run_trainer(spec: TrainerSpec, description: str, argv: Optional[Sequence[str]] = None) -> str:
     """A script's ``main``: parse ``[--config FILE] key=value ...``, check the settings before any
-    process group starts, train, and tear the process group down. A ConfigError exits with 2."""
-    cfg = parse_cli(sys.argv[1:] if argv is None else argv, description, schema=spec.schema)
+    process group starts, train, and tear the process group down. Errors end as ``script_main``
+    says: a bad input exits with 2, a non-finite loss with 3, a stop signal with 130."""
+    return script_main(lambda args: _run_trainer(spec, description, args))(argv)
+
+
+def _run_trainer(spec: TrainerSpec, description: str, argv: Sequence[str]) -> str:
+    cfg = parse_cli(argv, description, schema=spec.schema)
     if spec.validate is not None:
         spec.validate(cfg)
     if cfg.sp_size > 1 and cfg.model.name in MODELS and registered_class(cfg.model.name) is not None:
@@ -119,6 +126,7 @@ def run_trainer(spec: TrainerSpec, description: str, argv: Optional[Sequence[str
     info = init_distributed()
     try:
         validate_world(cfg, info.world_size)
+        check_training_inputs(cfg, family=spec.name)
         return train(spec, cfg, info)
     finally:
         cleanup_distributed()

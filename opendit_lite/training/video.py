@@ -15,6 +15,7 @@ import torch.nn as nn
 from ..config import ConfigError
 from ..config.video_schema import VideoTrainConfig
 from ..data.buckets import Bucket, BucketBatchSampler, parse_buckets
+from .factory import with_bad_sample_skipping
 from ..data.video_csv import VideoCSVDataset
 from ..data.video_latents import VideoLatentDataset
 from ..data.video_shapes import MovingShapesDataset, caption_states
@@ -56,6 +57,10 @@ def video_buckets(cfg) -> Optional[List[Bucket]]:
 
 def build_video_dataset(cfg, buckets: Optional[Sequence[Bucket]] = None):
     """The clip dataset; with ``buckets`` the generated shapes data draws its samples at the bucket shapes."""
+    return with_bad_sample_skipping(lambda: _video_dataset(cfg, buckets), cfg)
+
+
+def _video_dataset(cfg, buckets: Optional[Sequence[Bucket]] = None):
     d = cfg.data
     if d.type == "shapes":
         try:

@@ -1,0 +1,74 @@
+"""How the scripts end: one paragraph and a documented exit code, never a traceback for a user's
+mistake.
+
+    0    done
+    2    bad input: a setting, a path, the data or a checkpoint (one paragraph says what and what to do)
+    3    a non-finite loss or weights: the run stopped, no checkpoint was written after the first bad step
+    130  interrupted (Ctrl-C / SIGTERM); the checkpoint written at the stop lets auto_resume continue
+
+Under torchrun every rank raises the same error; only global rank 0 prints it. ``--debug`` on the
+command line (or ``OPENDIT_DEBUG=1`` in the environment) shows the traceback as well.
+"""
+
+import functools
+import os
+import sys
+import traceback
+from typing import Callable, Optional, Sequence
+
+from ..checkpoint.state import CheckpointError
+from ..config import ConfigError
+
+EXIT_DONE, EXIT_BAD_INPUT, EXIT_NON_FINITE, EXIT_INTERRUPTED = 0, 2, 3, 130
+DEBUG_FLAG, DEBUG_ENV = "--debug", "OPENDIT_DEBUG"
+
+
+class NonFiniteError(RuntimeError):
+    """The loss (or the weights) became NaN/inf; the message names the step."""
+
+
+class RunInterrupted(Exception):
+    """A stop signal was honoured: the run saved a checkpoint and ended before max_steps."""
+
+
+# Exceptions a user can act on, and the exit code each maps to (checked in this order).
+USER_ERRORS = ((ConfigError, EXIT_BAD_INPUT), (CheckpointError, EXIT_BAD_INPUT),
+               (NonFiniteError, EXIT_NON_FINITE), (RunInterrupted, EXIT_INTERRUPTED),
+               (KeyboardInterrupt, EXIT_INTERRUPTED))
+
+
+def _is_rank0() -> bool:
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def _paragraph(error: BaseException) -> str:
+    if isinstance(error, KeyboardInterrupt):
+        return "interrupted before a checkpoint was written; rerun with auto_resume=true to continue from the last one."
+    text = " ".join(str(error).split()) or type(error).__name__
+    if isinstance(error, CheckpointError):
+        text += (" Point resume_from/init_from/sample.ckpt at a complete checkpoint folder, or use auto_resume=true "
+                 "to take the newest one that verifies.")
+    return text
+
+
+def script_main(fn: Callable[[Sequence[str]], object]) -> Callable[[Optional[Sequence[str]]], object]:
+    """Decorator for a script's ``main(argv)``: strips ``--debug``, runs it, and turns the errors of
+    ``USER_ERRORS`` into one paragraph on stderr (rank 0 only) and their exit code."""
+
+    @functools.wraps(fn)
+    def wrapper(argv: Optional[Sequence[str]] = None):
+        argv = list(sys.argv[1:] if argv is None else argv)
+        debug = DEBUG_FLAG in argv or os.environ.get(DEBUG_ENV, "") not in ("", "0")
+        argv = [a for a in argv if a != DEBUG_FLAG]
+        try:
+            return fn(argv)
+        except tuple(cls for cls, _ in USER_ERRORS) as e:
+            code = next(c for cls, c in USER_ERRORS if isinstance(e, cls))
+            if _is_rank0():
+                if debug:
+                    traceback.print_exc()
+                label = "stopped" if code in (EXIT_NON_FINITE, EXIT_INTERRUPTED) else "error"
+                print(f"{label}: {_paragraph(e)}", file=sys.stderr, flush=True)
+            sys.exit(code)
+
+    return wrapper
