@@ -11,7 +11,6 @@ From an original DiT checkpoint (weights and VAE from local paths; nothing is do
 ``python sample.py --help`` lists every key; the ``sample.*`` section is specific to this script.
 """
 
-import functools
 import os
 import sys
 
@@ -23,7 +22,7 @@ from opendit_lite.utils.quiet import quiet_third_party_startup
 quiet_third_party_startup()  # before colossalai is imported
 
 from opendit_lite.config import ConfigError, DiffusionConfig, ModelConfig, exit_on_config_error, from_dict, parse_cli
-from opendit_lite.diffusion import RectifiedFlow, create_diffusion
+from opendit_lite.diffusion import RectifiedFlow, cfg_model_fn, create_diffusion
 from opendit_lite.encoders import vae_decode
 from opendit_lite.training.factory import (
     build_dataset_from_config,
@@ -53,8 +52,8 @@ def sample_images(model, cfg, labels: torch.Tensor, device, generator: torch.Gen
         diffusion = create_diffusion(f"{prefix}{s.num_sampling_steps}", noise_schedule=cfg.diffusion.noise_schedule,
                                      learn_sigma=cfg.model.learn_sigma, diffusion_steps=cfg.diffusion.diffusion_steps)
         loop = diffusion.ddim_sample_loop if s.sampler == "ddim" else diffusion.p_sample_loop
-        # DiT's own guidance (first 3 channels), so original checkpoints reproduce their samples.
-        guided = functools.partial(model.forward_with_cfg, cfg_scale=s.cfg_scale)
+        # The reference's guidance of the first 3 channels, so original checkpoints reproduce their samples.
+        guided = cfg_model_fn(model, s.cfg_scale, channels=3)
         out = loop(guided, z2.shape, z2, clip_denoised=not cfg.vae.path,  # pixels live in [-1, 1]
                    model_kwargs=dict(y=y2), progress=True, device=device, generator=generator)
     return out[:n]
@@ -93,10 +92,10 @@ def main(argv=None) -> str:
         if cfg.model.num_classes is None:
             dataset = build_dataset_from_config(cfg)
         resolve_model_geometry(cfg, dataset, vae)
-    flow = cfg.diffusion.scheduler == "rflow"
+    flow = cfg.diffusion.objective == "rflow"
     if flow != (cfg.sample.sampler == "euler"):
         raise ConfigError(f"'sample.sampler'={cfg.sample.sampler!r} does not fit a model trained with "
-                          f"diffusion.scheduler={cfg.diffusion.scheduler!r}: use "
+                          f"diffusion.objective={cfg.diffusion.objective!r}: use "
                           + ("sample.sampler=euler." if flow else "sample.sampler=ddpm or ddim."))
     model = build_model_from_config(cfg)
     load_weights(model, ckpt, use_ema=cfg.sample.use_ema)

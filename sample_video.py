@@ -15,7 +15,6 @@ The model, text-encoder kind and objective are those saved with the checkpoint; 
 local paths such as ``vae.path``/``text_encoder.path``) come from this command.
 """
 
-import functools
 import os
 import re
 import sys
@@ -30,7 +29,7 @@ quiet_third_party_startup()  # before colossalai is imported
 
 from opendit_lite.config import ConfigError, exit_on_config_error, from_dict, parse_cli
 from opendit_lite.config.video_schema import TextEncoderConfig, VideoDiffusionConfig, VideoModelConfig, VideoTrainConfig
-from opendit_lite.diffusion import RectifiedFlow, create_diffusion
+from opendit_lite.diffusion import RectifiedFlow, cfg_model_fn, create_diffusion
 from opendit_lite.checkpoint.layout import resolve_sample_checkpoint, saved_config
 from opendit_lite.training.video import (
     build_video_model,
@@ -78,10 +77,10 @@ def read_prompts(cfg) -> List[str]:
 
 
 def check_sampler(cfg) -> None:
-    trained, sampler = cfg.diffusion.scheduler, cfg.sample.sampler
+    trained, sampler = cfg.diffusion.objective, cfg.sample.sampler
     if (trained == "rflow") != (sampler == "euler"):
         fits = "euler" if trained == "rflow" else "ddpm or ddim"
-        raise ConfigError(f"The model was trained with diffusion.scheduler={trained}; sample.sampler={sampler} does "
+        raise ConfigError(f"The model was trained with diffusion.objective={trained}; sample.sampler={sampler} does "
                           f"not fit it: use sample.sampler={fits}.")
 
 
@@ -91,8 +90,8 @@ def sample_clips(model, cfg, states: torch.Tensor, mask: torch.Tensor, device, g
     """Caption states [n, M, Cy] -> clips [n, C, T, H, W] in model space (latents or pixels)."""
     z = torch.randn(states.shape[0], *model_clip_shape(cfg), generator=generator).to(device)  # [n, C, T, H, W]
     s = cfg.sample
-    # The model's own guidance runs [captions; null caption] as one batch of 2n.
-    guided = functools.partial(model.forward_with_cfg, cfg_scale=s.cfg_scale)
+    # Guidance by the model's layout (video models: [captions; learned null caption] as one batch of 2n).
+    guided = cfg_model_fn(model, s.cfg_scale)
     kwargs = dict(y=states, mask=mask)
     if s.sampler == "euler":
         rf = RectifiedFlow(num_timesteps=cfg.diffusion.diffusion_steps)

@@ -77,7 +77,7 @@ def train(cfg, info) -> str:
     model.to(info.device)
     num_params = sum(p.numel() for p in model.parameters())
     log.write(f"model {cfg.model.name}: {num_params / 1e6:.2f}M parameters, input {cfg.model.input_size} "
-              f"x {cfg.model.in_channels} ch, {cfg.model.num_classes} classes, {cfg.diffusion.scheduler}")
+              f"x {cfg.model.in_channels} ch, {cfg.model.num_classes} classes, {cfg.diffusion.objective}")
 
     model, optimizer, lr_scheduler, dataloader, micro_batch = boost_training(cfg, plugin, booster, model, dataset)
     # One random stream per data-parallel rank: the ranks of a sequence-parallel group must draw the

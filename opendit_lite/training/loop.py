@@ -16,7 +16,6 @@ A trainer's own code is then only model/data set-up and "batch -> loss", plus th
 """
 
 import os
-import warnings
 from typing import Callable, Optional, Tuple
 
 import torch
@@ -27,6 +26,7 @@ from colossalai.booster import Booster
 from ..config import ConfigError, to_dict
 from ..data.sampler import ResumableDistributedSampler
 from ..plugins import OpenDiTPlugin
+from ..plugins.precision import resolve_precision
 from ..checkpoint.state import load_checkpoint, load_ema_file, save_checkpoint
 from .lr_schedule import warmup_scheduler
 from .metrics import MetricsLogger
@@ -35,16 +35,18 @@ from .stop import StopRequest
 
 
 def build_booster(cfg, info) -> Tuple[OpenDiTPlugin, Booster]:
-    """The plugin (it builds the data x sequence mesh the conversions need, so it comes first)."""
-    if (cfg.allow_tf32 or cfg.precision == "tf32") and torch.cuda.is_available():
+    """The plugin (it builds the data x sequence mesh the conversions need, so it comes first).
+
+    ``precision=auto`` becomes bf16 on CUDA and fp32 on the CPU; tf32 is fp32 weights with TF32
+    matmuls. ``grad_precision`` must be null or the parameter dtype: gradients are reduced in it."""
+    precision = resolve_precision(cfg.precision, info.device.type)
+    if (cfg.allow_tf32 or precision == "tf32") and torch.cuda.is_available():
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-    precision = "fp32" if cfg.precision == "tf32" else cfg.precision  # tf32: fp32 weights, TF32 matmuls
-    if cfg.grad_precision not in (None, cfg.precision):
-        warnings.warn(f"grad_precision={cfg.grad_precision!r} is not used: gradients are reduced in the "
-                      f"parameter dtype ({precision})")
-    if not cfg.ema.sharded:
-        warnings.warn("ema.sharded=false is not used: the EMA is always sharded (it equals an unsharded EMA "
-                      "and takes 1/ranks of the memory)")
+    precision = "fp32" if precision == "tf32" else precision
+    grad = "fp32" if cfg.grad_precision == "tf32" else cfg.grad_precision
+    if grad not in (None, precision):
+        raise ConfigError(f"'grad_precision'={cfg.grad_precision!r} is not supported: gradients are reduced in the "
+                          f"parameter dtype, here {precision}. Remove grad_precision or set it to {precision}.")
     try:
         plugin = OpenDiTPlugin(zero_degree=cfg.zero_degree, sp_size=cfg.sp_size, precision=precision,
                                grad_clip=cfg.grad_clip, group_zero=cfg.group_zero, node_size=info.local_world_size)

@@ -100,7 +100,7 @@ def test_sample_from_original_dit_checkpoint(tmp_path):
     torch.save({"model": model.state_dict(), "ema": model.state_dict(), "args": argparse.Namespace(lr=1e-4)}, pt)
     grid = tmp_path / "grid.png"
     run("sample.py", f"sample.ckpt={pt}", f"sample.output={grid}", "model.num_classes=8", "model.learn_sigma=true",
-        "diffusion.scheduler=iddpm", "sample.sampler=ddpm", *TINY)
+        "diffusion.objective=iddpm", "sample.sampler=ddpm", *TINY)
     assert grid.exists()
 
 
