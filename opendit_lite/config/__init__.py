@@ -2,9 +2,11 @@ from .loader import (
     ConfigError,
     exit_on_config_error,
     from_dict,
+    from_object,
     load_config,
     parse_cli,
     parse_overrides,
+    resolve_aliases,
     to_dict,
     validate,
     validate_world,
@@ -21,7 +23,8 @@ from .schema import (
 )
 
 __all__ = [
-    "ConfigError", "exit_on_config_error", "from_dict", "load_config", "parse_cli", "parse_overrides", "to_dict",
+    "ConfigError", "exit_on_config_error", "from_dict", "from_object", "load_config", "parse_cli", "parse_overrides",
+    "resolve_aliases", "to_dict",
     "validate", "validate_world", "DataConfig", "DiffusionConfig", "EMAConfig", "EncoderConfig",
     "ModelConfig", "SampleConfig", "TrainConfig", "VAEConfig",
 ]

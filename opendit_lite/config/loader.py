@@ -136,11 +136,13 @@ def resolve_aliases(tree: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
     """``tree`` (nested dicts, the section at dotted ``prefix``) with every alias of ``ALIASES``
     renamed to its field; an alias given together with its field is a ConfigError."""
     out: Dict[str, Any] = {}
+    spelled: Dict[str, str] = {}  # field -> the key it was given as
     for raw_key, value in tree.items():
         full = prefix + str(raw_key)
         name = ALIASES.get(full, full)[len(prefix):]
         if name in out:
-            raise ConfigError(f"'{full}' and '{prefix + name}' are the same setting; give only one of them.")
+            raise ConfigError(f"'{spelled[name]}' and '{full}' are the same setting; give only one of them.")
+        spelled[name] = full
         out[name] = resolve_aliases(value, prefix + name + ".") if isinstance(value, dict) else value
     return out
 

@@ -57,7 +57,6 @@ Decisions:
   under DDP the weights stay fp32 and the forward runs under autocast.
 """
 
-import os
 from typing import Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import torch
@@ -76,19 +75,13 @@ from .ddp import apply_ddp
 from .ddp_checkpoint_io import DDPCheckpointIO
 from ..ema.sharded import ShardedEMA, flat_layout, gemini_layout, zero_layout
 from .gemini import apply_gemini
-from ..distributed.mesh import block_groups, build_data_seq_mesh
+from ..distributed.mesh import block_groups, build_data_seq_mesh, default_node_size
 from . import zero as _zero
 from .precision import AUTO, PRECISIONS, resolve_precision, usable_zero_degrees, zero_degree_hint
 from ..distributed.launch import init_distributed
 from .zero import ZeroCheckpointIO, apply_low_level_zero
 
 ZERO_DEGREES = (0, 1, 2, 3)
-
-
-def default_node_size(world_size: int) -> int:
-    """Ranks per node: torchrun's LOCAL_WORLD_SIZE, else the visible GPUs (at most the world)."""
-    env = os.environ.get("LOCAL_WORLD_SIZE")
-    return int(env) if env else min(torch.cuda.device_count(), world_size)
 
 
 class OpenDiTPlugin(DPPluginBase):
