@@ -27,7 +27,8 @@ from ..config import ConfigError, to_dict
 from ..data.sampler import ResumableDistributedSampler
 from ..plugins import OpenDiTPlugin
 from ..plugins.precision import resolve_precision
-from ..checkpoint.state import load_checkpoint, load_ema_file, save_checkpoint
+from ..checkpoint.resume import restore_run
+from ..checkpoint.state import save_checkpoint
 from .lr_schedule import warmup_scheduler
 from .metrics import MetricsLogger
 from ..checkpoint.layout import checkpoint_root, pick_resume_checkpoint
@@ -85,17 +86,15 @@ def enable_ema(cfg, plugin: OpenDiTPlugin, model, optimizer) -> Optional[OpenDiT
 
 def restore_training(cfg, booster: Booster, plugin: OpenDiTPlugin, ema_plugin: Optional[OpenDiTPlugin], model,
                      optimizer, lr_scheduler, log: MetricsLogger) -> Tuple[int, int, int]:
-    """Load the checkpoint chosen by resume_from/auto_resume (if any) and an explicit EMA file;
-    returns (step, epoch, batch_in_epoch) to continue from, (0, 0, 0) for a fresh run."""
-    step, epoch, batch_in_epoch = 0, 0, 0
+    """Load the checkpoint chosen by resume_from/auto_resume (if any) and the EMA (see
+    ``checkpoint.resume.restore_run``); returns (step, epoch, batch_in_epoch) to continue from,
+    (0, 0, 0) for a fresh run."""
     resume = pick_resume_checkpoint(cfg)
+    state = restore_run(booster, plugin, model, optimizer, lr_scheduler, resume=resume,
+                        auto=not cfg.resume_from, ema_resume_from=cfg.ema.resume_from, ema=ema_plugin is not None)
     if resume:
-        state = load_checkpoint(booster, resume, model, optimizer, lr_scheduler, plugin=ema_plugin)
-        step, epoch, batch_in_epoch = state["step"], state["epoch"], state["batch_in_epoch"]
-        log.write(f"resumed from {resume} at step {step}")
-    if ema_plugin is not None and cfg.ema.resume_from:  # an explicit EMA file wins over the checkpoint's
-        load_ema_file(plugin, cfg.ema.resume_from)
-    return step, epoch, batch_in_epoch
+        log.write(f"resumed from {resume} at step {state.get('step', 0)}")
+    return state.get("step", 0), state.get("epoch", 0), state.get("batch_in_epoch", 0)
 
 
 def write_run_config(cfg, run_dir: str, is_main: bool) -> None:
