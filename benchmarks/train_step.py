@@ -25,8 +25,9 @@ Configurations (``--configs``):
     torch-bf16-compile  the same loop under bf16 autocast with the DDP model torch.compile'd
     zero<D>[+kernels][+compile][+ac[<ratio>]][+offload]
                         OpenDiTPlugin at zero_degree D (0 DDP, 1/2 ZeRO, 3 Gemini) in --precision,
-                        with its sharded EMA; +kernels: fused AdaLN and LayerNorm Triton kernels and
-                        flash attention when installed (ModuleConverter); +compile: torch.compile per
+                        with its sharded EMA, set up by ``opendit_lite.parallelize``: +kernels: the
+                        fused AdaLN Triton kernel and flash attention when installed (DiT has no
+                        affine LayerNorm for the fused LayerNorm); +compile: torch.compile per
                         block; +ac: activation checkpointing leaving a fraction <ratio> of blocks out
                         (default 0: every block); +offload: checkpointed inputs kept in CPU memory
 
@@ -198,7 +199,7 @@ def parse_config(name: str, precision: str) -> BenchConfig:
 
 
 # Converter settings for "+kernels": every fused kernel, flash attention when flash-attn imports.
-KERNELS_ON = dict(fused_adaln=True, fused_layernorm=True, attention_backend="auto")
+KERNELS_ON = dict(fused_adaln=True, attention_backend="auto")
 AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -245,36 +246,21 @@ def build_baseline(config: BenchConfig, workload: Workload, device: torch.device
     return Trainer(model, step)
 
 
-def apply_compile(model: nn.Module, backend: str) -> None:
-    """torch.compile each repeated block in place: one graph per block, reused by all of them."""
-    from opendit_lite.activation_checkpointing import find_checkpoint_blocks
-
-    for block in find_checkpoint_blocks(model):
-        block.compile(backend=backend)
-
-
 def build_plugin_config(config: BenchConfig, workload: Workload, device: torch.device, compile_backend: str,
                         grad_clip: float) -> Trainer:
-    """Our stack: OpenDiTPlugin + Booster, with the converter, checkpointing and compile as asked."""
+    """Our stack: OpenDiTPlugin + Booster, with kernels, checkpointing and compile as asked."""
     from colossalai.booster import Booster
 
-    from opendit_lite.converter import ModuleConverter
-    from opendit_lite.activation_checkpointing import apply_activation_checkpointing
+    from opendit_lite.parallelize import parallelize
     from opendit_lite.plugins import OpenDiTPlugin
 
     plugin = OpenDiTPlugin(zero_degree=config.zero_degree, precision=config.precision, grad_clip=grad_clip)
     booster = Booster(plugin=plugin)
     model = workload.build_model()
-    # Order (as in train.py, plus compile): kernel conversions replace modules inside the blocks;
-    # checkpointing then wraps each block's forward, so recomputation runs the fused kernels;
-    # compile comes after both so that its graph contains the recomputation and the kernels; the
-    # plugin wraps (DDP) or shards (ZeRO) the whole model last.
-    if config.kernels:
-        print(ModuleConverter(KERNELS_ON).convert(model), flush=True)
-    if config.selective_ratio is not None:
-        print(apply_activation_checkpointing(model, config.selective_ratio, offload=config.offload), flush=True)
-    if config.compile:
-        apply_compile(model, compile_backend)
+    kernels = KERNELS_ON if config.kernels else {}
+    ratio = 1.0 if config.selective_ratio is None else config.selective_ratio
+    print(parallelize(model, **kernels, selective_ratio=ratio, ac_offload=config.offload, compile=config.compile,
+                      compile_backend=compile_backend), flush=True)
     model.to(device)
     optimizer = plugin.build_optimizer(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
     boosted, optimizer, *_ = booster.boost(model, optimizer)

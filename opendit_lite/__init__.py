@@ -1,8 +1,9 @@
 """opendit_lite: fast, cheap diffusion-transformer training on Colossal-AI.
 
 The main entry points are imported lazily, so ``import opendit_lite`` stays cheap:
-``ModuleConverter`` (kernel / sequence-parallel module swaps), ``OpenDiTPlugin`` (the booster
-plugin) and ``LiteGen`` (the LiteGen-compatible facade).
+``parallelize`` (kernels -> sequence parallelism -> activation checkpointing -> compile, in that
+order), ``ModuleConverter`` (the kernel swaps it uses), ``OpenDiTPlugin`` (the booster plugin) and
+``LiteGen`` (the LiteGen-compatible facade).
 """
 
 import importlib
@@ -10,6 +11,8 @@ import importlib
 __version__ = "0.1.0"
 
 _LAZY = {
+    "parallelize": "opendit_lite.parallelize",
+    "ParallelizeReport": "opendit_lite.parallelize",
     "ModuleConverter": "opendit_lite.converter",
     "OpenDiTPlugin": "opendit_lite.plugins",
     "LiteGen": "opendit_lite.litegen",

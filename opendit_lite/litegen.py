@@ -16,20 +16,19 @@ A thin facade over the pieces the scripts use: the config is read once into the 
 an unknown key is a ConfigError naming the nearest field, or with ``LiteGen(config,
 strict=False)`` a warning listing the keys it ignores); the plugin and booster come from
 ``training.loop.build_booster`` (precision ``auto``: bf16 on CUDA, fp32 on CPU; tf32; ``grad_precision``
-check); the model is prepared by the module converter and activation checkpointing, whose report is
-printed on rank 0; checkpoints follow ``checkpoint.layout`` and resuming is
+check); the model is prepared by ``opendit_lite.parallelize``, whose report is printed on rank 0; checkpoints follow ``checkpoint.layout`` and resuming is
 ``checkpoint.resume.restore_run``, as in train.py. Without ``torchrun`` the one-rank process group
 is created here (``distributed.launch.init_distributed``).
 
 ``initialize(*components)`` returns the components in the order given, each prepared by kind:
 
 - the one trainable ``nn.Module`` (any parameter with ``requires_grad``; zero or several are an
-  error): module conversions from the config (fused kernels, attention backend, Ulysses sequence
-  parallelism when ``sp_size > 1``), then activation checkpointing/offload (``selective_ratio``, the
-  fraction of blocks NOT checkpointed, and ``ac_offload``), then boosted with its optimizer and LR
-  scheduler. That order is required: sequence parallelism wraps the final attention backend,
-  checkpointing wraps the converted blocks, and ZeRO/DDP wrap the finished model. Then the weights
-  are loaded (see below) and the EMA is created from them (``ema.enable``);
+  error): ``opendit_lite.parallelize`` with the config's settings (fused kernels, attention
+  backend, Ulysses/DSP sequence parallelism when ``sp_size > 1``, activation checkpointing/offload
+  from ``selective_ratio``, the fraction of blocks NOT checkpointed, and ``ac_offload``, per-block
+  ``compile``, in that order; see ``parallelize.py`` for why), then boosted with its optimizer and
+  LR scheduler. Then the weights are loaded (see below) and the EMA is created from them
+  (``ema.enable``), so it starts from the loaded weights;
 - its ``torch.optim.Optimizer`` and optional ``LRScheduler``: boosted with it;
 - frozen modules (no trainable parameter): moved to this rank's device; with ``encoder.fsdp``
   sharded by torch FSDP (FULL_SHARD, for inference) over the world or, with ``encoder.group``,
@@ -73,12 +72,11 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 from torch.utils.data import Dataset
 
-from .activation_checkpointing import apply_activation_checkpointing
 from .checkpoint.layout import checkpoint_root, companion_path, litegen_path, pick_resume_checkpoint
 from .checkpoint.resume import restore_run
 from .checkpoint.state import atomic_path, load_model_weights, save_checkpoint
 from .config import from_object, to_dict, validate_world
-from .converter import ModuleConverter
+from .parallelize import parallelize
 from .distributed.launch import init_distributed
 from .distributed.mesh import node_group
 from .training.loop import build_booster
@@ -244,13 +242,13 @@ class LiteGen:
         return out[0] if len(out) == 1 else tuple(out)
 
     def _prepare_trainable(self, model: nn.Module) -> None:
-        """Module conversions, then activation checkpointing; the reports are printed on rank 0."""
-        cfg = self.config
-        reports = [ModuleConverter(cfg, sp_group=self.plugin.sp_group).convert(model)]
-        if cfg.selective_ratio < 1 or cfg.ac_offload:
-            reports.append(apply_activation_checkpointing(model, cfg.selective_ratio, offload=cfg.ac_offload))
+        """``parallelize`` with the config's settings, as the trainers do; its report is printed on rank 0."""
+        c = self.config
+        report = parallelize(model, sp_group=self.plugin.sp_group, sp_mode=c.sp_mode, fused_adaln=c.fused_adaln,
+                             fused_layernorm=c.fused_layernorm, attention_backend=c.attention_backend,
+                             selective_ratio=c.selective_ratio, ac_offload=c.ac_offload, compile=c.compile)
         if self.info.is_main:
-            print("\n".join(str(r) for r in reports))
+            print(report)
 
     def _prepare_frozen(self, module: nn.Module) -> nn.Module:
         if not self.config.encoder.fsdp or next(module.parameters(), None) is None:

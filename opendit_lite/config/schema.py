@@ -12,6 +12,9 @@ from dataclasses import dataclass, field
 from typing import List, Optional
 
 
+SP_MODES = ("ulysses", "dsp")  # sequence-parallel modes (a model declares which it supports)
+
+
 def _f(default, help: str, choices=None, **kw):
     """A dataclass field with a help string (and optionally the allowed values)."""
     meta = {"help": help}
@@ -119,6 +122,8 @@ class TrainConfig:
     zero_degree: int = _f(0, "0: DDP, 1/2: ZeRO-1/2 (LowLevelZero), 3: ZeRO-3 (Gemini)", choices=(0, 1, 2, 3))
     group_zero: bool = _f(False, "shard ZeRO state within a node and replicate across nodes")
     sp_size: int = _f(1, "sequence-parallel degree (consecutive ranks form a group)")
+    sp_mode: str = _f("ulysses", "sequence parallelism when sp_size > 1: ulysses (heads all-to-all) or dsp "
+                                 "(re-shard frames/patches; models declaring it, e.g. STDiT)", choices=SP_MODES)
     # module conversion
     fused_layernorm: bool = _f(False, "swap affine LayerNorms for apex/Triton fused LayerNorm")
     fused_adaln: bool = _f(False, "swap LayerNorm+modulate for the Triton fused AdaLN kernel")

@@ -14,7 +14,6 @@ from typing import List, Optional
 from .schema import DiffusionConfig, TrainConfig, _f, _section
 
 TEXT_ENCODER_KINDS = ("shapes", "t5", "clip")
-SP_MODES = ("ulysses", "dsp")
 
 
 @dataclass
@@ -74,8 +73,6 @@ class VideoSampleConfig:
 @dataclass
 class VideoTrainConfig(TrainConfig):
     exp_name: str = _f("video", "experiment name: run folder and checkpoint prefix")
-    sp_mode: str = _f("ulysses", "sequence parallelism when sp_size > 1: ulysses (heads all-to-all) or dsp "
-                                 "(re-shard frames/patches; STDiT only)", choices=SP_MODES)
     model: VideoModelConfig = _section(VideoModelConfig, "video model to train")
     data: VideoDataConfig = _section(VideoDataConfig, "training clips")
     diffusion: VideoDiffusionConfig = _section(VideoDiffusionConfig, "diffusion objective")

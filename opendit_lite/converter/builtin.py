@@ -1,13 +1,13 @@
 """The built-in conversions, registered in the default registry when ``opendit_lite.converter`` is
 imported:
 
-=================  ====================  ==========================================  ====================
-name               source type           replacement                                 switched on by
-=================  ====================  ==========================================  ====================
+=================  ====================  ==========================================  =======================
+name               source type           replacement                                 switched on by (option)
+=================  ====================  ==========================================  =======================
 fused_adaln        LayerNormModulate     FusedLayerNormModulate (Triton)             ``fused_adaln``
 fused_layernorm    nn.LayerNorm          apex FusedLayerNorm, else TritonLayerNorm   ``fused_layernorm``
 attention_backend  SDPAAttentionOp       FlashAttentionOp                            ``attention_backend``
-=================  ====================  ==========================================  ====================
+=================  ====================  ==========================================  =======================
 
 All use ``PRIORITY_BACKEND``. ``opendit_lite.kernels`` is imported inside the functions, at
 conversion time, not here: this module is imported with ``opendit_lite`` itself, and importing the
@@ -16,24 +16,24 @@ interpreter. Deferring the import lets a test session set the variable after ``o
 imported, and keeps Triton and flash-attn out of programs that never build a converter.
 """
 
-from typing import Any, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch.nn as nn
 
 from opendit_lite.models.layers.attention import SDPAAttentionOp
 from opendit_lite.models.layers.modulate import LayerNormModulate
 
-from .registry import CONVERSIONS, ConversionRegistry, config_value
+from .registry import CONVERSIONS, ConversionRegistry, ConverterOptions
 
 
 # ----------------------------------------------------------------------------- fused AdaLN
 
-def _fused_adaln_enabled(config: Any) -> bool:
-    return bool(config_value(config, "fused_adaln"))
+def _fused_adaln_enabled(options: ConverterOptions) -> bool:
+    return bool(options.fused_adaln)
 
 
-def _fused_adaln_describe(config: Any) -> Optional[str]:
-    if not _fused_adaln_enabled(config):
+def _fused_adaln_describe(options: ConverterOptions) -> Optional[str]:
+    if not _fused_adaln_enabled(options):
         return None
     from opendit_lite.kernels import triton_unavailable_reason
 
@@ -43,7 +43,7 @@ def _fused_adaln_describe(config: Any) -> Optional[str]:
     return "Triton kernels on CUDA tensors, torch path on CPU tensors"
 
 
-def _to_fused_adaln(module: LayerNormModulate, config: Any, context: dict) -> nn.Module:
+def _to_fused_adaln(module: LayerNormModulate, options: ConverterOptions, context: dict) -> nn.Module:
     from opendit_lite.kernels import FusedLayerNormModulate
 
     return FusedLayerNormModulate.from_module(module)
@@ -51,19 +51,19 @@ def _to_fused_adaln(module: LayerNormModulate, config: Any, context: dict) -> nn
 
 # ----------------------------------------------------------------------------- fused LayerNorm
 
-def _fused_layernorm_enabled(config: Any) -> bool:
-    return bool(config_value(config, "fused_layernorm"))
+def _fused_layernorm_enabled(options: ConverterOptions) -> bool:
+    return bool(options.fused_layernorm)
 
 
-def _fused_layernorm_describe(config: Any) -> Optional[str]:
-    if not _fused_layernorm_enabled(config):
+def _fused_layernorm_describe(options: ConverterOptions) -> Optional[str]:
+    if not _fused_layernorm_enabled(options):
         return None
     from opendit_lite.kernels import fused_layernorm_provider
 
     return fused_layernorm_provider()[1] + "; LayerNorms without weight and bias are kept"
 
 
-def _to_fused_layernorm(module: nn.LayerNorm, config: Any, context: dict) -> nn.Module:
+def _to_fused_layernorm(module: nn.LayerNorm, options: ConverterOptions, context: dict) -> nn.Module:
     from opendit_lite.kernels import to_fused_layernorm
 
     return to_fused_layernorm(module)
@@ -71,22 +71,22 @@ def _to_fused_layernorm(module: nn.LayerNorm, config: Any, context: dict) -> nn.
 
 # ----------------------------------------------------------------------------- attention backend
 
-def _attention_backend(config: Any) -> Tuple[str, str]:
+def _attention_backend(options: ConverterOptions) -> Tuple[str, str]:
     from opendit_lite.kernels import resolve_attention_backend
 
-    return resolve_attention_backend(config_value(config, "attention_backend"))
+    return resolve_attention_backend(options.attention_backend)
 
 
-def _attention_enabled(config: Any) -> bool:
-    return _attention_backend(config)[0] == "flash"
+def _attention_enabled(options: ConverterOptions) -> bool:
+    return _attention_backend(options)[0] == "flash"
 
 
-def _attention_describe(config: Any) -> str:
-    backend, reason = _attention_backend(config)
+def _attention_describe(options: ConverterOptions) -> str:
+    backend, reason = _attention_backend(options)
     return f"attention: {backend} ({reason})"
 
 
-def _to_flash_attention(module: SDPAAttentionOp, config: Any, context: dict) -> nn.Module:
+def _to_flash_attention(module: SDPAAttentionOp, options: ConverterOptions, context: dict) -> nn.Module:
     from opendit_lite.kernels import FlashAttentionOp
 
     return FlashAttentionOp()

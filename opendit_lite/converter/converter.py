@@ -1,9 +1,9 @@
 """``ModuleConverter``: apply the registered conversions to a model in place and report them.
 
-    report = ModuleConverter(config, sp_group=group).convert(model)
+    report = ModuleConverter(fused_adaln=True, attention_backend="auto").convert(model)
     print(report)
 
-For each conversion, in the registry's order (see ``registry.py``), whose ``enabled(config)`` is
+For each conversion, in the registry's order (see ``registry.py``), whose ``enabled(options)`` is
 true, every submodule that matches its source type is handed to its factory and the result is put
 in its place on the parent module; a factory that instead changes the module in place (swaps one
 of its direct children, e.g. wraps ``attn_op``) has those children reported. The root module is
@@ -19,7 +19,8 @@ from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import torch.nn as nn
 
-from .registry import CONVERSIONS, Conversion, ConversionRegistry
+from ..config.access import config_get
+from .registry import CONVERSIONS, Conversion, ConversionRegistry, ConverterOptions
 
 
 class Replacement(NamedTuple):
@@ -78,17 +79,23 @@ class ConversionReport:
 
 
 class ModuleConverter:
-    """Swap model submodules for faster or parallel versions according to ``config``.
+    """Swap model submodules for faster backends, as asked by keyword.
 
     Args:
-        config: any object with attribute access (a dataclass, an EasyDict) or a mapping; keys it
-            lacks take ``CONFIG_DEFAULTS`` (everything off, SDPA attention). None: all defaults.
+        config: optional, for configs written for it before the keywords existed (a TrainConfig,
+            an EasyDict, a mapping): its ``fused_adaln``, ``fused_layernorm`` and
+            ``attention_backend`` fill the keywords not given. None: everything off, SDPA.
         registry: the conversions to apply (default: the module-level ``CONVERSIONS``).
-        **context: runtime objects handed to every factory as a dict (e.g. ``sp_group``).
+        fused_adaln, fused_layernorm, attention_backend: see ``ConverterOptions``.
+        **context: runtime objects handed to every factory as a dict.
     """
 
-    def __init__(self, config: Any = None, registry: Optional[ConversionRegistry] = None, **context: Any):
-        self.config = config
+    def __init__(self, config: Any = None, registry: Optional[ConversionRegistry] = None, *,
+                 fused_adaln: Optional[bool] = None, fused_layernorm: Optional[bool] = None,
+                 attention_backend: Optional[str] = None, **context: Any):
+        given = dict(fused_adaln=fused_adaln, fused_layernorm=fused_layernorm, attention_backend=attention_backend)
+        self.options = ConverterOptions(**{key: config_get(config, key) if value is None else value
+                                           for key, value in given.items()})
         self.registry = registry if registry is not None else CONVERSIONS
         self.context: Dict[str, Any] = context
 
@@ -96,8 +103,8 @@ class ModuleConverter:
         """Replace matching submodules of ``model`` in place; returns what was done."""
         report = ConversionReport()
         for conversion in self.registry.ordered():
-            enabled = bool(conversion.enabled(self.config))
-            note = conversion.describe(self.config) if conversion.describe is not None else None
+            enabled = bool(conversion.enabled(self.options))
+            note = conversion.describe(self.options) if conversion.describe is not None else None
             section = ConversionSection(conversion.name, enabled, note)
             if enabled:
                 section.replaced = self._apply(conversion, model)
@@ -112,7 +119,7 @@ class ModuleConverter:
                 new = done[id(module)]
             else:
                 children_before = dict(module._modules)
-                new = conversion.factory(module, self.config, self.context)
+                new = conversion.factory(module, self.options, self.context)
                 if not isinstance(new, nn.Module):
                     raise TypeError(
                         f"conversion {conversion.name!r} returned {type(new).__name__} for {qualified_name!r}; "

@@ -2,37 +2,36 @@
 
 A conversion maps a source module TYPE to a factory::
 
-    factory(module, config, context) -> nn.Module
+    factory(module, options, context) -> nn.Module
 
-``module`` is the instance found in the model, ``config`` the object given to
-``ModuleConverter`` (read it with ``config_value``), ``context`` the dict of runtime objects given
-to it as keyword arguments (e.g. ``sp_group=<ProcessGroup>``; factories may also keep state shared
-by one converter's calls there). The factory returns the replacement, which may wrap ``module``,
-or ``module`` itself: unchanged, or changed in place, in which case the direct children it swapped
-are reported. It must keep the parameters (share the same ``nn.Parameter`` objects) and state-dict
-keys.
+``module`` is the instance found in the model, ``options`` the ``ConverterOptions`` of the
+``ModuleConverter`` (which backends were asked for), ``context`` the dict of runtime objects given
+to it as keyword arguments (factories may also keep state shared by one converter's calls there).
+The factory returns the replacement, which may wrap ``module``, or ``module`` itself: unchanged,
+or changed in place, in which case the direct children it swapped are reported. It must keep the
+parameters (share the same ``nn.Parameter`` objects) and state-dict keys.
 
-``enabled(config) -> bool`` switches the conversion from config keys, and ``describe(config) ->
-str`` (optional) gives one line for the report saying what was chosen and why, e.g.
+``enabled(options) -> bool`` switches the conversion on, and ``describe(options) -> str``
+(optional) gives one line for the report saying what was chosen and why, e.g.
 "attention: sdpa (flash-attn not installed)".
 
 Order: conversions run one after the other, by ascending ``priority`` and, within a priority, in
 registration order; each one sees the model as the previous ones left it. Backend swaps use
-``PRIORITY_BACKEND`` (0); conversions that wrap whatever backend is in place (sequence-parallel
-attention) use ``PRIORITY_WRAPPER`` (100), so they wrap the final backend rather than one that is
-about to be replaced.
+``PRIORITY_BACKEND`` (0); a conversion that wraps whatever backend is in place uses
+``PRIORITY_WRAPPER`` (100), so it wraps the final backend rather than one about to be replaced.
+Sequence parallelism is not a conversion: ``opendit_lite.parallelize`` applies it after the
+converter, with ``opendit_lite.parallel``.
 
 Registering with the default registry is one call::
 
-    register_conversion(MyNorm, lambda m, cfg, ctx: MyFastNorm.from_module(m),
-                        name="my_fast_norm", enabled=lambda cfg: config_value(cfg, "fused_layernorm"))
+    register_conversion(MyNorm, lambda m, options, ctx: MyFastNorm.from_module(m),
+                        name="my_fast_norm", enabled=lambda options: options.fused_layernorm)
 
 This module has no side effects on import, so other packages can register their conversions from
 their own modules. The built-in conversions live in ``builtin.py``.
 """
 
 import dataclasses
-from collections.abc import Mapping
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import torch.nn as nn
@@ -40,35 +39,20 @@ import torch.nn as nn
 PRIORITY_BACKEND = 0
 PRIORITY_WRAPPER = 100
 
-Factory = Callable[[nn.Module, Any, Dict[str, Any]], nn.Module]
 
-# Defaults of the config keys the built-in and sequence-parallel conversions read; a config
-# object may lack any of them.
-CONFIG_DEFAULTS: Dict[str, Any] = {
-    "fused_layernorm": False,  # nn.LayerNorm -> apex FusedLayerNorm / Triton LayerNorm (LiteGen's key)
-    "fused_adaln": False,      # LayerNormModulate -> FusedLayerNormModulate (Triton)
-    "attention_backend": "sdpa",  # "sdpa" | "flash" | "auto" (flash when flash-attn imports)
-    "sp_size": 1,              # sequence-parallel degree
-}
+@dataclasses.dataclass(frozen=True)
+class ConverterOptions:
+    """The backend swaps asked of a ``ModuleConverter``; what ``enabled``/``describe``/factories see."""
 
-_NO_DEFAULT = object()
+    fused_adaln: bool = False          # LayerNormModulate -> FusedLayerNormModulate (Triton)
+    fused_layernorm: bool = False      # affine nn.LayerNorm -> apex FusedLayerNorm / Triton LayerNorm
+    attention_backend: str = "sdpa"    # "sdpa" | "flash" | "auto" (flash when flash-attn imports)
 
 
-def config_value(config: Any, key: str, default: Any = _NO_DEFAULT) -> Any:
-    """``config.key`` for an attribute-style config (dataclass, EasyDict, namespace) or ``config[key]``
-    for a mapping; when missing (or ``config`` is None): ``default``, else ``CONFIG_DEFAULTS[key]``."""
-    if default is _NO_DEFAULT:
-        if key not in CONFIG_DEFAULTS:
-            raise KeyError(f"config key {key!r} has no default; pass one: config_value(config, {key!r}, default)")
-        default = CONFIG_DEFAULTS[key]
-    if config is None:
-        return default
-    if isinstance(config, Mapping):
-        return config.get(key, default)
-    return getattr(config, key, default)
+Factory = Callable[[nn.Module, ConverterOptions, Dict[str, Any]], nn.Module]
 
 
-def _always(config: Any) -> bool:
+def _always(options: ConverterOptions) -> bool:
     return True
 
 
@@ -79,8 +63,8 @@ class Conversion:
     name: str
     source_type: type
     factory: Factory
-    enabled: Callable[[Any], bool] = _always
-    describe: Optional[Callable[[Any], str]] = None
+    enabled: Callable[[ConverterOptions], bool] = _always
+    describe: Optional[Callable[[ConverterOptions], str]] = None
     priority: int = PRIORITY_BACKEND
     include_subclasses: bool = False  # match subclasses of source_type too, not only the exact type
 
@@ -102,8 +86,8 @@ class ConversionRegistry:
         factory: Factory,
         *,
         name: str,
-        enabled: Optional[Callable[[Any], bool]] = None,
-        describe: Optional[Callable[[Any], str]] = None,
+        enabled: Optional[Callable[[ConverterOptions], bool]] = None,
+        describe: Optional[Callable[[ConverterOptions], str]] = None,
         priority: int = PRIORITY_BACKEND,
         include_subclasses: bool = False,
     ) -> Conversion:
@@ -111,7 +95,7 @@ class ConversionRegistry:
         if not (isinstance(source_type, type) and issubclass(source_type, nn.Module)):
             raise TypeError(f"conversion {name!r}: source_type must be an nn.Module subclass, got {source_type!r}")
         if not callable(factory):
-            raise TypeError(f"conversion {name!r}: factory must be callable (module, config, context) -> nn.Module")
+            raise TypeError(f"conversion {name!r}: factory must be callable (module, options, context) -> nn.Module")
         for existing in self._conversions:
             if existing.source_type is source_type and existing.name == name:
                 raise ValueError(
@@ -153,8 +137,8 @@ def register_conversion(
     factory: Factory,
     *,
     name: str,
-    enabled: Optional[Callable[[Any], bool]] = None,
-    describe: Optional[Callable[[Any], str]] = None,
+    enabled: Optional[Callable[[ConverterOptions], bool]] = None,
+    describe: Optional[Callable[[ConverterOptions], str]] = None,
     priority: int = PRIORITY_BACKEND,
     include_subclasses: bool = False,
     registry: Optional[ConversionRegistry] = None,

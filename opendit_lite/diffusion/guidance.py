@@ -5,7 +5,7 @@ The model runs once on a batch of 2B (conditional inputs first, unconditional se
 prediction is pushed away from the unconditional one: ``guided = uncond + cfg_scale * (cond -
 uncond)`` on the leading ``channels`` output channels; ``cfg_scale = 1`` is plain conditional
 sampling. How the guidance batch is laid out is a capability the model declares in its class
-attribute ``guidance_layout``:
+attribute ``guidance_layout`` (read by ``models.capabilities.guidance_layout``):
 
 ``"concat"`` (DiT; also any plain function without the attribute)
     The caller doubles the batch: the sampler's state ``x`` is ``[2B, ...]`` and ``model_kwargs``
@@ -24,16 +24,6 @@ attribute ``guidance_layout``:
 from typing import Callable, Optional, Tuple
 
 import torch
-
-GUIDANCE_LAYOUTS = ("concat", "paired")
-
-
-def guidance_layout(model: Callable) -> str:
-    """The model's declared ``guidance_layout``; "concat" for a function that declares none."""
-    layout = getattr(model, "guidance_layout", "concat")
-    if layout not in GUIDANCE_LAYOUTS:
-        raise ValueError(f"{type(model).__name__}.guidance_layout={layout!r}; expected one of {GUIDANCE_LAYOUTS}")
-    return layout
 
 
 def guide(out: torch.Tensor, cfg_scale: float, channels: int) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -54,7 +44,10 @@ def cfg_model_fn(model: Callable[..., torch.Tensor], cfg_scale: float, channels:
     reference guides exactly 3 channels even for 4-channel latents; pass ``channels=3`` to
     reproduce its samples.
     """
-    layout = guidance_layout(model)
+    # Imported here: the models import this module for their forward_with_cfg.
+    from ..models.capabilities import guidance_layout
+
+    layout = guidance_layout(model) or "concat"  # a plain function declares nothing: DiT's convention
 
     def concat(x: torch.Tensor, t: torch.Tensor, **model_kwargs) -> torch.Tensor:
         if x.shape[0] % 2 != 0:

@@ -102,9 +102,12 @@ class DiT(nn.Module):
         learn_sigma: also predict the variance (output channels doubled), as improved DDPM does.
     """
 
-    supports_gradient_checkpointing = True
-    # Classifier-free guidance batch: the caller concatenates [conditional; null label] (2B -> 2B).
+    # Capabilities (see models/capabilities.py): class-conditional images, Ulysses sequence
+    # parallelism, forward_with_cfg over [conditional; unconditional] (2B -> 2B).
+    is_video = False
+    supported_sp_modes = ("ulysses",)
     guidance_layout = "concat"
+    supports_gradient_checkpointing = True
 
     def __init__(
         self,
@@ -240,7 +243,7 @@ def _register_dit(name: str, depth: int, hidden_size: int, num_heads: int,
     factory.__name__ = factory.__qualname__ = name.replace("-", "_").replace("/", "_")
     factory.__doc__ = (f"{name}: {depth} blocks, hidden size {hidden_size}, {num_heads} heads, "
                        f"patch size {patch_size}; keyword arguments go to DiT.")
-    return register_model(name)(factory)
+    return register_model(name, model_class=DiT)(factory)
 
 
 # The reference's name -> factory table ("DiT-XL/2", ..., "DiT-S/8"), also usable as CLI choices.

@@ -1,23 +1,36 @@
 """Name-keyed model registry: ``register_model("DiT-XL/2")(factory)`` and ``build_model(name, **kw)``."""
 
 import difflib
-from typing import Callable, Dict
+from typing import Callable, Dict, Optional
 
 import torch.nn as nn
 
 MODELS: Dict[str, Callable[..., nn.Module]] = {}
 
 
-def register_model(name: str) -> Callable[[Callable[..., nn.Module]], Callable[..., nn.Module]]:
-    """Decorator registering a model factory under ``name``; a duplicate name is an error."""
+def register_model(name: str, model_class: Optional[type] = None
+                   ) -> Callable[[Callable[..., nn.Module]], Callable[..., nn.Module]]:
+    """Decorator registering a model factory under ``name``; a duplicate name is an error.
+
+    ``model_class``: the class the factory builds, so its declared capabilities (``is_video``,
+    ``supported_sp_modes``, ...; see ``capabilities.py``) can be read before building it. Not
+    needed when the factory is the class itself."""
 
     def wrap(factory: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
         if name in MODELS:
             raise ValueError(f"model {name!r} is already registered (by {MODELS[name].__module__})")
+        if model_class is not None:
+            factory.model_class = model_class
         MODELS[name] = factory
         return factory
 
     return wrap
+
+
+def registered_class(name: str) -> Optional[type]:
+    """The class the model registered as ``name`` builds (None when its factory did not say)."""
+    factory = MODELS[name]
+    return factory if isinstance(factory, type) else getattr(factory, "model_class", None)
 
 
 def build_model(name: str, **kwargs) -> nn.Module:

@@ -123,9 +123,12 @@ class STDiT(nn.Module):
         learn_sigma: also predict the variance (output channels doubled) for IDDPM.
     """
 
-    supports_gradient_checkpointing = True
-    # Classifier-free guidance batch: [B] in, the model's learned null caption paired inside (B -> B).
+    # Capabilities (see models/capabilities.py): captioned clips, Ulysses or DSP (its to_frames /
+    # to_patches switches), forward_with_cfg over B clips adding the null caption inside (B -> B).
+    is_video = True
+    supported_sp_modes = ("ulysses", "dsp")
     guidance_layout = "paired"
+    supports_gradient_checkpointing = True
 
     def __init__(self, in_channels: int = 4, patch_size: Tuple[int, int, int] = (1, 2, 2),
                  hidden_size: int = 1152, depth: int = 28, num_heads: int = 16, mlp_ratio: float = 4.0,
@@ -224,7 +227,7 @@ def _register_stdit(name: str, **config) -> Callable[..., STDiT]:
 
     factory.__name__ = factory.__qualname__ = name.replace("-", "_").replace("/", "_")
     factory.__doc__ = f"{name}: {config}; keyword arguments override them and go to STDiT."
-    return register_model(name)(factory)
+    return register_model(name, model_class=STDiT)(factory)
 
 
 # Open-Sora 1.0's STDiT-XL/2 (~0.7B parameters with the caption MLP).

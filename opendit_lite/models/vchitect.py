@@ -125,9 +125,12 @@ class VchitectXL(nn.Module):
     an MLP with a learned null caption for classifier-free guidance.
     """
 
-    supports_gradient_checkpointing = True
-    # Classifier-free guidance batch: [B] in, the model's learned null caption paired inside (B -> B).
+    # Capabilities (see models/capabilities.py): captioned clips, Ulysses only (no DSP switches),
+    # forward_with_cfg over B clips adding the null caption inside (B -> B).
+    is_video = True
+    supported_sp_modes = ("ulysses",)
     guidance_layout = "paired"
+    supports_gradient_checkpointing = True
 
     def __init__(self, in_channels: int = 4, patch_size: Tuple[int, int, int] = (1, 2, 2),
                  hidden_size: int = 1536, depth: int = 20, num_heads: int = 24, mlp_ratio: float = 4.0,
@@ -219,7 +222,7 @@ def _register_vchitect(name: str, **config) -> Callable[..., VchitectXL]:
 
     factory.__name__ = factory.__qualname__ = name.replace("-", "_").replace("/", "_")
     factory.__doc__ = f"{name}: {config}; keyword arguments override them and go to VchitectXL."
-    return register_model(name)(factory)
+    return register_model(name, model_class=VchitectXL)(factory)
 
 
 Vchitect_XL = _register_vchitect("Vchitect-XL", depth=20, hidden_size=1536, num_heads=24)

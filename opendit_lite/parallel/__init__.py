@@ -1,13 +1,16 @@
 """Sequence parallelism: differentiable collectives, the Ulysses attention ops and the split/gather
-boundaries, applied to a serial model from outside with ``apply_sequence_parallel`` (or the module
-converter with ``sp_size > 1``); DSP for spatial-temporal models with ``apply_dsp`` (``dsp.py``).
-Importing the package registers every attention module type of the model zoo."""
+boundaries, applied to a serial model from outside with ``apply_sequence_parallel``; DSP for
+spatial-temporal models with ``apply_dsp`` (``dsp.py``). ``opendit_lite.parallelize`` calls one of
+the two. Importing the package registers every attention module type of the model zoo."""
 
 from .comm import all_to_all, gather_sequence, split_sequence
 from .sequence import SequenceParallelGather, SequenceParallelSplit, SequenceParallelState
-from .sequence_parallel import SEQUENCE_PARALLEL_ATTENTION, apply_sequence_parallel
+from .sequence_parallel import (
+    SEQUENCE_PARALLEL_ATTENTION,
+    apply_sequence_parallel,
+    register_sequence_parallel_attention,
+)
 from .ulysses import SequenceParallelCrossAttentionOp, SequenceParallelOp, UlyssesAttentionOp
-from .conversions import register_sequence_parallel_attention  # registers with the module converter
 from .dsp import apply_dsp  # registers the video models' attention types (temporal, cross, joint)
 
 __all__ = [

@@ -2,8 +2,7 @@
 Ulysses op for joint text-video attention, and DSP (dynamic sequence parallelism) for STDiT.
 
 Both video models keep tokens as [B, T, S, D] and shard the S patches of each frame (their
-``seq_split`` is on axis 2). Under Ulysses (``apply_sequence_parallel`` or the module converter
-with ``sp_size > 1``) that means:
+``seq_split`` is on axis 2). Under Ulysses (``apply_sequence_parallel``) that means:
 
 =====================  ===============================  ====================================
 module type            attends over                     op under sequence parallelism
@@ -46,8 +45,8 @@ from opendit_lite.models.layers.sequence import SequenceGather, SequenceSplit
 from opendit_lite.models.layers.sequence_switch import SequenceSwitch
 
 from .comm import all_to_all, gather_sequence, pad_along, padded_length
-from .conversions import register_sequence_parallel_attention
 from .sequence import SequenceParallelGather, SequenceParallelSplit, SequenceParallelState
+from .sequence_parallel import register_sequence_parallel_attention
 from .ulysses import SequenceParallelCrossAttentionOp, SequenceParallelOp
 
 

@@ -16,9 +16,8 @@ cross-attention modules register ``SequenceParallelCrossAttentionOp``. An attent
 type was not registered is an error rather than a silent serial op that would attend to a shard.
 
 Run it after the backend conversion (the Ulysses op wraps whatever op it finds) and before
-activation checkpointing and data-parallel wrapping, which only see the finished modules. The
-module converter does the same swaps with the same functions (``conversions.py``, switched on by
-``sp_size > 1``). See ``comm.py`` for the gradient convention: DDP/ZeRO's world mean of gradients
+activation checkpointing and data-parallel wrapping, which only see the finished modules. ``opendit_lite.parallelize`` calls it
+(``sp_mode="ulysses"``) in that place of its order. See ``comm.py`` for the gradient convention: DDP/ZeRO's world mean of gradients
 is exact; docs/sequence_parallel.md for usage and communication volume.
 """
 
@@ -27,18 +26,32 @@ from typing import Callable, Dict, Optional
 import torch.distributed as dist
 import torch.nn as nn
 
-from opendit_lite.models.layers.attention import AttentionOp
+from opendit_lite.models.layers.attention import Attention, AttentionOp
 from opendit_lite.models.layers.sequence import SequenceGather, SequenceSplit
 
 from .sequence import SequenceParallelGather, SequenceParallelSplit, SequenceParallelState
-from .ulysses import SequenceParallelOp
+from .ulysses import SequenceParallelOp, UlyssesAttentionOp
 
 SPOpFactory = Callable[[AttentionOp, SequenceParallelState], SequenceParallelOp]
 
 # Attention module type -> factory of the SP op wrapping its ``attn_op`` (None: keep it serial).
-# Filled by ``register_sequence_parallel_attention`` (conversions.py), which also registers the
-# module type with the module converter; ``Attention`` -> ``UlyssesAttentionOp`` is built in.
+# Filled by ``register_sequence_parallel_attention``; ``Attention`` -> ``UlyssesAttentionOp`` is
+# built in (below), the video models' types are registered in ``dsp.py``.
 SEQUENCE_PARALLEL_ATTENTION: Dict[type, Optional[SPOpFactory]] = {}
+
+
+def register_sequence_parallel_attention(module_type: type, op_factory: Optional[SPOpFactory]) -> None:
+    """Declare how the ``attn_op`` of ``module_type`` modules runs under sequence parallelism.
+
+    ``op_factory(inner_op, state)`` builds the ``SequenceParallelOp`` that replaces it (e.g.
+    ``UlyssesAttentionOp`` for self-attention over the tokens, ``SequenceParallelCrossAttentionOp``
+    for attention to a replicated context); None keeps it serial (attention along an axis that is
+    not sharded). Subclasses follow their nearest registered base. A duplicate is an error.
+    """
+    if module_type in SEQUENCE_PARALLEL_ATTENTION:
+        raise ValueError(f"{module_type.__qualname__} already has a sequence-parallel attention entry "
+                         f"({SEQUENCE_PARALLEL_ATTENTION[module_type]!r})")
+    SEQUENCE_PARALLEL_ATTENTION[module_type] = op_factory
 
 
 def _entry(module: nn.Module):
@@ -118,3 +131,6 @@ def apply_sequence_parallel(model: nn.Module, sp_group: Optional[dist.ProcessGro
     for parent, name, marker in markers:
         parent.register_module(name, convert_sequence_marker(marker, state))
     return model
+
+
+register_sequence_parallel_attention(Attention, UlyssesAttentionOp)

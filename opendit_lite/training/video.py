@@ -1,13 +1,12 @@
 """Config -> objects for train_video.py and sample_video.py: the clip dataset, the caption encoder,
-the per-frame VAE, the text-to-video model (its geometry resolved from the data), the objective
-and its loss, and the sequence-parallel mode.
+the per-frame VAE and the text-to-video model (its geometry resolved from the data); and the
+video trainer's declarations (``VIDEO_TRAINER``), which train_video.py runs with the shared loop.
 
 Three data sources, one batch layout: every batch becomes ``(x [B, C, T, H, W], states [B, M,
 Cy], mask [B, M])``. The moving-shapes default and precomputed latents carry their caption states;
 CSV videos carry captions that the text encoder turns into states on the fly.
 """
 
-import dataclasses
 from typing import Optional, Sequence, Tuple
 
 import torch
@@ -15,18 +14,18 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from ..config import ConfigError
-from ..converter import ModuleConverter
+from ..config.video_schema import VideoTrainConfig
 from ..data.video_csv import VideoCSVDataset
 from ..distributed.mesh import node_group
 from ..data.video_latents import VideoLatentDataset
 from ..data.video_shapes import MovingShapesDataset, caption_states
 from ..encoders.video_vae import VideoVAE
-from ..models import MODELS, STDiT, VchitectXL, build_model
-from ..parallel import apply_dsp
+from ..models import MODELS, build_model, registered_class
+from ..models.capabilities import is_video_model
+from .spec import TrainerSpec, TrainingData
 
 # Width of the moving-shapes word vectors when model.caption_channels does not say (the tiny models').
 SHAPES_CAPTION_WIDTH = 32
-VIDEO_MODEL_TYPES = (STDiT, VchitectXL)
 
 
 def validate_video_config(cfg) -> None:
@@ -35,9 +34,6 @@ def validate_video_config(cfg) -> None:
     if cfg.data.type == "shapes" and kind != "shapes":
         raise ConfigError(f"data.type=shapes carries its own word-vector caption states, so text_encoder.kind must "
                           f"be 'shapes' (got {kind!r}); use data.type=csv to train with a {kind} encoder.")
-    if cfg.sp_mode == "dsp" and cfg.sp_size > 1 and not cfg.model.name.startswith("STDiT"):
-        raise ConfigError(f"sp_mode=dsp re-shards STDiT's frames and patches; {cfg.model.name!r} has no such "
-                          f"switches: use sp_mode=ulysses.")
     if cfg.data.num_frames < 1 or cfg.data.image_size < 1 or cfg.text_encoder.max_length < 1:
         raise ConfigError("'data.num_frames', 'data.image_size' and 'text_encoder.max_length' must be positive.")
 
@@ -126,22 +122,22 @@ def model_clip_shape(cfg) -> Tuple[int, int, int, int]:
     return m.in_channels, m.num_frames, h, w
 
 
+def _declares_video(name: str) -> bool:
+    cls = registered_class(name)
+    return cls is not None and is_video_model(cls)
+
+
 def build_video_model(cfg) -> nn.Module:
+    """The registered model ``model.name``, which must declare ``is_video = True``."""
     m = cfg.model
-    if m.name not in MODELS:
-        video = sorted(n for n in MODELS if n.startswith(("STDiT", "Vchitect")))
-        raise ConfigError(f"'model.name' {m.name!r} is not a registered model; video models: {', '.join(video)}.")
-    try:
-        model = build_model(m.name, in_channels=m.in_channels, caption_channels=m.caption_channels,
-                            model_max_length=cfg.text_encoder.max_length, class_dropout_prob=m.class_dropout_prob,
-                            learn_sigma=m.learn_sigma)
-    except TypeError as e:
-        if "unexpected keyword argument" not in str(e):
-            raise
-        model = None  # an image model: it takes no caption arguments
-    if not isinstance(model, VIDEO_MODEL_TYPES):
-        raise ConfigError(f"'model.name' {m.name!r} is not a text-to-video model; use an STDiT or Vchitect model.")
-    return model
+    if not _declares_video(m.name):
+        video = sorted(n for n in MODELS if _declares_video(n))
+        what = "is not a registered model" if m.name not in MODELS else "is not a text-to-video model"
+        raise ConfigError(f"'model.name' {m.name!r} {what} (a video model declares is_video = True); "
+                          f"video models: {', '.join(video)}.")
+    return build_model(m.name, in_channels=m.in_channels, caption_channels=m.caption_channels,
+                        model_max_length=cfg.text_encoder.max_length, class_dropout_prob=m.class_dropout_prob,
+                        learn_sigma=m.learn_sigma)
 
 
 def batch_to_inputs(batch, captions: Optional[CaptionEncoder], vae: Optional[VideoVAE], device):
@@ -160,14 +156,25 @@ def batch_to_inputs(batch, captions: Optional[CaptionEncoder], vae: Optional[Vid
     return x, states, mask
 
 
-def apply_video_parallelism(model: nn.Module, cfg, sp_group: Optional[dist.ProcessGroup]) -> str:
-    """Kernel conversions plus the chosen sequence parallelism; returns the report to log.
+def prepare_video_data(cfg, device, sp_group=None) -> TrainingData:
+    dataset = build_video_dataset(cfg)
+    # CSV captions are encoded while training; shapes and latents carry their states.
+    captions = load_caption_encoder(cfg, device) if cfg.data.type == "csv" else None
+    vae = load_video_vae(cfg, device, sp_group=sp_group) if cfg.data.type != "latents" else None
+    resolve_video_geometry(cfg, dataset, vae, captions.width if captions else None)
 
-    Ulysses goes through the module converter (it swaps attention ops when sp_size > 1). DSP
-    swaps only the model's split/gather/switch markers and keeps every attention op serial, so the
-    converter must then see sp_size=1 or it would apply Ulysses on top."""
-    if cfg.sp_mode == "dsp" and cfg.sp_size > 1:
-        report = ModuleConverter(dataclasses.replace(cfg, sp_size=1)).convert(model)
-        apply_dsp(model, sp_group)
-        return f"{report}\nDSP over {cfg.sp_size} ranks: frames/patches re-sharded around spatial attention"
-    return str(ModuleConverter(cfg, sp_group=sp_group).convert(model))
+    def model_inputs(batch):
+        x, states, mask = batch_to_inputs(batch, captions, vae, device)  # x [B, C, T, H, W]
+        return x, dict(y=states, mask=mask)
+
+    return TrainingData(dataset, model_inputs)
+
+
+def describe_video_input(cfg) -> str:
+    C, T, H, W = model_clip_shape(cfg)
+    return f"clips {C}x{T}x{H}x{W}, captions {cfg.text_encoder.max_length}x{cfg.model.caption_channels}"
+
+
+VIDEO_TRAINER = TrainerSpec(name="video", schema=VideoTrainConfig, prepare_data=prepare_video_data,
+                            build_model=build_video_model, describe=describe_video_input,
+                            validate=validate_video_config)

@@ -1,5 +1,5 @@
 """The conversion registry and the converter's rules: duplicates, order, wrapping, declining,
-context, sharing, training mode, config access."""
+context, sharing, training mode, options from keywords or a config object."""
 
 import dataclasses
 import types
@@ -12,8 +12,8 @@ from opendit_lite.converter import (
     PRIORITY_BACKEND,
     PRIORITY_WRAPPER,
     ConversionRegistry,
+    ConverterOptions,
     ModuleConverter,
-    config_value,
     register_conversion,
 )
 
@@ -149,13 +149,13 @@ def test_factory_must_return_a_module():
 
 def test_disabled_conversion_replaces_nothing_and_is_reported_off():
     registry = ConversionRegistry()
-    registry.register(Source, to_target, name="swap", enabled=lambda cfg: config_value(cfg, "swap", False),
-                      describe=lambda cfg: "why: because")
+    registry.register(Source, to_target, name="swap", enabled=lambda options: options.fused_adaln,
+                      describe=lambda options: "why: because")
     model = nn.Sequential(Source())
-    report = convert(model, registry, {"swap": False})
+    report = convert(model, registry, {"fused_adaln": False})
     assert type(model[0]) is Source and report.sections[0].enabled is False
     assert "swap: off; why: because" in str(report)
-    convert(model, registry, {"swap": True})
+    convert(model, registry, fused_adaln=True)
     assert type(model[0]) is Target
 
 
@@ -168,10 +168,11 @@ def test_factory_receives_module_config_and_context():
 
     registry = ConversionRegistry()
     registry.register(Source, factory, name="swap")
-    model, config, group = nn.Sequential(Source()), {"sp_size": 2}, object()
+    model, config, group = nn.Sequential(Source()), {"attention_backend": "auto"}, object()
     original = model[0]
     convert(model, registry, config, sp_group=group)
-    assert seen == {"module": original, "config": config, "context": {"sp_group": group}}
+    assert seen == {"module": original, "config": ConverterOptions(attention_backend="auto"),
+                    "context": {"sp_group": group}}
 
 
 def test_shared_module_is_converted_once_and_stays_shared():
@@ -197,16 +198,16 @@ def test_training_mode_and_root_are_kept():
     assert type(root) is Source, "the root module is never replaced"
 
 
-def test_config_value_reads_attributes_mappings_and_defaults():
+def test_options_from_keywords_config_objects_and_defaults():
     @dataclasses.dataclass
     class Config:
         fused_adaln: bool = True
 
-    assert config_value(Config(), "fused_adaln") is True
-    assert config_value(types.SimpleNamespace(attention_backend="flash"), "attention_backend") == "flash"
-    assert config_value({"sp_size": 4}, "sp_size") == 4
-    assert config_value(Config(), "fused_layernorm") is False   # missing: the default
-    assert config_value(None, "attention_backend") == "sdpa"
-    assert config_value(None, "my_key", 3) == 3
-    with pytest.raises(KeyError, match="has no default"):
-        config_value(Config(), "my_key")
+    assert ModuleConverter(Config()).options.fused_adaln is True
+    assert ModuleConverter(types.SimpleNamespace(attention_backend="flash")).options.attention_backend == "flash"
+    assert ModuleConverter({"fused_layernorm": True}).options.fused_layernorm is True
+    assert ModuleConverter(Config()).options.fused_layernorm is False   # missing: the default
+    assert ModuleConverter(None).options == ConverterOptions() == ModuleConverter().options
+    assert ModuleConverter().options.attention_backend == "sdpa"
+    # An explicit keyword wins over the config object.
+    assert ModuleConverter(Config(), fused_adaln=False).options.fused_adaln is False

@@ -114,5 +114,5 @@ def test_an_unknown_layout_is_an_error():
     class Odd(torch.nn.Module):
         guidance_layout = "interleaved"
 
-    with pytest.raises(ValueError, match="guidance_layout='interleaved'"):
+    with pytest.raises(ValueError, match="guidance_layout is .interleaved."):
         cfg_model_fn(Odd(), 2.0)

@@ -2,7 +2,7 @@
 
 The rule checked everywhere: the world mean of the local gradients (what DDP and ZeRO compute)
 equals the serial model's gradient on the global batch. The shared spawn of each world size
-(``spawn.py``) runs all checks: world 2 (sp 2; apply_sequence_parallel and ModuleConverter; activation checkpointing; training
+(``spawn.py``) runs all checks: world 2 (sp 2; apply_sequence_parallel and parallelize; activation checkpointing; training
 through OpenDiTPlugin with zero_degree 0, 1, 2) and world 4 (sp 4, and dp 2 x sp 2). The latent
 10x6 with patch 2 gives 15 tokens, not divisible by 2 or 4, so padding is exercised throughout.
 """
@@ -91,10 +91,10 @@ def compare_with_serial(mesh, input_size, convert, block_wrapper=None) -> dict:
     }
 
 
-def via_converter(model, sp_group):
-    from opendit_lite.converter import ModuleConverter
+def via_parallelize(model, sp_group):
+    from opendit_lite.parallelize import parallelize
 
-    ModuleConverter({"sp_size": dist.get_world_size(sp_group)}, sp_group=sp_group).convert(model)
+    parallelize(model, sp_group=sp_group, sp_mode="ulysses")
     return model
 
 
@@ -226,7 +226,7 @@ def _rank_world2(rank, world_size):
     mesh = build_data_seq_mesh(2)
     return {
         "sp2_apply_15": compare_with_serial(mesh, (10, 6), apply_sequence_parallel),
-        "sp2_converter_16": compare_with_serial(mesh, (8, 8), via_converter),
+        "sp2_parallelize_16": compare_with_serial(mesh, (8, 8), via_parallelize),
         "sp2_checkpoint_15": compare_with_serial(mesh, (10, 6), apply_sequence_parallel, checkpoint_blocks),
         "conversion": conversion_checks(mesh.sp_group),
         "train": {z: train_steps(mesh, z) for z in (0, 1, 2)},
@@ -276,8 +276,8 @@ def test_sp2_matches_serial_with_padding():
     assert_matches_serial(results(2), "sp2_apply_15")
 
 
-def test_sp2_through_module_converter():
-    assert_matches_serial(results(2), "sp2_converter_16")
+def test_sp2_through_parallelize():
+    assert_matches_serial(results(2), "sp2_parallelize_16")
 
 
 def test_sp2_with_activation_checkpointing():
@@ -331,12 +331,12 @@ def test_duplicate_registration_is_an_error():
 
 @pytest.mark.gpu
 def test_dit_xl2_step_with_sp_size_1_on_gpu():
-    """sp_size 1 converts nothing for SP: a DiT-XL/2 bf16 training step runs as before."""
-    from opendit_lite.converter import ModuleConverter
+    """A group of one rank converts nothing for SP: a DiT-XL/2 bf16 training step runs as before."""
     from opendit_lite.parallel import SequenceParallelOp
+    from opendit_lite.parallelize import parallelize
 
     model = build_model("DiT-XL/2", input_size=32).cuda()
-    ModuleConverter({"sp_size": 1, "attention_backend": "auto"}).convert(model)
+    parallelize(model, sp_group=None, attention_backend="auto")
     assert not any(isinstance(m, (SequenceParallelSplit, SequenceParallelOp)) for m in model.modules())
     x, t, y, target = (v.cuda() for v in batch(4, (32, 32), seed=0))
     y = y % 1000

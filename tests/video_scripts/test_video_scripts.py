@@ -104,7 +104,7 @@ def test_sequence_parallel_matches_serial_loss(stdit_run, tmp_path, mode):
 
 @pytest.mark.parametrize("override, expected", [
     (["bogus_key=1"], "Unknown config key 'bogus_key'"),
-    (["--config", "configs/video_vchitect_demo.yaml", "sp_size=2", "sp_mode=dsp"], "sp_mode=dsp re-shards STDiT"),
+    (["--config", "configs/video_vchitect_demo.yaml", "sp_size=2", "sp_mode=dsp"], "sp_mode=dsp is not supported by VchitectXL"),
     (["data.type=shapes", "text_encoder.kind=t5"], "text_encoder.kind must be 'shapes'"),
     (["data.type=latents"], "'data.path' is required for data.type='latents'"),
     (["diffusion.objective=ddpm"], "'diffusion.objective' must be one of 'rflow', 'iddpm'"),

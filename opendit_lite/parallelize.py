@@ -1,0 +1,259 @@
+"""``parallelize(model, ...)``: every training-time transformation of a model, in one place.
+
+    report = parallelize(model, sp_group=plugin.sp_group, sp_mode="ulysses", fused_adaln=True,
+                         attention_backend="auto", selective_ratio=0.5, ac_offload=False, compile=True)
+    print(report)   # a short table: step, what was swapped, how many, what was left and why
+
+It applies four small steps to the serial model, in place, each with explicit arguments, and the
+booster plugin wraps (DDP) or shards (ZeRO) the result afterwards. The order, and why:
+
+1. ``apply_kernels``: backend swaps through the module converter (fused AdaLN, fused LayerNorm,
+   flash attention). First, because the next step wraps whichever attention op is in place: the
+   Ulysses op must wrap the final backend, not one about to be replaced.
+2. ``apply_sequence_parallel``: Ulysses or DSP, as the model declares it supports
+   (``supported_sp_modes``), through ``opendit_lite.parallel``. Before checkpointing and compile so
+   that both see the collectives: recomputation repeats the all-to-alls in the same order on every
+   rank, and compiled graphs contain them.
+3. ``apply_activation_checkpointing`` (with CPU offload): replaces each chosen block's forward.
+   After every module swap, so the recomputed forward is the final one; before compile, so the
+   compiled block graph holds the checkpointed region (recomputation inside the graph).
+4. ``apply_compile``: ``torch.compile`` per block (one graph per block class, reused by all
+   blocks of that class). Last, so it traces what the block finally runs; per block rather than
+   the whole model, so a graph break in one block costs one block, and before the plugin's
+   wrapping, which then sees ordinary modules.
+
+A sequence-parallel group of more than one rank in which nothing was made sequence-parallel is an
+error (every rank would compute the full sequence); a requested kernel swap that matched nothing
+warns on stderr.
+"""
+
+import sys
+import types
+import warnings
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+import torch.distributed as dist
+import torch.nn as nn
+
+from .activation_checkpointing import CheckpointReport, find_checkpoint_blocks
+from .activation_checkpointing import apply_activation_checkpointing as checkpoint_blocks
+from .config.loader import ConfigError
+from .converter import ConversionReport, ModuleConverter
+from .models.capabilities import check_sp_mode, supports_gradient_checkpointing
+
+
+class SequenceParallelError(ConfigError):
+    """Sequence parallelism was asked for (a group of more than one rank) but cannot apply."""
+
+
+@dataclass(frozen=True)
+class StepRow:
+    """One line of the report: a step, what it swapped or applied, how many, what it left and why."""
+
+    step: str
+    swapped: str
+    count: int
+    left: str = ""
+
+
+@dataclass
+class ParallelizeReport:
+    """What ``parallelize`` did, step by step; ``str()`` is a short table for the training log."""
+
+    rows: List[StepRow] = field(default_factory=list)
+    conversion: Optional[ConversionReport] = None       # the module converter's own report
+    checkpointing: Optional[CheckpointReport] = None    # None when no block was checkpointed
+
+    def count(self, step: str) -> int:
+        """Modules (or blocks) changed by ``step``."""
+        return sum(row.count for row in self.rows if row.step == step)
+
+    def __str__(self) -> str:
+        header = StepRow("step", "swapped / applied", "count", "left, and why")  # type: ignore[arg-type]
+        rows = [header, *self.rows]
+        widths = [max(len(str(getattr(r, name))) for r in rows) for name in ("step", "swapped", "count")]
+        lines = ["parallelize:"]
+        for r in rows:
+            lines.append(f"  {r.step:<{widths[0]}}  {r.swapped:<{widths[1]}}  {str(r.count):>{widths[2]}}  "
+                         f"{r.left or '-'}".rstrip())
+        return "\n".join(lines)
+
+
+def _warn(message: str) -> None:
+    """A requested feature that did not apply: a visible warning (stderr), not a log line."""
+    warnings.warn(f"parallelize: {message}", UserWarning, stacklevel=3)
+
+
+def _group_size(sp_group: Optional[dist.ProcessGroup]) -> int:
+    if sp_group is None or not dist.is_initialized():
+        return 1
+    return dist.get_world_size(sp_group)
+
+
+# ------------------------------------------------------------------------------------------ steps
+
+def apply_kernels(model: nn.Module, *, fused_adaln: bool = False, fused_layernorm: bool = False,
+                  attention_backend: str = "sdpa"):
+    """Backend swaps through the module converter; returns (rows, the converter's report).
+
+    A swap that was asked for and replaced nothing warns: "fused_adaln" on a model without
+    ``LayerNormModulate``, "fused_layernorm" without an affine ``nn.LayerNorm``, and
+    ``attention_backend="flash"`` when flash-attn is not installed."""
+    report = ModuleConverter(fused_adaln=fused_adaln, fused_layernorm=fused_layernorm,
+                             attention_backend=attention_backend).convert(model)
+    rows = []
+    for section in report.sections:
+        pairs = Counter((r.old_type.__name__, r.new_type.__name__) for r in section.replaced)
+        swapped = ", ".join(f"{old} -> {new}" for old, new in pairs) or section.name
+        if not section.enabled:
+            left = "not requested" if section.note is None else section.note
+            if section.name == "attention_backend" and attention_backend == "flash":
+                _warn(f"attention_backend='flash' was requested but kept SDPA: {section.note}")
+                left += " (warned)"
+            rows.append(StepRow("kernels", f"{section.name}: off", 0, left))
+            continue
+        left = section.note or ""
+        if not section.replaced:
+            _warn(f"{section.name} was requested but matched nothing in {type(model).__name__}: no module of the "
+                  f"type it replaces (see opendit_lite.converter.builtin); the model runs without it")
+            left = "matched nothing (warned)" + (f"; {left}" if left else "")
+        rows.append(StepRow("kernels", swapped, len(section.replaced), left))
+    return rows, report
+
+
+def _attention_modules(model: nn.Module) -> List[str]:
+    """``Class (qualified.name, ...)`` for the modules that look like attention, for error messages:
+    modules holding an ``attn_op``, ``nn.MultiheadAttention``, and classes named *Attention*."""
+    found = {}
+    for name, module in model.named_modules():
+        cls = type(module)
+        if (hasattr(module, "attn_op") or isinstance(module, nn.MultiheadAttention)
+                or ("attention" in cls.__name__.lower() and not cls.__name__.endswith("Op"))):
+            found.setdefault(cls.__name__, []).append(name or "<root>")
+    return [f"{cls} ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})" for cls, names in found.items()]
+
+
+def _unsupported(model: nn.Module, sp_mode: str, size: int, reason: str) -> SequenceParallelError:
+    found = _attention_modules(model)
+    example = found[0].split(" ")[0] if found else "MyAttention"
+    return SequenceParallelError(
+        f"Sequence parallelism over {size} ranks (sp_mode={sp_mode}) made nothing in {type(model).__name__} "
+        f"sequence-parallel, so every rank would compute the whole sequence: {reason} Attention modules found: "
+        f"{'; '.join(found) if found else 'none'}. To run it sequence-parallel, let each attention module call "
+        f"its kernel through an ``attn_op`` submodule (opendit_lite.models.layers.attention.AttentionOp, "
+        f"called as attn_op(q, k, v)) and register it: "
+        f"``from opendit_lite.parallel import register_sequence_parallel_attention, UlyssesAttentionOp; "
+        f"register_sequence_parallel_attention({example}, UlyssesAttentionOp)``, and mark where the tokens are "
+        f"split and gathered with SequenceSplit/SequenceGather (opendit_lite.models.layers.sequence). "
+        f"Or train with sp_size=1.")
+
+
+def apply_sequence_parallel(model: nn.Module, *, sp_group: Optional[dist.ProcessGroup],
+                            sp_mode: str = "ulysses") -> List[StepRow]:
+    """Ulysses (``opendit_lite.parallel.apply_sequence_parallel``) or DSP
+    (``opendit_lite.parallel.apply_dsp``) over ``sp_group``; nothing for a group of one rank.
+
+    Raises ``ConfigError`` when the model does not declare ``sp_mode`` in its ``supported_sp_modes``
+    and ``SequenceParallelError`` (a ConfigError) when nothing in it became sequence-parallel."""
+    from . import parallel  # the collectives and SP ops are only needed here
+
+    size = _group_size(sp_group)
+    if size == 1:
+        return [StepRow("sequence_parallel", "off", 0, "sp_group has 1 rank")]
+    check_sp_mode(model, sp_mode)
+    apply = {"ulysses": parallel.apply_sequence_parallel, "dsp": parallel.apply_dsp}[sp_mode]
+    before = Counter(type(m) for m in model.modules())
+    try:
+        apply(model, sp_group)
+    except (TypeError, ValueError) as e:  # the model lacks what this mode needs: say how to add it
+        raise _unsupported(model, sp_mode, size, str(e)) from e
+    new = Counter(type(m) for m in model.modules()) - before
+    if not new:
+        raise _unsupported(model, sp_mode, size, "no attention op or sequence marker was swapped.")
+    serial = Counter(type(m).__name__ for m in model.modules()
+                     if isinstance(getattr(m, "attn_op", None), nn.Module)
+                     and not isinstance(m.attn_op, parallel.SequenceParallelOp))
+    left = (f"serial attention: {', '.join(f'{n} x{c}' for n, c in serial.items())} "
+            f"({'DSP keeps every axis whole' if sp_mode == 'dsp' else 'axis not sharded'})") if serial else ""
+    swapped = ", ".join(f"{cls.__name__} x{count}" for cls, count in new.items())
+    return [StepRow("sequence_parallel", f"{sp_mode} over {size} ranks: {swapped}", sum(new.values()), left)]
+
+
+def apply_activation_checkpointing(model: nn.Module, *, selective_ratio: float = 1.0, offload: bool = False):
+    """Checkpoint all but a fraction ``selective_ratio`` of the model's blocks (offloading their
+    inputs to CPU with ``offload``); returns (rows, the CheckpointReport or None when off)."""
+    if selective_ratio >= 1.0 and not offload:
+        return [StepRow("activation_checkpointing", "off", 0, "selective_ratio=1: no block checkpointed")], None
+    if not supports_gradient_checkpointing(model):
+        raise ConfigError(f"{type(model).__name__} declares supports_gradient_checkpointing = False; "
+                          f"set selective_ratio=1 and ac_offload=false.")
+    report = checkpoint_blocks(model, selective_ratio, offload=offload)
+    kept = len(report.blocks) - len(report.checkpointed)
+    what = f"{report.source}: checkpointed{' + inputs offloaded to CPU' if offload else ''}"
+    left = f"{kept} of {len(report.blocks)} blocks not (selective_ratio={selective_ratio})" if kept else ""
+    return [StepRow("activation_checkpointing", what, len(report.checkpointed), left)], report
+
+
+def apply_compile(model: nn.Module, *, enabled: bool = True, backend: Optional[str] = None) -> List[StepRow]:
+    """``torch.compile`` each of the model's blocks in place (``nn.Module.compile``: parameter names
+    and state-dict keys stay the same). ``backend``: torch.compile's (None: its default, inductor)."""
+    if not enabled:
+        return [StepRow("compile", "off", 0, "compile=false")]
+    blocks = find_checkpoint_blocks(model)
+    for block in blocks:
+        block.compile(**({} if backend is None else {"backend": backend}))
+    names = Counter(type(b).__name__ for b in blocks)
+    swapped = f"torch.compile({backend or 'default backend'}) per block: " + ", ".join(names)
+    return [StepRow("compile", swapped, len(blocks), "the rest of the model runs eagerly")]
+
+
+# ------------------------------------------------------------------------------------ the pipeline
+
+def parallelize(model: nn.Module, *, sp_group: Optional[dist.ProcessGroup] = None, sp_mode: str = "ulysses",
+                fused_adaln: bool = False, fused_layernorm: bool = False, attention_backend: str = "sdpa",
+                selective_ratio: float = 1.0, ac_offload: bool = False, compile: bool = False,
+                compile_backend: Optional[str] = None) -> ParallelizeReport:
+    """Apply kernels -> sequence parallelism -> activation checkpointing -> compile to ``model`` in
+    place (see the module docstring for why in this order) and return what was done.
+
+    Call it on the serial, unwrapped model, once, before the booster plugin wraps it.
+    ``compile_backend`` is the ``torch.compile`` backend (None: its default; "eager" for a quick check)."""
+    report = ParallelizeReport()
+    # 1. Kernels first: the sequence-parallel op wraps whichever attention backend is in place.
+    rows, report.conversion = apply_kernels(model, fused_adaln=fused_adaln, fused_layernorm=fused_layernorm,
+                                            attention_backend=attention_backend)
+    report.rows += rows
+    # 2. Sequence parallelism next, so checkpointing and compile see its collectives.
+    report.rows += apply_sequence_parallel(model, sp_group=sp_group, sp_mode=sp_mode)
+    # 3. Checkpointing after every module swap, before compile (the graph holds the recomputation).
+    rows, report.checkpointing = apply_activation_checkpointing(model, selective_ratio=selective_ratio,
+                                                                offload=ac_offload)
+    report.rows += rows
+    # 4. Compile last, per block: it traces what each block finally runs.
+    report.rows += apply_compile(model, enabled=compile, backend=compile_backend)
+    return report
+
+
+class _CallableModule(types.ModuleType):
+    """``opendit_lite.parallelize`` names both this module and its function: once the module is
+    imported, Python binds the package attribute to the module, so calling the module calls the
+    function and ``from opendit_lite import parallelize`` works either way."""
+
+    def __call__(self, model: nn.Module, **kwargs) -> ParallelizeReport:
+        return parallelize(model, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
+
+__all__ = [
+    "ParallelizeReport",
+    "SequenceParallelError",
+    "StepRow",
+    "apply_activation_checkpointing",
+    "apply_compile",
+    "apply_kernels",
+    "apply_sequence_parallel",
+    "parallelize",
+]

@@ -1,0 +1,36 @@
+"""The image trainer's declarations (``IMAGE_TRAINER``): class-conditional image data, optionally
+encoded by a VAE, and a DiT-style model; train.py runs it with the shared loop."""
+
+from ..config import TrainConfig
+from ..encoders import vae_encode
+from .factory import (
+    build_dataset_from_config,
+    build_model_from_config,
+    load_vae_from_config,
+    resolve_model_geometry,
+)
+from .spec import TrainerSpec, TrainingData
+
+
+def prepare_image_data(cfg: TrainConfig, device, sp_group=None) -> TrainingData:
+    dataset = build_dataset_from_config(cfg)
+    vae = load_vae_from_config(cfg, device)
+    resolve_model_geometry(cfg, dataset, vae)
+    encode = vae is not None and cfg.data.type != "latents"
+
+    def model_inputs(batch):
+        x, y = (t.to(device, non_blocking=True) for t in batch)  # x [B, C, H, W], y [B]
+        if encode:
+            x = vae_encode(vae, x, cfg.vae.scale_factor)          # [B, C_latent, H/8, W/8]
+        return x, dict(y=y)
+
+    return TrainingData(dataset, model_inputs)
+
+
+def describe_image_input(cfg: TrainConfig) -> str:
+    m = cfg.model
+    return f"input {m.input_size} x {m.in_channels} ch, {m.num_classes} classes"
+
+
+IMAGE_TRAINER = TrainerSpec(name="image", schema=TrainConfig, prepare_data=prepare_image_data,
+                            build_model=build_model_from_config, describe=describe_image_input)

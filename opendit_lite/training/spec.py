@@ -1,0 +1,40 @@
+"""What a trainer declares: the only parts of a training run that differ between model families.
+
+``opendit_lite.training.trainer`` runs the same loop for every ``TrainerSpec``; the image spec is
+in ``training/image.py``, the video spec in ``training/video.py``.
+"""
+
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+
+@dataclass(frozen=True)
+class TrainingData:
+    """A dataset and how one of its loader batches becomes the model's input."""
+
+    dataset: Any
+    # loader batch -> (x [B, ...] the clean input of the objective, extra model keyword arguments)
+    model_inputs: Callable[[Any], Tuple[torch.Tensor, dict]]
+
+
+@dataclass(frozen=True)
+class TrainerSpec:
+    """A model family's trainer.
+
+    ``prepare_data(cfg, device, sp_group)`` builds the dataset and encoders and fills the model
+    geometry left unset in ``cfg`` from them (so the saved config rebuilds the model);
+    ``build_model(cfg)`` builds the serial model; ``describe(cfg)`` is the input part of the log
+    line ("input [32, 32] x 3 ch, 8 classes"); ``validate(cfg)`` checks settings across sections
+    before any process group starts.
+    """
+
+    name: str
+    schema: type
+    prepare_data: Callable[[Any, torch.device, Optional[dist.ProcessGroup]], TrainingData]
+    build_model: Callable[[Any], nn.Module]
+    describe: Callable[[Any], str]
+    validate: Optional[Callable[[Any], None]] = None

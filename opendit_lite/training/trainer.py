@@ -1,0 +1,95 @@
+"""One training run for any ``TrainerSpec`` (train.py: images, train_video.py: clips).
+
+The run, in order: plugin and mesh; the same model initialisation on every rank; data, model and
+weights from the spec; ``parallelize`` (kernels -> sequence parallelism -> activation
+checkpointing -> compile); the boosted optimizer, schedule and loader; per-data-parallel-rank
+seeds; EMA; resume; then the step loop of ``loop.py`` with "batch -> loss" built from the spec's
+``model_inputs`` and the diffusion objective.
+"""
+
+import os
+import sys
+from typing import Optional, Sequence
+
+import torch
+
+from ..checkpoint.layout import pick_resume_checkpoint
+from ..checkpoint.weights import load_weights
+from ..config import exit_on_config_error, parse_cli, validate_world
+from ..distributed.launch import cleanup_distributed, init_distributed
+from ..distributed.seed import seed_everything
+from ..models import MODELS, registered_class
+from ..models.capabilities import check_sp_mode
+from ..parallelize import parallelize
+from .factory import build_training_objective, objective_loss
+from .loop import (
+    ResumableBatches,
+    boost_training,
+    build_booster,
+    enable_ema,
+    restore_training,
+    run_steps,
+    write_run_config,
+)
+from .metrics import MetricsLogger
+from .spec import TrainerSpec
+
+
+def train(spec: TrainerSpec, cfg, info) -> str:
+    """Train ``cfg.max_steps`` steps of the spec's model; returns the final checkpoint's path."""
+    run_dir = os.path.join(cfg.results_dir, cfg.exp_name)
+    log = MetricsLogger(run_dir, enabled=info.is_main)
+
+    plugin, booster = build_booster(cfg, info)  # first: it builds the mesh sequence parallelism needs
+    seed_everything(cfg.global_seed, 0, 1)  # the same model initialisation on every rank
+
+    data = spec.prepare_data(cfg, info.device, plugin.sp_group)
+    model = spec.build_model(cfg)
+    if cfg.init_from and not pick_resume_checkpoint(cfg):
+        load_weights(model, cfg.init_from, use_ema=False)
+        log.write(f"initialised weights from {cfg.init_from}")
+    # Every transformation of the serial model, in parallelize's order, before the plugin wraps it.
+    report = parallelize(model, sp_group=plugin.sp_group, sp_mode=cfg.sp_mode, fused_adaln=cfg.fused_adaln,
+                         fused_layernorm=cfg.fused_layernorm, attention_backend=cfg.attention_backend,
+                         selective_ratio=cfg.selective_ratio, ac_offload=cfg.ac_offload, compile=cfg.compile)
+    log.write(str(report))
+    objective = build_training_objective(cfg)
+    model.to(info.device)
+    num_params = sum(p.numel() for p in model.parameters())
+    log.write(f"model {cfg.model.name}: {num_params / 1e6:.2f}M parameters, {spec.describe(cfg)}, "
+              f"{cfg.diffusion.objective}")
+
+    model, optimizer, lr_scheduler, dataloader, micro_batch = boost_training(cfg, plugin, booster, model,
+                                                                             data.dataset)
+    # One random stream per data-parallel rank: the ranks of a sequence-parallel group must draw the
+    # same noise, timesteps and condition dropout for the sample they share.
+    seed_everything(cfg.global_seed, plugin.dp_rank, plugin.dp_size)
+    ema_plugin = enable_ema(cfg, plugin, model, optimizer)
+    step, epoch, batch_in_epoch = restore_training(cfg, booster, plugin, ema_plugin, model, optimizer,
+                                                   lr_scheduler, log)
+    write_run_config(cfg, run_dir, info.is_main)
+    batches = ResumableBatches(dataloader, micro_batch, epoch, batch_in_epoch)
+
+    def batch_loss(batch) -> torch.Tensor:
+        x, model_kwargs = data.model_inputs(batch)
+        return objective_loss(objective, model, x, model_kwargs)
+
+    return run_steps(cfg, info, log, booster, plugin, ema_plugin, model, optimizer, lr_scheduler, batches, step,
+                     batch_loss)
+
+
+@exit_on_config_error
+def run_trainer(spec: TrainerSpec, description: str, argv: Optional[Sequence[str]] = None) -> str:
+    """A script's ``main``: parse ``[--config FILE] key=value ...``, check the settings before any
+    process group starts, train, and tear the process group down. A ConfigError exits with 2."""
+    cfg = parse_cli(sys.argv[1:] if argv is None else argv, description, schema=spec.schema)
+    if spec.validate is not None:
+        spec.validate(cfg)
+    if cfg.sp_size > 1 and cfg.model.name in MODELS and registered_class(cfg.model.name) is not None:
+        check_sp_mode(registered_class(cfg.model.name), cfg.sp_mode)
+    info = init_distributed()
+    try:
+        validate_world(cfg, info.world_size)
+        return train(spec, cfg, info)
+    finally:
+        cleanup_distributed()
