@@ -6,6 +6,9 @@ same videos.
 
 From the newest checkpoint of a run (EMA weights by default), prompts from the config:
     python sample_video.py --config configs/video_stdit_demo.yaml
+On several processes (prompts split over the data-parallel ranks; sp_size=2 shards each clip's
+tokens over 2 ranks with Ulysses, or DSP with sp_mode=dsp); the videos are the one-process videos:
+    torchrun --standalone --nproc_per_node 4 sample_video.py --config configs/video_stdit_demo.yaml sp_size=2
 Prompts on the command line or from a file (one a line):
     python sample_video.py --config configs/video_stdit_demo.yaml 'sample.prompts=["a red disc moving up"]'
     python sample_video.py --config configs/video_stdit_xl.yaml sample.prompt_file=prompts.txt \\
@@ -18,7 +21,7 @@ local paths such as ``vae.path``/``text_encoder.path``) come from this command.
 import os
 import re
 import sys
-from typing import List
+from typing import List, Sequence
 
 import torch
 from PIL import Image, ImageDraw
@@ -30,7 +33,11 @@ quiet_third_party_startup()  # before colossalai is imported
 from opendit_lite.config import ConfigError, exit_on_config_error, from_dict, parse_cli
 from opendit_lite.config.video_schema import TextEncoderConfig, VideoDiffusionConfig, VideoModelConfig, VideoTrainConfig
 from opendit_lite.diffusion import RectifiedFlow, cfg_model_fn, create_diffusion
+from opendit_lite.diffusion.sampling_utils import SampleGenerators
 from opendit_lite.checkpoint.layout import resolve_sample_checkpoint, saved_config
+from opendit_lite.sampling import gather_on_main, sampling_ranks
+from opendit_lite.sampling.checks import check_sample_settings
+from opendit_lite.sampling.denoiser import parallelize_denoiser
 from opendit_lite.training.video import (
     build_video_model,
     load_caption_encoder,
@@ -85,24 +92,27 @@ def check_sampler(cfg) -> None:
 
 
 @torch.no_grad()
-def sample_clips(model, cfg, states: torch.Tensor, mask: torch.Tensor, device, generator: torch.Generator,
-                 pixel_space: bool) -> torch.Tensor:
-    """Caption states [n, M, Cy] -> clips [n, C, T, H, W] in model space (latents or pixels)."""
-    z = torch.randn(states.shape[0], *model_clip_shape(cfg), generator=generator).to(device)  # [n, C, T, H, W]
+def sample_clips(model, cfg, states: torch.Tensor, mask: torch.Tensor, indices: Sequence[int], device,
+                 pixel_space: bool, progress: bool = False) -> torch.Tensor:
+    """Caption states [n, M, Cy] of global prompts ``indices`` -> clips [n, C, T, H, W] in model space
+    (latents or pixels). Each clip's noise comes from (sample.seed, its index), so the result does
+    not depend on which prompts share the batch, rank or world size."""
     s = cfg.sample
+    generators = SampleGenerators(s.seed, indices)
+    z = generators.standard_normal((states.shape[0], *model_clip_shape(cfg)), device, torch.float32)  # [n, C, T, H, W]
     # Guidance by the model's layout (video models: [captions; learned null caption] as one batch of 2n).
     guided = cfg_model_fn(model, s.cfg_scale)
     kwargs = dict(y=states, mask=mask)
     if s.sampler == "euler":
         rf = RectifiedFlow(num_timesteps=cfg.diffusion.diffusion_steps)
-        return rf.sample(guided, noise=z, model_kwargs=kwargs, num_steps=s.num_sampling_steps, progress=True,
-                         generator=generator)
+        return rf.sample(guided, noise=z, model_kwargs=kwargs, num_steps=s.num_sampling_steps, progress=progress,
+                         generator=generators)
     prefix = "ddim" if s.sampler == "ddim" else ""
     diffusion = create_diffusion(f"{prefix}{s.num_sampling_steps}", noise_schedule=cfg.diffusion.noise_schedule,
                                  learn_sigma=cfg.model.learn_sigma, diffusion_steps=cfg.diffusion.diffusion_steps)
     loop = diffusion.ddim_sample_loop if s.sampler == "ddim" else diffusion.p_sample_loop
-    return loop(guided, z.shape, z, clip_denoised=pixel_space, model_kwargs=kwargs, progress=True,
-                device=device, generator=generator)
+    return loop(guided, z.shape, z, clip_denoised=pixel_space, model_kwargs=kwargs, progress=progress,
+                device=device, generator=generators)
 
 
 def to_frames(clip: torch.Tensor, min_side: int = 128) -> List[Image.Image]:
@@ -164,7 +174,6 @@ def slug(prompt: str) -> str:
 def main(argv=None) -> List[str]:
     cfg = parse_cli(sys.argv[1:] if argv is None else argv, __doc__, schema=VideoTrainConfig)
     validate_video_config(cfg)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     ckpt = resolve_sample_checkpoint(cfg, cfg.sample.ckpt, "train_video.py")
     adopt_checkpoint_config(cfg, ckpt)
     check_sampler(cfg)
@@ -173,16 +182,28 @@ def main(argv=None) -> List[str]:
     if not pixel_space and not cfg.vae.path:
         raise ConfigError(f"The model works on {cfg.model.in_channels}-channel latents: set vae.path to the local "
                           f"VAE folder that decodes them.")
-    model = build_video_model(cfg)
-    load_weights(model, ckpt, use_ema=cfg.sample.use_ema)
-    model.to(device).eval()
-
-    states, mask = load_caption_encoder(cfg, device).encode(prompts, device)         # [n, M, Cy], [n, M]
-    generator = torch.Generator().manual_seed(cfg.sample.seed)
-    clips = sample_clips(model, cfg, states, mask, device, generator, pixel_space)   # [n, C, T, H, W]
-    vae = load_video_vae(cfg, device)
-    if vae is not None:
-        clips = vae.decode(clips)                                                    # [n, 3, T, H', W']
+    check_sample_settings(cfg.sample.seed, cfg.sample.batch_size)
+    with sampling_ranks(cfg.sp_size) as ranks:
+        device = ranks.device
+        model = build_video_model(cfg)
+        load_weights(model, ckpt, use_ema=cfg.sample.use_ema)
+        report = parallelize_denoiser(model, cfg, ranks)  # the training machinery: Ulysses / DSP, compile
+        if ranks.is_main and (ranks.sp_size > 1 or cfg.sample.compile):
+            print(report)
+        model.to(device).eval()
+        captions, vae = load_caption_encoder(cfg, device), load_video_vae(cfg, device)
+        block, mine = ranks.shard(len(prompts)), []
+        for start in range(block.start, block.stop, cfg.sample.batch_size):  # this rank's prompts
+            indices = range(start, min(start + cfg.sample.batch_size, block.stop))
+            states, mask = captions.encode([prompts[i] for i in indices], device)      # [n, M, Cy], [n, M]
+            clips = sample_clips(model, cfg, states, mask, indices, device, pixel_space,
+                                 progress=ranks.is_main)                              # [n, C, T, H, W]
+            if vae is not None:
+                clips = vae.decode(clips)                                            # [n, 3, T, H', W']
+            mine.append(clips.float().cpu())
+        clips = gather_on_main(torch.cat(mine) if mine else torch.empty(0), ranks)
+        if not ranks.is_main:
+            return []
 
     out_dir = cfg.sample.output_dir or os.path.join(cfg.results_dir, cfg.exp_name, "samples")
     os.makedirs(out_dir, exist_ok=True)

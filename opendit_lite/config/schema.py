@@ -92,8 +92,25 @@ class SampleConfig:
     cfg_scale: float = _f(4.0, "classifier-free guidance scale (1 disables guidance)")
     class_labels: Optional[List[int]] = _f(None, "labels to sample, one grid row each; None: every class")
     samples_per_class: int = _f(8, "images per class label (grid columns)")
-    seed: int = _f(0, "sampling seed: the same seed gives the same images")
+    seed: int = _f(0, "sampling seed (>= 0): sample i's noise comes from (seed, i), so any number of ranks "
+                      "gives the same images")
     output: Optional[str] = _f(None, "PNG path of the grid; None: <run dir>/samples.png")
+    batch_size: int = _f(32, "samples per forward on each data-parallel rank (guidance runs twice as many rows)")
+    compile: bool = _f(False, "torch.compile each block of the denoiser, as training's compile does")
+
+
+@dataclass
+class EvalConfig:
+    samples_per_class: int = _f(50, "images generated per class label (DiT's FID-50K: 50 x 1000 classes)")
+    reference: Optional[str] = _f(None, "reference for FID: an .npz with mu/sigma, an .npz with arr_0 "
+                                        "(uint8 NHWC images) or a folder of images")
+    inception_path: Optional[str] = _f(None, "local InceptionV3 weights for torch-fidelity "
+                                             "(weights-inception-2015-12-05-6726825d.pth); nothing is downloaded")
+    samples: Optional[str] = _f(None, "an existing samples .npz (arr_0 uint8 NHWC) to score instead of generating")
+    output_dir: Optional[str] = _f(None, "folder for samples.npz, metrics.json and PNGs; None: <run dir>/eval")
+    save_png: bool = _f(False, "also write every sample as <index>.png")
+    precision_recall: bool = _f(False, "also compute precision/recall (needs reference images, not only mu/sigma)")
+    batch_size: int = _f(50, "images per Inception forward")
 
 
 @dataclass
@@ -141,8 +158,10 @@ class TrainConfig:
     pin_memory: bool = _f(False, "pin data-loader memory")
     log_every: int = _f(50, "steps between logged metrics (the only host syncs of the loop)")
     ckpt_every: int = _f(0, "steps between checkpoints (0: only at the end)")
+    eval_every: int = _f(0, "steps between evaluations (eval.*: FID of fresh samples) of the checkpoint saved at that "
+                            "step; a multiple of ckpt_every; 0: off")
     keep_last: int = _f(0, "keep only this many newest checkpoints (0: keep all)")
-    compile: bool = _f(False, "torch.compile the model")
+    compile: bool = _f(False, "torch.compile each repeated block (the last step of parallelize)")
     # sections
     model: ModelConfig = _section(ModelConfig, "model to train")
     data: DataConfig = _section(DataConfig, "training data")
@@ -151,6 +170,7 @@ class TrainConfig:
     ema: EMAConfig = _section(EMAConfig, "exponential moving average")
     encoder: EncoderConfig = _section(EncoderConfig, "frozen encoders")
     sample: SampleConfig = _section(SampleConfig, "sample.py settings")
+    eval: EvalConfig = _section(EvalConfig, "python -m opendit_lite.evaluate settings (sampling settings: sample.*)")
 
 
 # Other spellings of our fields, dotted key -> dotted key (an alias and its field share a section).

@@ -65,7 +65,10 @@ class VideoSampleConfig:
     cfg_scale: float = _f(4.0, "classifier-free guidance scale against the null caption (1 disables guidance)")
     prompts: Optional[List[str]] = _f(None, "captions to sample; None: prompt_file, or a few shapes captions")
     prompt_file: Optional[str] = _f(None, "text file with one prompt a line (used when prompts is empty)")
-    seed: int = _f(0, "sampling seed: the same seed gives the same videos")
+    seed: int = _f(0, "sampling seed (>= 0): prompt i's noise comes from (seed, i), so any number of ranks "
+                      "gives the same videos")
+    batch_size: int = _f(8, "prompts per forward on each data-parallel rank")
+    compile: bool = _f(False, "torch.compile each block of the denoiser, as training's compile does")
     fps: int = _f(4, "frames per second of the written videos")
     output_dir: Optional[str] = _f(None, "folder for the videos and contact sheet; None: <run dir>/samples")
 

@@ -6,7 +6,8 @@
 For each conversion, in the registry's order (see ``registry.py``), whose ``enabled(options)`` is
 true, every submodule that matches its source type is handed to its factory and the result is put
 in its place on the parent module; a factory that instead changes the module in place (swaps one
-of its direct children, e.g. wraps ``attn_op``) has those children reported. The root module is
+of its direct children, e.g. wraps ``attn_op``, or rebinds its class's forward) has those children
+and the class change reported. Conversions registered under one name report as one section. The root module is
 never replaced. A matched module's own
 children are not searched by the same conversion (the factory owns that subtree), but the next
 conversion sees the model as this one left it, so a later wrapper finds an earlier replacement.
@@ -102,13 +103,21 @@ class ModuleConverter:
     def convert(self, model: nn.Module) -> ConversionReport:
         """Replace matching submodules of ``model`` in place; returns what was done."""
         report = ConversionReport()
+        by_name: Dict[str, ConversionSection] = {}
         for conversion in self.registry.ordered():
             enabled = bool(conversion.enabled(self.options))
             note = conversion.describe(self.options) if conversion.describe is not None else None
-            section = ConversionSection(conversion.name, enabled, note)
-            if enabled:
-                section.replaced = self._apply(conversion, model)
-            report.sections.append(section)
+            replaced = self._apply(conversion, model) if enabled else []
+            # One section per name: a name registered for several types (the zoo's module and
+            # foreign blocks for fused_adaln, adapters and ops for attention_backend) is one swap.
+            section = by_name.get(conversion.name)
+            if section is None:
+                section = by_name[conversion.name] = ConversionSection(conversion.name, enabled, note)
+                report.sections.append(section)
+            else:
+                section.note = (note if enabled and not section.enabled else section.note) or note
+                section.enabled = section.enabled or enabled
+            section.replaced += replaced
         return report
 
     def _apply(self, conversion: Conversion, model: nn.Module) -> List[Replacement]:
@@ -118,7 +127,10 @@ class ModuleConverter:
             if id(module) in done:
                 new = done[id(module)]
             else:
-                children_before = dict(module._modules)
+                type_before = type(module)
+                # Children, and plain attributes that may become children (a diffusers attention
+                # processor set as an nn.Module), to report what an in-place factory swapped.
+                attributes_before = {**vars(module), **module._modules}
                 new = conversion.factory(module, self.options, self.context)
                 if not isinstance(new, nn.Module):
                     raise TypeError(
@@ -127,11 +139,14 @@ class ModuleConverter:
                     )
                 new.train(module.training)
                 done[id(module)] = new
-                if new is module:  # converted in place, if at all: report the children it swapped
+                if new is module:  # converted in place, if at all: report what it swapped
+                    if type(module) is not type_before:  # its forward rebound (see class_swap.py)
+                        replaced.append(Replacement(qualified_name, type_before, type(module)))
                     replaced += [
-                        Replacement(f"{qualified_name}.{name}", type(old), type(module._modules.get(name)))
-                        for name, old in children_before.items() if module._modules.get(name) is not old
-                    ]
+                        Replacement(f"{qualified_name}.{name}", type(attributes_before.get(name)), type(child))
+                        for name, child in module._modules.items()
+                        if attributes_before.get(name) is not None and child is not attributes_before[name]
+                    ]  # a child added where nothing was (an attn_op for a rebound forward) is not a swap
             if new is not module:
                 setattr(parent, attr, new)
                 replaced.append(Replacement(qualified_name, type(module), type(new)))

@@ -15,9 +15,15 @@ parameters (share the same ``nn.Parameter`` objects) and state-dict keys.
 (optional) gives one line for the report saying what was chosen and why, e.g.
 "attention: sdpa (flash-attn not installed)".
 
+``when(module) -> bool`` (optional) narrows a match beyond the type: conversions for modules of
+another project (Meta's DiT, diffusers) register ``nn.Module`` with ``include_subclasses=True`` and
+a ``when`` that recognises the module by its declared structure or by its exact class looked up in
+an already imported library, so that library is never imported just to register the conversion.
+
 Order: conversions run one after the other, by ascending ``priority`` and, within a priority, in
-registration order; each one sees the model as the previous ones left it. Backend swaps use
-``PRIORITY_BACKEND`` (0); a conversion that wraps whatever backend is in place uses
+registration order; each one sees the model as the previous ones left it. Adapters that give a
+foreign module the zoo's interfaces (an ``attn_op`` child) use ``PRIORITY_ADAPTER`` (-100), so the
+backend swaps that follow see their ops. Backend swaps use ``PRIORITY_BACKEND`` (0); a conversion that wraps whatever backend is in place uses
 ``PRIORITY_WRAPPER`` (100), so it wraps the final backend rather than one about to be replaced.
 Sequence parallelism is not a conversion: ``opendit_lite.parallelize`` applies it after the
 converter, with ``opendit_lite.parallel``.
@@ -36,6 +42,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import torch.nn as nn
 
+PRIORITY_ADAPTER = -100
 PRIORITY_BACKEND = 0
 PRIORITY_WRAPPER = 100
 
@@ -67,11 +74,14 @@ class Conversion:
     describe: Optional[Callable[[ConverterOptions], str]] = None
     priority: int = PRIORITY_BACKEND
     include_subclasses: bool = False  # match subclasses of source_type too, not only the exact type
+    when: Optional[Callable[[nn.Module], bool]] = None  # a further test of a module of that type
 
     def matches(self, module: nn.Module) -> bool:
         if self.include_subclasses:
-            return isinstance(module, self.source_type)
-        return type(module) is self.source_type
+            typed = isinstance(module, self.source_type)
+        else:
+            typed = type(module) is self.source_type
+        return typed and (self.when is None or bool(self.when(module)))
 
 
 class ConversionRegistry:
@@ -90,6 +100,7 @@ class ConversionRegistry:
         describe: Optional[Callable[[ConverterOptions], str]] = None,
         priority: int = PRIORITY_BACKEND,
         include_subclasses: bool = False,
+        when: Optional[Callable[[nn.Module], bool]] = None,
     ) -> Conversion:
         """Add a conversion; the same ``(source_type, name)`` twice is an error."""
         if not (isinstance(source_type, type) and issubclass(source_type, nn.Module)):
@@ -105,7 +116,7 @@ class ConversionRegistry:
                 )
         conversion = Conversion(
             name=name, source_type=source_type, factory=factory, enabled=enabled or _always,
-            describe=describe, priority=int(priority), include_subclasses=include_subclasses,
+            describe=describe, priority=int(priority), include_subclasses=include_subclasses, when=when,
         )
         self._conversions.append(conversion)
         return conversion
@@ -141,13 +152,14 @@ def register_conversion(
     describe: Optional[Callable[[ConverterOptions], str]] = None,
     priority: int = PRIORITY_BACKEND,
     include_subclasses: bool = False,
+    when: Optional[Callable[[nn.Module], bool]] = None,
     registry: Optional[ConversionRegistry] = None,
 ) -> Conversion:
     """Register ``factory`` for ``source_type`` modules in ``registry`` (default: ``CONVERSIONS``).
 
-    See the module docstring for the factory signature, ``enabled``, ``describe`` and ordering.
+    See the module docstring for the factory signature, ``enabled``, ``describe``, ``when`` and ordering.
     """
     return (registry if registry is not None else CONVERSIONS).register(
         source_type, factory, name=name, enabled=enabled, describe=describe,
-        priority=priority, include_subclasses=include_subclasses,
+        priority=priority, include_subclasses=include_subclasses, when=when,
     )

@@ -4,12 +4,52 @@ Samplers accept any ``model_fn(x, t, **model_kwargs)`` callable (a module, a bou
 DiT's ``forward_with_cfg``, or a function from ``cfg_model_fn``), so the device cannot always be read
 from the model; it is taken from, in order: the ``device`` argument, the given noise, the model's
 parameters when it is an ``nn.Module``, the generator, and finally the CPU.
+
+``generator`` may also be a ``SampleGenerators``: one generator per sample, so that each sample's
+noise depends only on the seed and its own index, not on which other samples share its batch, rank
+or world size (what data-parallel sampling needs to reproduce a one-process run).
 """
 
-from typing import Callable, Iterable, Optional, Sequence, Union
+from typing import Callable, Iterable, List, Optional, Sequence, Union
 
+import numpy as np
 import torch
 import torch.nn as nn
+
+
+def sample_seed(seed: int, index: int) -> int:
+    """A well-mixed 64-bit seed for sample ``index`` of a run seeded with ``seed`` (both >= 0);
+    neighbouring (seed, index) pairs give unrelated streams."""
+    return int(np.random.SeedSequence([seed, index]).generate_state(1, dtype=np.uint64)[0])
+
+
+class SampleGenerators:
+    """One CPU ``torch.Generator`` per sample, seeded by ``sample_seed(seed, index)``.
+
+    A draw of shape [N, ...] takes row r from generator ``r % len(self)``, so N must be a multiple
+    of the number of samples: the doubled batch of classifier-free guidance ([conditional;
+    unconditional]) draws each sample's two rows from that sample's own generator, conditional
+    row first. Draws happen on the CPU and are moved, as ``standard_normal`` does for a generator.
+    """
+
+    device = torch.device("cpu")
+
+    def __init__(self, seed: int, indices: Sequence[int]):
+        if seed < 0:
+            raise ValueError(f"the sampling seed must be >= 0, got {seed}")
+        self.indices = list(indices)
+        self.generators: List[torch.Generator] = [torch.Generator().manual_seed(sample_seed(seed, i))
+                                                  for i in self.indices]
+
+    def __len__(self) -> int:
+        return len(self.generators)
+
+    def standard_normal(self, shape: Sequence[int], device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        n = len(self.generators)
+        if n == 0 or shape[0] % n != 0:
+            raise ValueError(f"a draw of {shape[0]} rows does not split over {n} per-sample generators")
+        rows = [torch.randn(tuple(shape[1:]), generator=self.generators[r % n], dtype=dtype) for r in range(shape[0])]
+        return torch.stack(rows).to(device)  # [N, ...]
 
 Device = Union[str, torch.device, None]
 
@@ -58,6 +98,8 @@ def standard_normal(
     The draw happens on the generator's own device and is then moved, so a CPU generator works for
     CUDA sampling and a given seed gives the same noise on every device.
     """
+    if isinstance(generator, SampleGenerators):
+        return generator.standard_normal(shape, device, dtype)
     if generator is None:
         return torch.randn(shape, device=device, dtype=dtype)
     return torch.randn(shape, generator=generator, device=generator.device, dtype=dtype).to(device)

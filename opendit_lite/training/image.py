@@ -3,6 +3,8 @@ encoded by a VAE, and a DiT-style model; train.py runs it with the shared loop."
 
 from ..config import ConfigError, TrainConfig
 from ..encoders import vae_encode
+from ..models import MODELS, registered_class
+from ..models.capabilities import is_video_model
 from .factory import (
     build_dataset_from_config,
     build_model_from_config,
@@ -30,10 +32,26 @@ def prepare_image_data(cfg: TrainConfig, device, sp_group=None) -> TrainingData:
     return TrainingData(dataset, model_inputs)
 
 
+def build_image_model(cfg: TrainConfig):
+    """The registered model ``model.name``; a model declaring ``is_video = True`` is refused."""
+    name = cfg.model.name
+    if name in MODELS and registered_class(name) is not None and is_video_model(registered_class(name)):
+        raise ConfigError(f"'model.name' {name!r} is a text-to-video model (it declares is_video = True): "
+                          f"train it with train_video.py.")
+    return build_model_from_config(cfg)
+
+
 def describe_image_input(cfg: TrainConfig) -> str:
     m = cfg.model
     return f"input {m.input_size} x {m.in_channels} ch, {m.num_classes} classes"
 
 
+def periodic_image_evaluation(cfg: TrainConfig, log):
+    from ..evaluate.periodic import periodic_evaluation  # the metrics stack only when asked for
+
+    return periodic_evaluation(cfg, log)
+
+
 IMAGE_TRAINER = TrainerSpec(name="image", schema=TrainConfig, prepare_data=prepare_image_data,
-                            build_model=build_model_from_config, describe=describe_image_input)
+                            build_model=build_image_model, describe=describe_image_input,
+                            evaluator=periodic_image_evaluation)

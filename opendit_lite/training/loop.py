@@ -1,18 +1,7 @@
-"""The parts of a training run that do not depend on what is trained, shared by the trainers:
-plugin and booster set-up, the boosted optimizer/scheduler/data loader, resuming, the endless
-resumable batch stream, and the step loop (accumulation, optimizer step, EMA, logging, checkpoints).
-
-A trainer's own code is then only model/data set-up and "batch -> loss", plus these calls in this order::
-
-    plugin, booster = build_booster(cfg, info)
-    model, optimizer, lr_scheduler, dataloader, micro_batch = boost_training(cfg, plugin, booster, model, dataset)
-    seed_everything(cfg.global_seed, plugin.dp_rank, plugin.dp_size)
-    ema_plugin = enable_ema(cfg, plugin, model, optimizer)
-    step, epoch, batch_in_epoch = restore_training(cfg, booster, plugin, ema_plugin, model, optimizer, lr_scheduler, log)
-    write_run_config(cfg, run_dir, info.is_main)
-    batches = ResumableBatches(dataloader, micro_batch, epoch, batch_in_epoch)
-    run_steps(cfg, info, log, booster, plugin, ema_plugin, model, optimizer, lr_scheduler, batches, step,
-              batch_loss=lambda batch: ...)
+"""The parts of a training run that do not depend on what is trained: plugin and booster set-up,
+the boosted optimizer/scheduler/data loader, resuming, the endless resumable batch stream, and the
+step loop (accumulation, optimizer step, EMA, logging, checkpoints). ``trainer.py`` calls them in
+order for every trainer; a trainer itself only declares its data and model (``spec.py``).
 """
 
 import os
@@ -139,7 +128,8 @@ class ResumableBatches:
 
 def run_steps(cfg, info, log: MetricsLogger, booster: Booster, plugin: OpenDiTPlugin,
               ema_plugin: Optional[OpenDiTPlugin], model, optimizer, lr_scheduler, batches: ResumableBatches,
-              step: int, batch_loss: Callable[[object], torch.Tensor]) -> str:
+              step: int, batch_loss: Callable[[object], torch.Tensor],
+              after_save: Optional[Callable[[int, str], None]] = None) -> str:
     """Train from ``step`` to ``cfg.max_steps``; returns the final checkpoint's path.
 
     ``batch_loss(batch)`` maps one micro-batch to its mean loss (the trainer's only own part). Each
@@ -147,7 +137,8 @@ def run_steps(cfg, info, log: MetricsLogger, booster: Booster, plugin: OpenDiTPl
     and updates the EMA. Losses stay on the device and are averaged over ranks only every
     ``log_every`` steps (the one host sync); checkpoints every ``ckpt_every`` steps and at the end
     record the data position so a resumed run continues with the next batch. A first Ctrl-C or
-    SIGTERM stops the run at the next log point with a checkpoint (see ``stop.py``)."""
+    SIGTERM stops the run at the next log point with a checkpoint (see ``stop.py``).
+    ``after_save(step, path)`` runs on every rank after each checkpoint (e.g. ``eval_every``)."""
 
     def save(at_step: int) -> str:
         extra = {"epoch": batches.epoch, "batch_in_epoch": batches.batch_in_epoch, "config": to_dict(cfg)}
@@ -155,6 +146,8 @@ def run_steps(cfg, info, log: MetricsLogger, booster: Booster, plugin: OpenDiTPl
                                plugin=ema_plugin, extra_state=extra, keep_last=cfg.keep_last or None,
                                exp_name=cfg.exp_name)
         log.write(f"saved checkpoint {path}")
+        if after_save is not None:
+            after_save(at_step, path)
         return path
 
     loss_sum = torch.zeros((), device=info.device)

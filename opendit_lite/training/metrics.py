@@ -56,6 +56,15 @@ class MetricsLogger:
                                  samples_s=f"{values['samples_per_sec']:.1f}")
         return values
 
+    def record(self, step: int, values: Dict[str, float]) -> None:
+        """Scalars measured outside the step loop (e.g. evaluation metrics), to metrics.jsonl and TensorBoard."""
+        if self.enabled:
+            self.jsonl.write(json.dumps({"step": step, **values, "time": time.time()}) + "\n")
+            self.jsonl.flush()
+            if self.tb is not None:
+                for k, v in values.items():
+                    self.tb.add_scalar(k, v, step)
+
     def advance(self, n: int = 1) -> None:
         if self.bar is not None:
             self.bar.update(n)

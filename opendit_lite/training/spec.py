@@ -29,7 +29,8 @@ class TrainerSpec:
     geometry left unset in ``cfg`` from them (so the saved config rebuilds the model);
     ``build_model(cfg)`` builds the serial model; ``describe(cfg)`` is the input part of the log
     line ("input [32, 32] x 3 ch, 8 classes"); ``validate(cfg)`` checks settings across sections
-    before any process group starts.
+    before any process group starts; ``evaluator(cfg, log)`` builds the hook run after each saved
+    checkpoint for ``eval_every`` (None: the family has no evaluation).
     """
 
     name: str
@@ -38,3 +39,4 @@ class TrainerSpec:
     build_model: Callable[[Any], nn.Module]
     describe: Callable[[Any], str]
     validate: Optional[Callable[[Any], None]] = None
+    evaluator: Optional[Callable[[Any, Any], Optional[Callable[[int, str], None]]]] = None

@@ -15,7 +15,7 @@ import torch
 
 from ..checkpoint.layout import pick_resume_checkpoint
 from ..checkpoint.weights import load_weights
-from ..config import exit_on_config_error, parse_cli, validate_world
+from ..config import ConfigError, exit_on_config_error, parse_cli, validate_world
 from ..distributed.launch import cleanup_distributed, init_distributed
 from ..distributed.seed import seed_everything
 from ..models import MODELS, registered_class
@@ -39,6 +39,7 @@ def train(spec: TrainerSpec, cfg, info) -> str:
     """Train ``cfg.max_steps`` steps of the spec's model; returns the final checkpoint's path."""
     run_dir = os.path.join(cfg.results_dir, cfg.exp_name)
     log = MetricsLogger(run_dir, enabled=info.is_main)
+    after_save = evaluation_hook(spec, cfg, log)  # eval_every: checked before anything is built
 
     plugin, booster = build_booster(cfg, info)  # first: it builds the mesh sequence parallelism needs
     seed_everything(cfg.global_seed, 0, 1)  # the same model initialisation on every rank
@@ -75,7 +76,17 @@ def train(spec: TrainerSpec, cfg, info) -> str:
         return objective_loss(objective, model, x, model_kwargs)
 
     return run_steps(cfg, info, log, booster, plugin, ema_plugin, model, optimizer, lr_scheduler, batches, step,
-                     batch_loss)
+                     batch_loss, after_save=after_save)
+
+
+def evaluation_hook(spec: TrainerSpec, cfg, log):
+    """The spec's ``eval_every`` hook (None when eval_every=0)."""
+    if not cfg.eval_every:
+        return None
+    if spec.evaluator is None:
+        raise ConfigError(f"'eval_every' is not available for the {spec.name} trainer (its evaluation, FID, is for "
+                          f"class-conditional image models): set eval_every=0.")
+    return spec.evaluator(cfg, log)
 
 
 @exit_on_config_error

@@ -1,0 +1,54 @@
+"""The two halves of an evaluation run shared by the command and ``eval_every``: checking the
+``eval.*`` settings before any sampling, and scoring a samples file on rank 0."""
+
+import json
+import os
+
+import torch
+
+from ..config import ConfigError
+from .features import load_inception
+from .images import load_images
+from .metrics import score_images
+from .reference import load_reference
+
+
+def check_eval_config(cfg) -> None:
+    """What can be checked before sampling starts, so a bad setting does not cost a sampling run."""
+    e = cfg.eval
+    if e.samples_per_class < 1 or e.batch_size < 1:
+        raise ConfigError(f"'eval.samples_per_class' and 'eval.batch_size' must be positive; got "
+                          f"{e.samples_per_class} and {e.batch_size}.")
+    if e.samples and not os.path.isfile(e.samples):
+        raise ConfigError(f"'eval.samples' {e.samples!r} does not exist.")
+    if e.reference and not os.path.exists(e.reference):
+        raise ConfigError(f"'eval.reference' {e.reference!r} does not exist.")
+    if e.precision_recall and not e.reference:
+        raise ConfigError("'eval.precision_recall' compares with reference images: set eval.reference.")
+    if e.reference or e.inception_path:
+        load_inception(e.inception_path, "cpu")  # exits with where to put the weights
+
+
+def score(cfg, samples_path: str, out_dir: str) -> dict:
+    """Metrics of the .npz at ``samples_path`` per ``cfg.eval`` (no reference: Inception Score only;
+    no Inception weights either: nothing), written to ``<out_dir>/metrics.json`` and printed."""
+    e = cfg.eval
+    if not (e.reference or e.inception_path):
+        print(f"wrote {samples_path}; set eval.reference and eval.inception_path to score it")
+        return {}
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    feature_fn = load_inception(e.inception_path, device)
+    reference = None
+    if e.reference:
+        reference = load_reference(e.reference, feature_fn, e.batch_size, need_features=e.precision_recall,
+                                   progress=True)
+    metrics = score_images(load_images(samples_path), reference, feature_fn, e.batch_size,
+                           precision_recall=e.precision_recall, progress=True)
+    metrics.update(samples=samples_path, reference=e.reference)
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "metrics.json"), "w") as f:
+        json.dump(metrics, f, indent=2)
+    print(json.dumps(metrics))
+    return metrics
+
+

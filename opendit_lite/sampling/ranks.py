@@ -1,0 +1,87 @@
+"""Where each process samples: the data x sequence mesh of a sampling run, this rank's block of
+sample indices, and the gather of finished samples on rank 0."""
+
+import os
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterator, Optional
+
+import torch
+import torch.distributed as dist
+
+from ..config import ConfigError
+from ..distributed.launch import cleanup_distributed, init_distributed
+from ..distributed.mesh import build_data_seq_mesh
+
+
+@dataclass(frozen=True)
+class SamplingRanks:
+    """This process's place in a sampling run (``rank = dp_rank * sp_size + sp_rank``, as in training)."""
+
+    rank: int
+    world_size: int
+    dp_rank: int
+    dp_size: int
+    sp_rank: int
+    sp_size: int
+    sp_group: Optional[dist.ProcessGroup]
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0: shows progress and writes the outputs."""
+        return self.rank == 0
+
+    @property
+    def holds_result(self) -> bool:
+        """The first rank of each sequence-parallel group hands its samples to rank 0 (its peers
+        hold the same ones)."""
+        return self.sp_rank == 0
+
+    def shard(self, num_samples: int) -> range:
+        """This rank's contiguous block of the global sample indices 0..num_samples-1; the first
+        ``num_samples % dp_size`` data-parallel ranks take one more."""
+        base, extra = divmod(num_samples, self.dp_size)
+        start = self.dp_rank * base + min(self.dp_rank, extra)
+        return range(start, start + base + (self.dp_rank < extra))
+
+
+def _single_process() -> SamplingRanks:
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return SamplingRanks(0, 1, 0, 1, 0, 1, None, device)
+
+
+@contextmanager
+def sampling_ranks(sp_size: int) -> Iterator[SamplingRanks]:
+    """The sampling mesh for this launch. A plain ``python`` run (or a single torchrun rank) needs
+    no process group; otherwise the default group is started (or reused, if the caller started
+    one) and the data x sequence groups are built. Groups this call started are torn down at exit."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if sp_size < 1 or world % sp_size != 0:
+        raise ConfigError(f"'sp_size'={sp_size} must be a positive divisor of the number of ranks ({world}); "
+                          f"choose one of {[d for d in range(1, world + 1) if world % d == 0]}.")
+    if world == 1:
+        yield _single_process()
+        return
+    started = not dist.is_initialized()
+    info = init_distributed()
+    try:
+        mesh = build_data_seq_mesh(sp_size)
+        yield SamplingRanks(info.rank, info.world_size, mesh.dp_rank, mesh.dp_size, mesh.sp_rank, mesh.sp_size,
+                            mesh.sp_group, info.device)
+    finally:
+        if started:
+            cleanup_distributed()
+
+
+def gather_on_main(local: torch.Tensor, ranks: SamplingRanks) -> Optional[torch.Tensor]:
+    """Every rank's block of samples [n_rank, ...] -> all samples [N, ...] in index order on rank 0
+    (None elsewhere). Called by every rank; blocks travel through the CPU."""
+    if ranks.world_size == 1:
+        return local.cpu()
+    mine = local.cpu() if ranks.holds_result else None
+    blocks = [None] * ranks.world_size if ranks.is_main else None
+    dist.gather_object(mine, blocks, dst=0)
+    if not ranks.is_main:
+        return None
+    return torch.cat([b for b in blocks if b is not None and len(b)])  # rank order = index order

@@ -1,0 +1,137 @@
+"""Export a DiT trained here to diffusers, or import a diffusers DiT for fine-tuning here.
+
+    # a DiTTransformer2DModel folder (EMA weights unless --no-ema):
+    python scripts/export_diffusers.py --checkpoint results/exp/checkpoint_step10000 --output out/dit-diffusers
+    # a full DiTPipeline folder (transformer/, vae/, scheduler/, model_index.json):
+    python scripts/export_diffusers.py --checkpoint CKPT --output out/dit-pipeline --vae /models/sd-vae-ft-ema
+    # the reverse: a diffusers DiT (pipeline or transformer folder) -> one .safetensors that
+    # train.py's init_from and sample.py read:
+    python scripts/export_diffusers.py --from-diffusers /models/DiT-XL-2-256 --output dit.safetensors
+
+Load the export with ``DiTTransformer2DModel.from_pretrained(OUTPUT)`` (or ``subfolder="transformer"``
+for a pipeline). diffusers embeds timesteps with a slightly different frequency spacing than Meta's
+DiT and ours; for outputs equal to ours call
+``opendit_lite.interop.use_meta_timestep_frequencies(transformer)`` after loading (see
+``opendit_lite/interop/diffusers_dit.py`` for the measured difference). Errors print one paragraph
+and exit with code 2.
+"""
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from opendit_lite.config import ConfigError, exit_on_config_error  # noqa: E402
+
+
+def _model_from_checkpoint(checkpoint: str, use_ema: bool):
+    from opendit_lite.checkpoint.layout import saved_config
+    from opendit_lite.checkpoint.weights import load_weights
+    from opendit_lite.models import build_model
+
+    if not os.path.isdir(checkpoint):
+        raise ConfigError(f"--checkpoint {checkpoint!r} is not a folder: give a checkpoint folder written by train.py "
+                          f"(it holds meta.json with the model config, model/ and ema.safetensors).")
+    saved = saved_config(checkpoint)
+    if "model" not in saved:
+        raise ConfigError(f"--checkpoint {checkpoint!r} has no model config in meta.json: give a checkpoint folder "
+                          f"written by train.py.")
+    m = saved["model"]
+    size = m["input_size"]
+    try:
+        model = build_model(m["name"], input_size=(size[0], size[-1]), in_channels=m["in_channels"],
+                            num_classes=m["num_classes"], learn_sigma=m["learn_sigma"],
+                            class_dropout_prob=m["class_dropout_prob"])
+        load_weights(model, checkpoint, use_ema=use_ema)
+    except (KeyError, ValueError, FileNotFoundError, RuntimeError) as e:
+        raise ConfigError(f"cannot rebuild the model of --checkpoint {checkpoint!r}: {e}") from None
+    if type(model).__name__ != "DiT":
+        raise ConfigError(f"only DiT models export to diffusers' DiTTransformer2DModel; this checkpoint holds "
+                          f"{m['name']!r}.")
+    return model.float().eval(), saved.get("diffusion", {})
+
+
+def _scheduler(diffusion: dict):
+    from diffusers import DDIMScheduler
+
+    if diffusion.get("scheduler", "iddpm") != "iddpm":
+        raise ConfigError(f"a DiTPipeline samples a DDPM-trained model; this one was trained with "
+                          f"diffusion.scheduler={diffusion['scheduler']!r}. Export the transformer alone (no --vae).")
+    # Our IDDPM schedules, in diffusers' names: linear betas 1e-4..0.02 scaled to 1000 steps, or cosine.
+    steps = diffusion.get("diffusion_steps", 1000)
+    if diffusion.get("noise_schedule", "linear") == "cosine":
+        return DDIMScheduler(num_train_timesteps=steps, beta_schedule="squaredcos_cap_v2", clip_sample=False)
+    scale = 1000 / steps
+    return DDIMScheduler(num_train_timesteps=steps, beta_schedule="linear", beta_start=scale * 1e-4,
+                         beta_end=scale * 0.02, clip_sample=False)
+
+
+def export(checkpoint: str, output: str, vae: str = None, use_ema: bool = True) -> str:
+    from opendit_lite.interop import to_diffusers_dit
+
+    model, diffusion = _model_from_checkpoint(checkpoint, use_ema)
+    transformer = to_diffusers_dit(model)
+    if vae is None:
+        transformer.save_pretrained(output)
+        return output
+    from diffusers import AutoencoderKL, DiTPipeline
+
+    scheduler = _scheduler(diffusion)
+    try:
+        autoencoder = AutoencoderKL.from_pretrained(vae)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"--vae {vae!r} is not a diffusers AutoencoderKL folder: {e}") from None
+    DiTPipeline(transformer=transformer, vae=autoencoder, scheduler=scheduler).save_pretrained(output)
+    classes = model.y_embedder.num_classes
+    if classes != 1000:
+        print(f"warning: DiTPipeline's classifier-free guidance uses label 1000 as the null class (ImageNet's); this "
+              f"model has {classes} classes, so sample it with guidance_scale=1 (no guidance) in that pipeline.",
+              file=sys.stderr)
+    return output
+
+
+def import_diffusers(source: str, output: str) -> str:
+    from diffusers import DiTTransformer2DModel
+    from safetensors.torch import save_file
+
+    from opendit_lite.interop import from_diffusers_dit
+
+    if not output.endswith(".safetensors"):
+        raise ConfigError(f"--output {output!r} must name a .safetensors file when importing with --from-diffusers.")
+    subfolder = "transformer" if os.path.isdir(os.path.join(source, "transformer")) else None
+    try:
+        transformer = DiTTransformer2DModel.from_pretrained(source, subfolder=subfolder)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"--from-diffusers {source!r} is not a diffusers DiT (pipeline or transformer "
+                          f"folder): {e}") from None
+    model = from_diffusers_dit(transformer)
+    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, output)
+    return output
+
+
+@exit_on_config_error
+def main(argv=None) -> str:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--checkpoint", help="checkpoint folder written by train.py (exported to diffusers)")
+    source.add_argument("--from-diffusers", help="diffusers DiT pipeline or transformer folder (imported here)")
+    p.add_argument("--output", required=True, help="output folder (export) or .safetensors file (import)")
+    p.add_argument("--vae", help="diffusers AutoencoderKL folder: write a full DiTPipeline")
+    p.add_argument("--no-ema", action="store_true", help="export the trained weights instead of the EMA")
+    args = p.parse_args(argv)
+    if args.from_diffusers:
+        if args.vae or args.no_ema:
+            raise ConfigError("--vae and --no-ema apply to --checkpoint exports, not to --from-diffusers imports.")
+        out = import_diffusers(args.from_diffusers, args.output)
+        print(f"wrote our DiT's weights from {args.from_diffusers} to {out}")
+        return out
+    out = export(args.checkpoint, args.output, vae=args.vae, use_ema=not args.no_ema)
+    kind = "DiTPipeline" if args.vae else "DiTTransformer2DModel"
+    print(f"wrote a diffusers {kind} ({'trained' if args.no_ema else 'EMA'} weights) from {args.checkpoint} to {out}")
+    return out
+
+
+if __name__ == "__main__":
+    main()

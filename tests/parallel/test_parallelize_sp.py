@@ -1,0 +1,97 @@
+"""parallelize() with a 2-rank gloo sequence-parallel group: a model whose attention nothing knows
+is a clear error naming its attention class and how to register it; a mode the model does not
+declare is refused; STDiT runs Ulysses (temporal attention kept serial) and DSP."""
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+from opendit_lite.models import build_model
+from tests.parallel.spawn import rank_checks
+from tests.parallel.spawn import results as spawn_results
+
+
+class MyAttention(nn.Module):
+    """Self-attention written straight on SDPA, with no ``attn_op`` for sequence parallelism to wrap."""
+
+    def __init__(self, dim: int = 8, heads: int = 2):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x):                                                     # x [B, N, D]
+        B, N, D = x.shape
+        q, k, v = self.qkv(x).view(B, N, 3, self.heads, D // self.heads).permute(2, 0, 3, 1, 4)
+        return self.proj(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(B, N, D))
+
+
+class MyModel(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList([MyAttention(), MyAttention()])
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = x + block(x)
+        return x
+
+
+def _error(fn) -> str:
+    try:
+        fn()
+    except Exception as e:  # the test asserts the type name and message
+        return f"{type(e).__name__}: {e}"
+    return "no error"
+
+
+def _stdit():
+    torch.manual_seed(0)
+    return build_model("STDiT-tiny", in_channels=3, caption_channels=8, model_max_length=4)
+
+
+@rank_checks("parallelize", world_size=2)
+def _rank_world2(rank, world_size):
+    from opendit_lite.parallelize import parallelize
+
+    group = dist.group.WORLD
+    model = MyModel()
+    out = {"unknown": _error(lambda: parallelize(model, sp_group=group)),
+           "dit_dsp": _error(lambda: parallelize(build_model("DiT-T/2", input_size=8, num_classes=10),
+                                                 sp_group=group, sp_mode="dsp"))}
+    out["unknown_untouched"] = all(type(b) is MyAttention for b in model.blocks)
+    ulysses = parallelize(_stdit(), sp_group=group, sp_mode="ulysses")
+    dsp = parallelize(_stdit(), sp_group=group, sp_mode="dsp")
+    out["ulysses"] = (ulysses.count("sequence_parallel"), str(ulysses))
+    out["dsp"] = (dsp.count("sequence_parallel"), str(dsp))
+    return out
+
+
+def results():
+    return spawn_results("parallelize", 2)
+
+
+def test_unknown_attention_is_a_clear_error():
+    for r in results():
+        message = r["unknown"]
+        assert message.startswith("SequenceParallelError: Sequence parallelism over 2 ranks"), message
+        assert "MyAttention (blocks.0, blocks.1)" in message
+        assert "register_sequence_parallel_attention(MyAttention, UlyssesAttentionOp)" in message
+        assert "SequenceSplit/SequenceGather" in message and "sp_size=1" in message
+        assert r["unknown_untouched"]
+
+
+def test_undeclared_mode_is_refused():
+    message = results()[0]["dit_dsp"]
+    assert message.startswith("ConfigError: sp_mode=dsp is not supported by DiT"), message
+    assert "supported_sp_modes=('ulysses',)" in message
+
+
+def test_stdit_ulysses_and_dsp_report():
+    r = results()[0]
+    count, text = r["ulysses"]
+    assert count > 0 and "ulysses over 2 ranks" in text and "UlyssesAttentionOp" in text
+    assert "serial attention: TemporalAttention" in text
+    count, text = r["dsp"]
+    assert count > 0 and "dsp over 2 ranks" in text and "DSPSwitch" in text
