@@ -45,7 +45,7 @@ from opendit_lite.training.video import (
     model_clip_shape,
     validate_video_config,
 )
-from opendit_lite.checkpoint.weights import load_weights
+from opendit_lite.training.lora import load_merged
 
 # Captions of the embedded moving-shapes data, used when no prompts are given for it.
 SHAPES_PROMPTS = ["a red square moving right", "a blue disc moving down", "a green disc moving left",
@@ -186,7 +186,7 @@ def main(argv=None) -> List[str]:
     with sampling_ranks(cfg.sp_size) as ranks:
         device = ranks.device
         model = build_video_model(cfg)
-        load_weights(model, ckpt, use_ema=cfg.sample.use_ema)
+        load_merged(model, ckpt, use_ema=cfg.sample.use_ema, lora=saved_config(ckpt).get("lora"))  # LoRA: merged
         report = parallelize_denoiser(model, cfg, ranks)  # the training machinery: Ulysses / DSP, compile
         if ranks.is_main and (ranks.sp_size > 1 or cfg.sample.compile):
             print(report)

@@ -3,6 +3,7 @@
     python benchmarks/bench_fused_adaln.py                  # every shape of the issue, bf16
     python benchmarks/bench_fused_adaln.py --quick          # two small shapes, a smoke run
     python benchmarks/bench_fused_adaln.py --layout token   # per-token modulation [B, N, D]
+    python benchmarks/bench_fused_adaln.py --op residual    # adaLN-Zero gated residual + next norm
 
 Providers: ``eager`` (``reference_adaln`` from tests/kernels/test_fused_adaln.py: torch LayerNorm,
 then the multiply and add, as ``LayerNormModulate`` runs), ``compile`` (``torch.compile`` of the
@@ -17,7 +18,15 @@ provider (M = B*N rows of D features, s bytes per element, per-sample modulation
   dshift, dscale (2*B*D*s);
 * full: the sum.
 
-Per-token modulation counts M rows of shift/scale instead of B. Targets (issue 4, bf16): full >=
+Per-token modulation counts M rows of shift/scale instead of B.
+
+``--op residual`` times ``gated_residual_adaln`` (x_new = x + gate * h, then the AdaLN of x_new)
+against ``reference_gated_residual`` from tests/kernels/test_gated_residual.py, eager and
+compiled, with a gradient flowing into both outputs. Bytes counted:
+
+* forward:  read x, h (2*M*D*s), gate, shift, scale (3*B*D*s); write x_new, y (2*M*D*s), mean, rstd;
+* backward: read dy, dx_new, x_new, h (4*M*D*s), gate, scale (2*B*D*s), mean, rstd; write dx, dh
+  (2*M*D*s) and dgate, dshift, dscale (3*B*D*s). Targets (issue 4, bf16): full >=
 2x eager, >= 1.0x compile and >= 80% of the measured copy bandwidth on every shape.
 """
 
@@ -41,6 +50,40 @@ def bytes_moved(B: int, N: int, D: int, elem: int, layout: str) -> dict:
     forward = M * D * elem + 2 * mod_rows * D * elem + M * D * elem + 2 * M * 4
     backward = 2 * M * D * elem + mod_rows * D * elem + 2 * M * 4 + M * D * elem + 2 * mod_rows * D * elem
     return {"forward": forward, "backward": backward, "full": forward + backward}
+
+
+def residual_bytes_moved(B: int, N: int, D: int, elem: int, layout: str) -> dict:
+    M = B * N
+    mod_rows = M if layout == "token" else B
+    forward = 2 * M * D * elem + 3 * mod_rows * D * elem + 2 * M * D * elem + 2 * M * 4
+    backward = 4 * M * D * elem + 2 * mod_rows * D * elem + 2 * M * 4 + 2 * M * D * elem + 3 * mod_rows * D * elem
+    return {"forward": forward, "backward": backward, "full": forward + backward}
+
+
+def residual_providers():
+    from opendit_lite.kernels import gated_residual_adaln
+    from tests.kernels.test_gated_residual import reference_gated_residual
+
+    torch._dynamo.reset()
+    compiled = torch.compile(reference_gated_residual, dynamic=False)
+    return {
+        "eager": lambda *a: reference_gated_residual(*a, EPS),
+        "compile": lambda *a: compiled(*a, EPS),
+        "triton": lambda *a: gated_residual_adaln(*a, EPS),
+    }
+
+
+def bench_residual_shape(shape: Tuple[int, int, int], layout: str, dtype: torch.dtype, copy_gbps: float, rep: int,
+                         info):
+    B, N, D = shape
+    mod_shape = (B, N, D) if layout == "token" else (B, D)
+    x, h = (torch.randn(B, N, D, device="cuda", dtype=dtype, requires_grad=True) for _ in range(2))
+    gate, shift, scale = ((0.5 * torch.randn(mod_shape, device="cuda", dtype=dtype)).requires_grad_() for _ in range(3))
+    dy = torch.randn(B, N, D, device="cuda", dtype=dtype)
+    return common.bench_providers(
+        "gated_residual", f"B{B} N{N} D{D} {layout}", residual_providers(), (x, h, gate, shift, scale), dy, info, rep,
+        bytes_moved=residual_bytes_moved(B, N, D, x.element_size(), layout), copy_gbps=copy_gbps,
+    )
 
 
 def providers():
@@ -73,12 +116,15 @@ def main() -> None:
     parser = common.base_parser(__doc__)
     parser.add_argument("--layout", choices=("sample", "token"), default="sample",
                         help="shift/scale per sample [B, D] (DiT) or per token [B, N, D]")
+    parser.add_argument("--op", choices=("adaln", "residual"), default="adaln",
+                        help="adaln: LayerNorm + modulate; residual: gated residual + the next LayerNorm + modulate")
     args = parser.parse_args()
     dtype, rep, info, copy_gbps = common.setup(args)
+    bench = bench_shape if args.op == "adaln" else bench_residual_shape
     rows = []
     for shape in QUICK_SHAPES if args.quick else DIT_SHAPES + VIDEO_SHAPES:
-        rows += bench_shape(shape, args.layout, dtype, copy_gbps, rep, info)
-    kernel = "fused_adaln" if args.layout == "sample" else "fused_adaln_token"
+        rows += bench(shape, args.layout, dtype, copy_gbps, rep, info)
+    kernel = ("fused_adaln" if args.op == "adaln" else "gated_residual") + ("_token" if args.layout == "token" else "")
     common.finish(rows, kernel, args.quick, "gbps", "effective GB/s", "eager",
                   copy_gbps, "device copy bandwidth")
 

@@ -11,6 +11,7 @@ import dataclasses
 import os
 import re
 import sys
+import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -46,6 +47,48 @@ class Row:
     gpu: str
     torch_version: str
     triton_version: str
+
+
+class Deadline:
+    """A wall-clock budget for a search: ``passed()`` once ``seconds`` have gone by (None: never)."""
+
+    def __init__(self, seconds: Optional[float]):
+        self.end = None if not seconds else time.monotonic() + seconds
+
+    def passed(self) -> bool:
+        return self.end is not None and time.monotonic() >= self.end
+
+    def remaining(self) -> float:
+        return float("inf") if self.end is None else max(0.0, self.end - time.monotonic())
+
+
+def largest_fitting(fits: Callable[[int], bool], start: int, limit: int,
+                    out_of_time: Callable[[], bool] = lambda: False) -> Optional[int]:
+    """Largest ``k`` in ``[start, limit]`` with ``fits(k)``, for ``fits`` true up to a threshold and
+    false beyond: double from ``start`` until a probe fails (or ``limit``), then bisect the last
+    gap. None when ``start`` does not fit. Costs about 2 log2(answer / start) probes.
+
+    ``out_of_time()`` is asked before each probe after the first; once it is true the search stops
+    and returns the largest ``k`` known to fit (a lower bound: callers say so)."""
+    if not fits(start):
+        return None
+    good = start
+    bad = None
+    while bad is None and good < limit and not out_of_time():
+        probe = min(2 * good, limit)
+        if fits(probe):
+            good = probe
+        else:
+            bad = probe
+    if bad is None:
+        return good
+    while bad - good > 1 and not out_of_time():
+        mid = (good + bad) // 2
+        if fits(mid):
+            good = mid
+        else:
+            bad = mid
+    return good
 
 
 def require_cuda() -> None:
@@ -89,14 +132,20 @@ def copy_bandwidth_gbps(nbytes: int = 2 * 2**30, rep: int = 200) -> float:
 
 
 def modes_for(fn: Callable[[], torch.Tensor], dy: torch.Tensor) -> Dict[str, Callable[[], object]]:
-    """The callables timed for forward, backward and full (forward + backward) of ``fn``."""
+    """The callables timed for forward, backward and full (forward + backward) of ``fn``; an ``fn``
+    returning several tensors gets ``dy`` as the gradient of each."""
+
+    def backward_of(out, retain_graph=False):
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        torch.autograd.backward(outs, [dy] * len(outs), retain_graph=retain_graph)
+
     out = fn()
 
     def backward():
-        out.backward(dy, retain_graph=True)
+        backward_of(out, retain_graph=True)
 
     def full():
-        fn().backward(dy)
+        backward_of(fn())
 
     return {"forward": fn, "backward": backward, "full": full}
 

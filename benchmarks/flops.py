@@ -16,26 +16,12 @@ New model families add a ``<family>_forward_flops(model)`` here and reference it
 builder in ``train_step.py``.
 """
 
-from typing import Optional, Sequence, Tuple
+from typing import Optional
 
 import torch.nn as nn
 
-# Dense (no 2:4 sparsity) bf16 tensor-core peaks in TFLOP/s from the vendors' data sheets, for
-# MFU. Matched as substrings of torch.cuda.get_device_name(), first match wins, so the PCIe H100
-# (756) comes before the SXM one.
-DENSE_BF16_PEAK_TFLOPS: Sequence[Tuple[str, float]] = (
-    ("H100 PCIe", 756.0),
-    ("H100", 989.0),
-    ("H200", 989.0),
-    ("H800", 989.0),
-    ("A100", 312.0),
-    ("A800", 312.0),
-)
-
-
-def device_peak_tflops(device_name: str) -> Optional[float]:
-    """The dense bf16 peak of a known GPU by name, or None (pass ``--peak-tflops`` then)."""
-    return next((peak for key, peak in DENSE_BF16_PEAK_TFLOPS if key in device_name), None)
+# The dense bf16 peaks MFU is measured against live with the training loop's MFU.
+from opendit_lite.training.mfu import DENSE_BF16_PEAK_TFLOPS, device_peak_tflops  # noqa: E402,F401
 
 
 # ----------------------------------------------------------------------------------------------

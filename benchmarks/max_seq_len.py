@@ -1,31 +1,44 @@
 """Maximum trainable tokens per GPU with activation checkpointing and CPU offload of activations.
 
-For one registered model, a binary search finds the largest input (resolution for image models,
-frame count for video models) whose training step fits in GPU memory, at batch 1 in bf16, in
-each mode:
+For one registered model, a search finds the largest training step that fits in GPU memory, in
+bf16, in each mode:
 
     none     no activation checkpointing
     full     every block checkpointed (selective_ratio 0)
     offload  every block checkpointed and its inputs offloaded to pinned CPU memory
 
-Then every mode is timed at every mode's maximum where it fits, so that the cost of offload is
-read at the sizes checkpointing alone reaches (target: offload reaches >= 1.4x the tokens of
-checkpointing alone at <= 15% more step time).
+What is searched (``--search``):
+
+    batch    (default) the batch at a fixed input size (``--size``; DiT: 256 px, 256 tokens per
+             image), so tokens per GPU = batch x tokens per sample. A probe is one step whose
+             time grows linearly with the batch, so the search stays short even for DiT-XL/2.
+    size     the input size at batch 1 (resolution for image models, frames for video models).
+             Attention makes a step quadratic in the tokens: probes near the maximum of a large
+             model are multi-minute steps.
+
+The search doubles from the smallest value until a probe runs out of memory, then bisects; each
+probe is a single step (it allocates the optimizer state too, so it decides whether the step
+fits). Then every mode is timed at every mode's maximum where it fits (``--steps`` steps, median),
+so that offload's cost is read where checkpointing alone stops (target: offload reaches >= 1.4x
+the tokens of checkpointing alone at <= 15% more step time).
+
+``--time-budget`` bounds the whole run (default 540 s): 70% of it goes to the searches, shared
+equally by the modes, the rest to timing. A search that runs out reports the largest value known
+to fit and marks it as a lower bound; timings that do not fit in the budget are skipped and said so.
 
 A step is forward, backward and a fused AdamW step under bf16 autocast with fp32 weights
 (weights + gradients + two Adam moments: 16 bytes per parameter), the memory layout of
-single-GPU mixed-precision training. Probes near the maximum run a full step each, so long
-sequences make this a long benchmark: bound it with --max-size.
+single-GPU mixed-precision training.
 
 One GPU, from the project root:
 
     python benchmarks/max_seq_len.py --model DiT-XL/2
-    python benchmarks/max_seq_len.py --model DiT-XL/2 --modes full offload --max-size 8192
+    python benchmarks/max_seq_len.py --model DiT-XL/2 --search size --modes full offload --max-size 8192
 
 Writes benchmarks/results/max_seq_len_<model>_<gpu>.csv (one row per measurement) and .png.
 
-Model families plug in with ``register_input_builder``: a function building the model and a
-batch-1 input of a given size (see ``build_dit``). DiT is built in; video families register
+Model families plug in with ``register_input_builder``: a function building the model and an
+input of a given size and batch (see ``build_dit``). DiT is built in; video families register
 theirs with unit "frames".
 """
 
@@ -42,6 +55,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.nn as nn
 
+from common import Deadline, largest_fitting  # benchmarks/common.py
 from flops import device_peak_tflops, dit_forward_flops, train_flops  # benchmarks/flops.py
 
 from opendit_lite.activation_checkpointing import apply_activation_checkpointing
@@ -57,14 +71,14 @@ MODES: Dict[str, Optional[dict]] = {
 }
 
 # ----------------------------------------------------------------------------------------------
-# Model families: how to build a model and a batch-1 input of a given size
+# Model families: how to build a model and an input of a given size and batch
 # ----------------------------------------------------------------------------------------------
 
 @dataclass
 class Trial:
     model: nn.Module
     inputs: tuple   # positional arguments of model.forward
-    tokens: int     # tokens the transformer blocks see (per GPU: batch 1, no sequence parallelism)
+    tokens: int     # tokens the transformer blocks see per GPU (the whole batch, no sequence parallelism)
     flops: float    # model FLOPs of one training step (forward + backward, no recomputation)
 
 
@@ -73,20 +87,21 @@ class InputBuilder:
     unit: str                                 # what the searched size counts: "resolution" (px) or "frames"
     granularity: Callable[[str], int]         # model name -> sizes are multiples of this
     default_range: Tuple[int, int]            # (smallest, largest) size searched unless given
-    build: Callable[[str, int], Trial]        # (model name, size) -> trial, on the current default device
+    default_size: int                         # the fixed size of a batch search unless given
+    build: Callable[[str, int, int], Trial]   # (model name, size, batch) -> trial, on the current default device
 
 
 INPUT_BUILDERS: Dict[str, InputBuilder] = {}
 
 
 def register_input_builder(family: str, unit: str, granularity: Callable[[str], int],
-                           default_range: Tuple[int, int]):
-    """Register ``build(name, size) -> Trial`` for the models named ``<family>-...``."""
+                           default_range: Tuple[int, int], default_size: int):
+    """Register ``build(name, size, batch) -> Trial`` for the models named ``<family>-...``."""
 
-    def wrap(build: Callable[[str, int], Trial]) -> Callable[[str, int], Trial]:
+    def wrap(build: Callable[[str, int, int], Trial]) -> Callable[[str, int, int], Trial]:
         if family in INPUT_BUILDERS:
             raise ValueError(f"an input builder for model family {family!r} is already registered")
-        INPUT_BUILDERS[family] = InputBuilder(unit, granularity, default_range, build)
+        INPUT_BUILDERS[family] = InputBuilder(unit, granularity, default_range, default_size, build)
         return build
 
     return wrap
@@ -108,15 +123,15 @@ def _dit_patch(name: str) -> int:
 
 
 @register_input_builder("DiT", unit="resolution", granularity=lambda name: VAE_DOWNSAMPLE * _dit_patch(name),
-                        default_range=(256, 16384))
-def build_dit(name: str, resolution: int) -> Trial:
+                        default_range=(256, 16384), default_size=256)
+def build_dit(name: str, resolution: int, batch: int = 1) -> Trial:
     latent = resolution // VAE_DOWNSAMPLE
     model = build_model(name, input_size=latent)
-    x = torch.randn(1, model.in_channels, latent, latent)       # [1, C, H, W] latents
-    t = torch.randint(0, 1000, (1,))                             # [1] timestep
-    y = torch.zeros(1, dtype=torch.long)                         # [1] class label
-    tokens = (latent // model.patch_size) ** 2
-    return Trial(model, (x, t, y), tokens, train_flops(dit_forward_flops(model)))
+    x = torch.randn(batch, model.in_channels, latent, latent)   # [B, C, H, W] latents
+    t = torch.randint(0, 1000, (batch,))                         # [B] timesteps
+    y = torch.zeros(batch, dtype=torch.long)                     # [B] class labels
+    tokens = batch * (latent // model.patch_size) ** 2
+    return Trial(model, (x, t, y), tokens, batch * train_flops(dit_forward_flops(model)))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -131,24 +146,10 @@ class Measurement:
     flops: float
 
 
-def largest_fitting(fits: Callable[[int], bool], lo: int, hi: int) -> Optional[int]:
-    """Largest ``k`` in ``[lo, hi]`` with ``fits(k)``, for ``fits`` true up to a threshold and false
-    beyond it; None when even ``lo`` does not fit."""
-    if not fits(lo):
-        return None
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if fits(mid):
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
-
-
-def _measure(builder: InputBuilder, name: str, size: int, mode: str, device: torch.device,
+def _measure(builder: InputBuilder, name: str, size: int, batch: int, mode: str, device: torch.device,
              timed_steps: int) -> Measurement:
     with torch.device(device):
-        trial = builder.build(name, size)
+        trial = builder.build(name, size, batch)
     model = trial.model.train()
     if MODES[mode] is not None:
         apply_activation_checkpointing(model, **MODES[mode])
@@ -176,11 +177,11 @@ def _measure(builder: InputBuilder, name: str, size: int, mode: str, device: tor
                        torch.cuda.max_memory_allocated(device), trial.flops)
 
 
-def measure(builder: InputBuilder, name: str, size: int, mode: str, device: torch.device,
+def measure(builder: InputBuilder, name: str, size: int, batch: int, mode: str, device: torch.device,
             timed_steps: int) -> Optional[Measurement]:
-    """One size in one mode; None when it runs out of GPU memory."""
+    """One size and batch in one mode; None when it runs out of GPU memory."""
     try:
-        return _measure(builder, name, size, mode, device, timed_steps)
+        return _measure(builder, name, size, batch, mode, device, timed_steps)
     except torch.cuda.OutOfMemoryError:
         return None
     except RuntimeError as error:  # libraries' workspace allocations fail with their own errors
@@ -192,52 +193,79 @@ def measure(builder: InputBuilder, name: str, size: int, mode: str, device: torc
         torch.cuda.empty_cache()
 
 
-def run(model_name: str, modes: Sequence[str], size_range: Tuple[int, int], timed_steps: int,
-        device: torch.device) -> List[dict]:
+# The share of --time-budget spent searching; the rest times the maxima.
+SEARCH_SHARE = 0.7
+
+
+def run(model_name: str, modes: Sequence[str], search: str, size_range: Tuple[int, int], size: int,
+        max_batch: int, timed_steps: int, device: torch.device, time_budget: Optional[float] = None) -> List[dict]:
+    """Search each mode's maximum (``search``: "batch" at ``size``, or "size" in ``size_range`` at
+    batch 1), then time every mode at every maximum it fits, within ``time_budget`` seconds."""
     builder = input_builder_for(model_name)
     grain = builder.granularity(model_name)
-    lo, hi = -(-size_range[0] // grain), size_range[1] // grain  # search k, size = k * grain
     gpu = torch.cuda.get_device_name(device)
     peak = device_peak_tflops(gpu)
+    total = Deadline(time_budget)
+    searching = Deadline(None if not time_budget else SEARCH_SHARE * time_budget)
 
-    maxima: Dict[str, Optional[int]] = {}
-    for mode in modes:
+    def point(k: int) -> Tuple[int, int]:  # searched value -> (size, batch)
+        return (size, k) if search == "batch" else (k * grain, 1)
+
+    if search == "batch":
+        lo, hi = 1, max_batch
+    else:
+        lo, hi = -(-size_range[0] // grain), size_range[1] // grain  # search k, size = k * grain
+    maxima: Dict[str, Optional[Tuple[int, int]]] = {}
+    lower_bound: Dict[str, bool] = {}
+    for index, mode in enumerate(modes):
+        share = Deadline(None if not time_budget else searching.remaining() / (len(modes) - index))
+
         def fits(k: int, mode=mode) -> bool:
-            ok = measure(builder, model_name, k * grain, mode, device, timed_steps=0) is not None
-            print(f"  {mode:8s} {builder.unit} {k * grain}: {'fits' if ok else 'out of memory'}", flush=True)
+            s, b = point(k)
+            ok = measure(builder, model_name, s, b, mode, device, timed_steps=0) is not None
+            print(f"  {mode:8s} {builder.unit} {s} batch {b}: {'fits' if ok else 'out of memory'}", flush=True)
             return ok
 
-        k = largest_fitting(fits, lo, hi)
-        maxima[mode] = None if k is None else k * grain
-        print(f"{mode}: largest {builder.unit} {maxima[mode]}", flush=True)
+        k = largest_fitting(fits, lo, hi, out_of_time=share.passed)
+        maxima[mode] = None if k is None else point(k)
+        lower_bound[mode] = k is not None and share.passed()
+        note = " (time budget spent: a lower bound)" if lower_bound[mode] else ""
+        print(f"{mode}: largest {search} {None if k is None else (k if search == 'batch' else k * grain)}{note}",
+              flush=True)
 
     rows = []
-    sizes = sorted({s for s in maxima.values() if s is not None})
+    points = sorted({p for p in maxima.values() if p is not None}, key=lambda p: (p[1], p[0]))
     for mode in modes:
-        for size in sizes:
-            if maxima[mode] is None or size > maxima[mode]:
+        for s, b in points:
+            if maxima[mode] is None or (b, s) > (maxima[mode][1], maxima[mode][0]):
                 continue
-            m = measure(builder, model_name, size, mode, device, timed_steps)
+            if total.passed():
+                print(f"  {mode} at {builder.unit} {s} batch {b}: not timed, --time-budget spent", flush=True)
+                continue
+            m = measure(builder, model_name, s, b, mode, device, timed_steps)
             if m is None:  # fitted while probing, not now (fragmentation): report, do not guess
-                print(f"  {mode} at {size}: out of memory when timed", flush=True)
+                print(f"  {mode} at {builder.unit} {s} batch {b}: out of memory when timed", flush=True)
                 continue
             tflops = m.flops / (m.step_ms * 1e-3) / 1e12
-            rows.append(dict(model=model_name, mode=mode, unit=builder.unit, size=size, tokens=m.tokens,
-                             is_max=size == maxima[mode], step_ms=round(m.step_ms, 2),
-                             tflops=round(tflops, 1), mfu=round(tflops / peak, 4) if peak else "",
+            rows.append(dict(model=model_name, mode=mode, unit=builder.unit, size=s, batch=b, tokens=m.tokens,
+                             is_max=(s, b) == maxima[mode], max_is_lower_bound=lower_bound[mode],
+                             step_ms=round(m.step_ms, 2), tflops=round(tflops, 1),
+                             mfu=round(tflops / peak, 4) if peak else "",
                              peak_gib=round(m.peak_bytes / 2 ** 30, 2), device=gpu, torch=torch.__version__))
-            print(f"  {mode:8s} {builder.unit} {size} ({m.tokens} tokens): {m.step_ms:.1f} ms/step, "
+            print(f"  {mode:8s} {builder.unit} {s} batch {b} ({m.tokens} tokens): {m.step_ms:.1f} ms/step, "
                   f"{tflops:.0f} TFLOP/s, peak {m.peak_bytes / 2 ** 30:.1f} GiB", flush=True)
     return rows
 
 
 def summarize(rows: List[dict]) -> str:
     best = {r["mode"]: r for r in rows if r["is_max"]}
-    lines = [f"{mode:8s} max {r['tokens']} tokens ({r['unit']} {r['size']}), {r['step_ms']} ms/step"
+    lines = [f"{mode:8s} max {r['tokens']} tokens ({r['unit']} {r['size']}, batch {r['batch']})"
+             f"{' or more (time budget spent)' if r['max_is_lower_bound'] else ''}, {r['step_ms']} ms/step"
              for mode, r in best.items()]
     if "full" in best and "offload" in best:
         gain = best["offload"]["tokens"] / best["full"]["tokens"]
-        at = {r["mode"]: r["step_ms"] for r in rows if r["size"] == best["full"]["size"]}
+        at = {r["mode"]: r["step_ms"] for r in rows
+              if (r["size"], r["batch"]) == (best["full"]["size"], best["full"]["batch"])}
         overhead = at["offload"] / at["full"] - 1 if "offload" in at else math.nan
         lines.append(f"offload vs full checkpointing: {gain:.2f}x tokens, {overhead:+.1%} step time at "
                      f"{best['full']['tokens']} tokens")
@@ -264,7 +292,7 @@ def write_results(rows: List[dict], out_dir: str, model_name: str) -> Tuple[str,
     bars = left.bar(modes, [t / 1e3 for t in maxima])
     left.bar_label(bars, labels=[f"{t / 1e3:.0f}k" for t in maxima])
     left.set_ylabel("max tokens per GPU (thousands)")
-    left.set_title("largest trainable input (batch 1, bf16)")
+    left.set_title("largest trainable step (bf16)")
     for mode in modes:
         points = sorted((r["tokens"], r["step_ms"]) for r in rows if r["mode"] == mode)
         right.plot([p[0] / 1e3 for p in points], [p[1] / 1e3 for p in points], marker="o", label=mode)
@@ -286,9 +314,15 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES),
                         help="none: no checkpointing; full: every block checkpointed; "
                              "offload: full + block inputs in pinned CPU memory")
-    parser.add_argument("--min-size", type=int, help="smallest size searched (the family's unit)")
-    parser.add_argument("--max-size", type=int, help="largest size searched (the family's unit)")
+    parser.add_argument("--search", choices=("batch", "size"), default="batch",
+                        help="batch: the batch at a fixed --size (default); size: the input size at batch 1")
+    parser.add_argument("--size", type=int, help="input size of a batch search (the family's unit; DiT: 256 px)")
+    parser.add_argument("--max-batch", type=int, default=8192, help="largest batch a batch search tries")
+    parser.add_argument("--min-size", type=int, help="smallest size of a size search (the family's unit)")
+    parser.add_argument("--max-size", type=int, help="largest size of a size search (the family's unit)")
     parser.add_argument("--steps", type=int, default=3, help="timed steps per measurement (median reported)")
+    parser.add_argument("--time-budget", type=float, default=540.0,
+                        help="seconds for the whole run (70%% searching, 30%% timing); 0: no limit")
     parser.add_argument("--out-dir", default=RESULTS_DIR, help="where the CSV and PNG go")
     args = parser.parse_args(argv)
 
@@ -296,9 +330,12 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         raise SystemExit("error: this benchmark measures GPU memory and needs a CUDA device; none is visible.")
     builder = input_builder_for(args.model)
     size_range = (args.min_size or builder.default_range[0], args.max_size or builder.default_range[1])
-    rows = run(args.model, args.modes, size_range, args.steps, torch.device("cuda", torch.cuda.current_device()))
+    size = args.size or builder.default_size
+    rows = run(args.model, args.modes, args.search, size_range, size, args.max_batch, args.steps,
+               torch.device("cuda", torch.cuda.current_device()), time_budget=args.time_budget or None)
     if not rows:
-        raise SystemExit(f"error: {args.model} does not fit at {builder.unit} {size_range[0]} in any mode.")
+        smallest = f"batch 1 at {builder.unit} {size}" if args.search == "batch" else f"{builder.unit} {size_range[0]}"
+        raise SystemExit(f"error: {args.model} does not fit at {smallest} in any mode.")
     print(summarize(rows))
     for path in write_results(rows, args.out_dir, args.model):
         print(f"wrote {path}")

@@ -41,7 +41,10 @@ Reported per configuration: samples/s and tokens/s (all ranks), model TFLOP/s an
 (model FLOPs from ``flops.py``, over the dense bf16 peak of the device or ``--peak-tflops``),
 peak allocated memory, and speed-ups over both baselines. ``--batch-search`` finds, per
 configuration, the largest per-GPU batch (a multiple of ``--batch-multiple``) whose step fits in
-memory: doubling until it runs out of memory, then bisecting.
+memory: doubling until it runs out of memory, then bisecting, within ``--search-budget`` seconds
+for all configurations together (default 7 minutes, so that searching and timing the default
+configurations of DiT-XL/2 on one H100 is meant to finish in about 10; a search cut short keeps
+the largest batch known to fit and says so).
 
 Writes under ``--out-dir`` (default benchmarks/results/): train_step_<model>_<device>.csv, .png
 (bar chart) and .md (a table for the README), each stamped with device, date and commit;
@@ -71,7 +74,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-import common  # benchmarks/common.py: RESULTS_DIR, result_name
+import common  # benchmarks/common.py: RESULTS_DIR, result_name, the bounded batch search
+from common import largest_fitting
 from flops import device_peak_tflops, dit_forward_flops, mfu, train_flops
 
 BASELINES = ("torch-fp32", "torch-bf16-compile")
@@ -373,34 +377,12 @@ def try_measure(config: BenchConfig, workload: Workload, batch_size: int, warmup
         release_memory()
 
 
-def largest_fitting(fits: Callable[[int], bool], start: int, limit: int) -> Optional[int]:
-    """Largest ``k`` in ``[start, limit]`` with ``fits(k)``, for ``fits`` true up to a threshold and
-    false beyond: double from ``start`` until a probe fails (or ``limit``), then bisect the last
-    gap. None when ``start`` does not fit. Costs about 2 log2(answer / start) probes."""
-    if not fits(start):
-        return None
-    good = start
-    bad = None
-    while bad is None and good < limit:
-        probe = min(2 * good, limit)
-        if fits(probe):
-            good = probe
-        else:
-            bad = probe
-    if bad is None:
-        return good
-    while bad - good > 1:
-        mid = (good + bad) // 2
-        if fits(mid):
-            good = mid
-        else:
-            bad = mid
-    return good
-
-
-def search_batch(config: BenchConfig, workload: Workload, device: torch.device, args: argparse.Namespace) -> Optional[int]:
-    """Largest per-GPU batch (a multiple of --batch-multiple, at most --max-batch) whose steps fit."""
+def search_batch(config: BenchConfig, workload: Workload, device: torch.device, args: argparse.Namespace,
+                 deadline: Optional[common.Deadline] = None) -> Optional[int]:
+    """Largest per-GPU batch (a multiple of --batch-multiple, at most --max-batch) whose steps fit;
+    once ``deadline`` has passed the search stops at the largest batch known to fit."""
     multiple = args.batch_multiple
+    deadline = deadline or common.Deadline(None)
 
     def fits(k: int) -> bool:
         # Two steps: the first allocates the optimizer state, the second runs with it in place.
@@ -408,7 +390,9 @@ def search_batch(config: BenchConfig, workload: Workload, device: torch.device, 
         print(f"  {config.name}: batch {k * multiple} {'out of memory' if result is None else 'fits'}", flush=True)
         return result is not None
 
-    k = largest_fitting(fits, 1, max(1, args.max_batch // multiple))
+    k = largest_fitting(fits, 1, max(1, args.max_batch // multiple), out_of_time=deadline.passed)
+    if k is not None and deadline.passed():
+        print(f"  {config.name}: --search-budget spent; batch {k * multiple} is a lower bound", flush=True)
     return None if k is None else k * multiple
 
 
@@ -636,6 +620,9 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument("--batch-search", action="store_true", help="per configuration, the largest per-GPU batch that fits")
     parser.add_argument("--batch-multiple", type=int, default=8, help="searched batches are multiples of this")
     parser.add_argument("--max-batch", type=int, default=1024, help="largest per-GPU batch the search tries")
+    parser.add_argument("--search-budget", type=float, default=420.0,
+                        help="seconds for all batch searches together, shared equally by the configurations; a "
+                             "search that runs out stops at the largest batch known to fit (0: no limit)")
     parser.add_argument("--warmup-steps", type=int, default=5)
     parser.add_argument("--steps", type=int, default=20, help="timed steps per configuration")
     parser.add_argument("--grad-clip", type=float, default=0.0, help="plugin gradient clipping (0: off, as DiT)")
@@ -695,9 +682,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     workload = build_workload(args.model, args.image_size, args.num_classes)
 
     rows, batches, failed = [], {}, False
-    for config in configs:
+    search_deadline = common.Deadline(args.search_budget)
+    for index, config in enumerate(configs):
         try:
-            batch = search_batch(config, workload, device, args) if args.batch_search else args.batch_size
+            batch = args.batch_size
+            if args.batch_search:  # each configuration gets an equal share of what is left of the budget
+                share = common.Deadline(search_deadline.remaining() / (len(configs) - index))
+                batch = search_batch(config, workload, device, args, share)
             batches[config.name] = batch
             if batch is None:
                 rows.append(row_for(config, info, None, "oom at the smallest batch"))

@@ -196,16 +196,23 @@ def apply_activation_checkpointing(model: nn.Module, *, selective_ratio: float =
     return [StepRow("activation_checkpointing", what, len(report.checkpointed), left)], report
 
 
-def apply_compile(model: nn.Module, *, enabled: bool = True, backend: Optional[str] = None) -> List[StepRow]:
+def apply_compile(model: nn.Module, *, enabled: bool = True, backend: Optional[str] = None,
+                  cuda_graphs: bool = False) -> List[StepRow]:
     """``torch.compile`` each of the model's blocks in place (``nn.Module.compile``: parameter names
-    and state-dict keys stay the same). ``backend``: torch.compile's (None: its default, inductor)."""
+    and state-dict keys stay the same). ``backend``: torch.compile's (None: its default, inductor).
+    ``cuda_graphs``: mode "reduce-overhead", each block's graphs replayed as CUDA graphs (CUDA and
+    fixed shapes; ``opendit_lite.training.cuda_graphs`` checks a config asking for it)."""
     if not enabled:
         return [StepRow("compile", "off", 0, "compile=false")]
     blocks = find_checkpoint_blocks(model)
+    options = {} if backend is None else {"backend": backend}
+    if cuda_graphs:
+        options["mode"] = "reduce-overhead"
     for block in blocks:
-        block.compile(**({} if backend is None else {"backend": backend}))
+        block.compile(**options)
     names = Counter(type(b).__name__ for b in blocks)
-    swapped = f"torch.compile({backend or 'default backend'}) per block: " + ", ".join(names)
+    graphs = ", CUDA graphs" if cuda_graphs else ""
+    swapped = f"torch.compile({backend or 'default backend'}{graphs}) per block: " + ", ".join(names)
     return [StepRow("compile", swapped, len(blocks), "the rest of the model runs eagerly")]
 
 
@@ -214,12 +221,13 @@ def apply_compile(model: nn.Module, *, enabled: bool = True, backend: Optional[s
 def parallelize(model: nn.Module, *, sp_group: Optional[dist.ProcessGroup] = None, sp_mode: str = "ulysses",
                 fused_adaln: bool = False, fused_layernorm: bool = False, attention_backend: str = "sdpa",
                 selective_ratio: float = 1.0, ac_offload: bool = False, compile: bool = False,
-                compile_backend: Optional[str] = None) -> ParallelizeReport:
+                compile_backend: Optional[str] = None, cuda_graphs: bool = False) -> ParallelizeReport:
     """Apply kernels -> sequence parallelism -> activation checkpointing -> compile to ``model`` in
     place (see the module docstring for why in this order) and return what was done.
 
     Call it on the serial, unwrapped model, once, before the booster plugin wraps it.
-    ``compile_backend`` is the ``torch.compile`` backend (None: its default; "eager" for a quick check)."""
+    ``compile_backend`` is the ``torch.compile`` backend (None: its default; "eager" for a quick check);
+    ``cuda_graphs`` replays the compiled blocks as CUDA graphs (mode "reduce-overhead")."""
     report = ParallelizeReport()
     # 1. Kernels first: the sequence-parallel op wraps whichever attention backend is in place.
     rows, report.conversion = apply_kernels(model, fused_adaln=fused_adaln, fused_layernorm=fused_layernorm,
@@ -232,7 +240,7 @@ def parallelize(model: nn.Module, *, sp_group: Optional[dist.ProcessGroup] = Non
                                                                 offload=ac_offload)
     report.rows += rows
     # 4. Compile last, per block: it traces what each block finally runs.
-    report.rows += apply_compile(model, enabled=compile, backend=compile_backend)
+    report.rows += apply_compile(model, enabled=compile, backend=compile_backend, cuda_graphs=cuda_graphs)
     return report
 
 

@@ -26,7 +26,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 import yaml
 
-from .schema import ALIASES, HINTS, TrainConfig
+from .schema import ALIASES, HINTS, LOGGERS, TrainConfig
 
 
 class ConfigError(ValueError):
@@ -321,6 +321,25 @@ def validate(cfg: TrainConfig) -> None:
     if cfg.encoder.group and not cfg.encoder.fsdp:
         raise ConfigError("'encoder.group' shards frozen encoders within a node, which needs encoder.fsdp=true; set "
                           "encoder.fsdp=true or remove encoder.group.")
+    if not 0.0 <= cfg.min_lr_ratio <= 1.0:
+        raise ConfigError(f"'min_lr_ratio' must lie in [0, 1] (the final LR as a fraction of lr); "
+                          f"got {cfg.min_lr_ratio}.")
+    unknown = [name for name in cfg.logger if name not in LOGGERS]
+    if unknown:
+        raise ConfigError(f"'logger' lists {unknown}; the metric sinks are {', '.join(LOGGERS)} "
+                          f"(metrics.jsonl is always written).")
+    if cfg.lora.rank < 0 or not 0.0 <= cfg.lora.dropout < 1.0 or (cfg.lora.rank > 0 and not cfg.lora.targets):
+        raise ConfigError(f"'lora' needs rank >= 0 (0: off), dropout in [0, 1) and at least one target; got "
+                          f"rank={cfg.lora.rank}, dropout={cfg.lora.dropout}, targets={cfg.lora.targets}.")
+    if cfg.lora.rank > 0 and cfg.zero_degree == 3:
+        raise ConfigError("LoRA (lora.rank > 0) trains with zero_degree 0, 1 or 2; Gemini (zero_degree=3) shards "
+                          "whole parameter chunks and cannot freeze the base: use zero_degree=2.")
+    if cfg.precision == "fp8" and cfg.zero_degree == 3:
+        raise ConfigError("precision=fp8 composes with zero_degree 0, 1 and 2; Gemini (zero_degree=3) keeps its "
+                          "weights in chunks that torchao's float8 layers cannot wrap. Use zero_degree <= 2.")
+    if getattr(cfg, "fused_optimizer_ema", False) and cfg.zero_degree == 3:
+        raise ConfigError("'fused_optimizer_ema' covers zero_degree 0, 1 and 2; Gemini (zero_degree=3) updates "
+                          "its chunks with HybridAdam. Set fused_optimizer_ema=false or zero_degree to 0, 1 or 2.")
     # A data section lists which of its types read data.path, and what that path must hold.
     needs_path = getattr(type(cfg.data), "PATH_REQUIRED", {})
     if cfg.data.type in needs_path and not cfg.data.path:

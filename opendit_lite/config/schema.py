@@ -11,6 +11,11 @@ the loader resolves them (``opendit_lite.config.loader.resolve_aliases``) and ``
 from dataclasses import dataclass, field
 from typing import List, Optional
 
+from ..training.lr_schedule import SCHEDULES
+
+
+LOGGERS = ("tensorboard", "wandb")  # metric sinks the ``logger`` field may list
+
 
 SP_MODES = ("ulysses", "dsp")  # sequence-parallel modes (a model declares which it supports)
 
@@ -84,6 +89,18 @@ class EncoderConfig:
 
 
 @dataclass
+class LoRAConfig:
+    rank: int = _f(0, "adapter rank r; > 0 fine-tunes low-rank adapters (peft) on a frozen base, 0: full training")
+    alpha: float = _f(16.0, "adapter scale numerator: updates are scaled by alpha / rank")
+    dropout: float = _f(0.0, "dropout on the adapters' input")
+    targets: List[str] = _f(["qkv", "proj", "fc1", "fc2"], "linear layers that get adapters: a name, a dotted "
+                                                           "suffix (attn.proj) or a regular expression over full "
+                                                           "names; default: attention qkv/proj and MLP fc1/fc2")
+    export_merged: bool = _f(True, "at the end of training also write <run dir>/merged.safetensors: the adapters "
+                                   "merged into the base (EMA weights where kept), for sample.ckpt or init_from")
+
+
+@dataclass
 class SampleConfig:
     ckpt: Optional[str] = _f(None, "checkpoint to sample from: ours (folder) or an original DiT .pt; None: latest of this run")
     use_ema: bool = _f(True, "sample with the EMA weights when the checkpoint has them")
@@ -124,7 +141,9 @@ class TrainConfig:
     auto_resume: bool = _f(False, "resume from the newest complete checkpoint when resume_from is empty")
     # precision
     precision: str = _f("auto", "parameter/compute precision; auto: bf16 on CUDA, fp32 on CPU (where bf16 is "
-                                "several times slower)", choices=("auto", "fp32", "tf32", "bf16", "fp16"))
+                                "several times slower); fp8: bf16 with the blocks' Linear layers in float8 "
+                                "(torchao; GPUs with compute capability >= 8.9, zero_degree 0-2)",
+                        choices=("auto", "fp32", "tf32", "bf16", "fp16", "fp8"))
     grad_precision: Optional[str] = _f(None, "LiteGen's gradient-reduction dtype: gradients are reduced in the "
                                              "parameter dtype, so only null or that dtype is accepted",
                                        choices=(None, "fp32", "tf32", "bf16", "fp16"))
@@ -133,7 +152,12 @@ class TrainConfig:
     lr: float = _f(1e-4, "AdamW learning rate")
     weight_decay: float = _f(0.0, "AdamW weight decay")
     fused_optimizer: bool = _f(True, "use the fused AdamW implementation where available")
+    fused_optimizer_ema: bool = _f(False, "AdamW and the EMA update in one optimizer step, multi-tensor ops "
+                                          "(zero_degree 0, 1, 2; replaces fused_optimizer's choice)")
+    lr_schedule: str = _f("constant", "learning rate after warm-up: constant, or linear/cosine decay to "
+                                      "min_lr_ratio x lr at max_steps", choices=SCHEDULES)
     warmup_steps: int = _f(0, "linear learning-rate warm-up steps")
+    min_lr_ratio: float = _f(0.0, "linear/cosine: the final learning rate as a fraction of lr")
     grad_clip: float = _f(1.0, "clip the global gradient norm to this value (0 disables)")
     # distributed strategy
     zero_degree: int = _f(0, "0: DDP, 1/2: ZeRO-1/2 (LowLevelZero), 3: ZeRO-3 (Gemini)", choices=(0, 1, 2, 3))
@@ -162,12 +186,17 @@ class TrainConfig:
                             "step; a multiple of ckpt_every; 0: off")
     keep_last: int = _f(0, "keep only this many newest checkpoints (0: keep all)")
     compile: bool = _f(False, "torch.compile each repeated block (the last step of parallelize)")
+    cuda_graphs: bool = _f(False, "with compile: replay the compiled blocks as CUDA graphs (torch.compile "
+                                  "mode 'reduce-overhead'; CUDA and fixed shapes only)")
+    logger: List[str] = _f(["tensorboard"], "metric sinks besides metrics.jsonl: tensorboard and/or wandb "
+                                            "(a single name is accepted; wandb runs offline unless WANDB_MODE is set)")
     # sections
     model: ModelConfig = _section(ModelConfig, "model to train")
     data: DataConfig = _section(DataConfig, "training data")
     vae: VAEConfig = _section(VAEConfig, "latent autoencoder")
     diffusion: DiffusionConfig = _section(DiffusionConfig, "diffusion objective")
     ema: EMAConfig = _section(EMAConfig, "exponential moving average")
+    lora: LoRAConfig = _section(LoRAConfig, "low-rank adapter fine-tuning")
     encoder: EncoderConfig = _section(EncoderConfig, "frozen encoders")
     sample: SampleConfig = _section(SampleConfig, "sample.py settings")
     eval: EvalConfig = _section(EvalConfig, "python -m opendit_lite.evaluate settings (sampling settings: sample.*)")

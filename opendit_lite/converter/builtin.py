@@ -5,6 +5,7 @@ imported:
 name               source type           replacement                                 switched on by (option)
 =================  ====================  ==========================================  =======================
 fused_adaln        LayerNormModulate     FusedLayerNormModulate (Triton)             ``fused_adaln``
+fused_adaln        GatedResidualNorm     FusedGatedResidualNorm (Triton)             ``fused_adaln``
 fused_layernorm    nn.LayerNorm          apex FusedLayerNorm, else TritonLayerNorm   ``fused_layernorm``
 attention_backend  SDPAAttentionOp       FlashAttentionOp                            ``attention_backend``
 =================  ====================  ==========================================  =======================
@@ -21,7 +22,7 @@ from typing import Optional, Tuple
 import torch.nn as nn
 
 from opendit_lite.models.layers.attention import SDPAAttentionOp
-from opendit_lite.models.layers.modulate import LayerNormModulate
+from opendit_lite.models.layers.modulate import GatedResidualNorm, LayerNormModulate
 
 from .registry import CONVERSIONS, ConversionRegistry, ConverterOptions
 
@@ -47,6 +48,12 @@ def _to_fused_adaln(module: LayerNormModulate, options: ConverterOptions, contex
     from opendit_lite.kernels import FusedLayerNormModulate
 
     return FusedLayerNormModulate.from_module(module)
+
+
+def _to_fused_residual(module: GatedResidualNorm, options: ConverterOptions, context: dict) -> nn.Module:
+    from opendit_lite.kernels import FusedGatedResidualNorm
+
+    return FusedGatedResidualNorm.from_module(module)
 
 
 # ----------------------------------------------------------------------------- fused LayerNorm
@@ -93,8 +100,10 @@ def _to_flash_attention(module: SDPAAttentionOp, options: ConverterOptions, cont
 
 
 def register_builtin_conversions(registry: ConversionRegistry) -> None:
-    """Register the three conversions above in ``registry`` (done once for ``CONVERSIONS``)."""
+    """Register the conversions above in ``registry`` (done once for ``CONVERSIONS``)."""
     registry.register(LayerNormModulate, _to_fused_adaln, name="fused_adaln",
+                      enabled=_fused_adaln_enabled, describe=_fused_adaln_describe)
+    registry.register(GatedResidualNorm, _to_fused_residual, name="fused_adaln",
                       enabled=_fused_adaln_enabled, describe=_fused_adaln_describe)
     registry.register(nn.LayerNorm, _to_fused_layernorm, name="fused_layernorm",
                       enabled=_fused_layernorm_enabled, describe=_fused_layernorm_describe)

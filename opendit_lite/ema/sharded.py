@@ -179,6 +179,16 @@ class ShardedEMA:
         """Elements of EMA held by this rank (times 4 for bytes)."""
         return self.shard.numel()
 
+    def pieces_and_sources(self) -> Tuple[List[torch.Tensor], List[torch.Tensor]]:
+        """The EMA pieces and the fp32 tensors they average, for an optimizer that updates the EMA
+        in its own step; the sources must be the very tensors it updates (DDP's fp32 parameters,
+        ZeRO's master shards), not copies."""
+        sources = [s.detach() for s in self.layout.read()]
+        if any(s.dtype != torch.float32 or s.device != self.shard.device for s in sources):
+            raise ValueError("an in-step EMA update needs fp32 weights on the EMA's device (DDP's parameters "
+                             "or ZeRO's master shards)")
+        return list(self._pieces), sources
+
     @torch.no_grad()
     def update(self, decay: float) -> None:
         """``ema = decay * ema + (1 - decay) * weights`` on this rank's slice (one fused launch)."""

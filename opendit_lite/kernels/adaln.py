@@ -12,7 +12,8 @@ writes ``y`` once, and keeps for the backward only ``x`` and two fp32 numbers pe
   ``LayerNormModulate`` returns), computed in fp32 and rounded once; gradients come back in each
   input's own dtype.
 
-Dispatch: the Triton kernels run on CUDA tensors, and on any tensor when Triton's interpreter is on
+The kernels are the torch custom op ``opendit_lite::norm_affine_fwd`` (``ops.py``), so
+``torch.compile`` keeps them in its graph. Dispatch: the Triton kernels run on CUDA tensors, and on any tensor when Triton's interpreter is on
 (``TRITON_INTERPRET=1`` set before this module is imported). Otherwise (CPU tensors, or Triton not
 installed) the torch path below computes the same function with the same numerics: fp32
 statistics and arithmetic, one rounding at the end.
@@ -23,7 +24,8 @@ import torch.nn.functional as F
 
 from opendit_lite.models.layers.modulate import LayerNormModulate
 
-from .triton_dispatch import norm_affine_triton, triton_runs_on
+from . import ops
+from .triton_dispatch import triton_runs_on
 
 
 def _as_modulation(x: torch.Tensor, mod: torch.Tensor, name: str) -> torch.Tensor:
@@ -58,32 +60,6 @@ def _output_dtype(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> 
     return torch.promote_types(x.dtype, torch.promote_types(shift.dtype, scale.dtype))
 
 
-class FusedAdaLNFunction(torch.autograd.Function):
-    """Autograd wrapper of the Triton kernels; inputs already checked by ``fused_adaln``."""
-
-    @staticmethod
-    def forward(ctx, x, shift, scale, eps):
-        x3 = x.contiguous()                                    # [B, N, D]
-        shift3 = _as_modulation(x3, shift, "shift")            # [B, 1|N, D]
-        scale3 = _as_modulation(x3, scale, "scale")            # [B, 1|N, D]
-        y, mean, rstd = norm_affine_triton.norm_affine_forward(
-            x3, shift3, scale3, eps, scale_plus_one=True, out_dtype=_output_dtype(x, shift, scale)
-        )
-        ctx.save_for_backward(x3, scale3, mean, rstd)
-        ctx.shift_shape, ctx.shift_dtype = shift.shape, shift.dtype
-        return y
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, dy):
-        x3, scale3, mean, rstd = ctx.saved_tensors
-        dx, dshift, dscale = norm_affine_triton.norm_affine_backward(
-            dy.contiguous(), x3, scale3, mean, rstd, scale_plus_one=True, shift_dtype=ctx.shift_dtype
-        )
-        # dshift/dscale are [B, 1|N, D]; hand them back in the shape the caller passed.
-        return dx, dshift.view(ctx.shift_shape), dscale.view(ctx.shift_shape), None
-
-
 def adaln_torch(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: float) -> torch.Tensor:
     """The torch path: same function and numerics as the kernel (fp32 throughout, one rounding)."""
     out_dtype = _output_dtype(x, shift, scale)
@@ -103,7 +79,10 @@ def fused_adaln(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: 
     """
     _check_inputs(x, shift, scale)
     if triton_runs_on(x):
-        return FusedAdaLNFunction.apply(x, shift, scale, eps)
+        shift3 = _as_modulation(x, shift, "shift")            # [B, 1|N, D]
+        scale3 = _as_modulation(x, scale, "scale")            # [B, 1|N, D]
+        y, _, _ = ops.norm_affine_fwd(x, shift3, scale3, eps, True, _output_dtype(x, shift, scale))
+        return y                                               # [B, N, D]
     return adaln_torch(x, shift, scale, eps)
 
 

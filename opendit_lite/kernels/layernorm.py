@@ -1,7 +1,7 @@
 """LayerNorm with affine parameters on the Triton norm kernels, and the choice of a fused LayerNorm.
 
 ``TritonLayerNorm`` is an ``nn.LayerNorm`` (same constructor, parameters and state-dict keys)
-whose forward runs ``norm_affine_triton`` with ``a = weight`` and ``shift = bias`` over the
+whose forward runs the custom op ``opendit_lite::norm_affine_fwd`` (``ops.py``) with ``a = weight`` and ``shift = bias`` over the
 input viewed as ``[1, rows, D]``; its backward gives dx and, from deterministic fp32 partial sums,
 dweight and dbias. Numerics: fp32 statistics and arithmetic, output rounded once to the input's
 dtype (as torch's LayerNorm does with fp32 weights and a bf16 input); gradients in each tensor's
@@ -18,33 +18,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .triton_dispatch import norm_affine_triton, triton_runs_on, triton_unavailable_reason
-
-
-class TritonLayerNormFunction(torch.autograd.Function):
-    """Autograd wrapper of the Triton kernels for x [..., D] and weight, bias [D]."""
-
-    @staticmethod
-    def forward(ctx, x, weight, bias, eps):
-        D = x.size(-1)
-        x3 = x.reshape(1, -1, D).contiguous()                         # [1, M, D]
-        w3, b3 = weight.view(1, 1, D), bias.view(1, 1, D)             # [1, 1, D]: broadcast to every row
-        y, mean, rstd = norm_affine_triton.norm_affine_forward(
-            x3, b3, w3, eps, scale_plus_one=False, out_dtype=x.dtype
-        )
-        ctx.save_for_backward(x3, w3, mean, rstd)
-        ctx.bias_dtype = bias.dtype
-        return y.view(x.shape)
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, dy):
-        x3, w3, mean, rstd = ctx.saved_tensors
-        D = x3.size(-1)
-        dx, dbias, dweight = norm_affine_triton.norm_affine_backward(
-            dy.reshape(1, -1, D).contiguous(), x3, w3, mean, rstd, scale_plus_one=False, shift_dtype=ctx.bias_dtype
-        )
-        return dx.view(dy.shape), dweight.view(D), dbias.view(D), None
+from . import ops
+from .triton_dispatch import triton_runs_on, triton_unavailable_reason
 
 
 def layer_norm_torch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
@@ -62,7 +37,10 @@ def triton_layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
             f"[D] = [{D}] for x of shape {tuple(x.shape)}"
         )
     if triton_runs_on(x):
-        return TritonLayerNormFunction.apply(x, weight, bias, eps)
+        x3 = x.reshape(1, -1, D)                                       # [1, M, D]
+        w3, b3 = weight.view(1, 1, D), bias.view(1, 1, D)              # [1, 1, D]: broadcast to every row
+        y, _, _ = ops.norm_affine_fwd(x3, b3, w3, eps, False, x.dtype)  # [1, M, D]
+        return y.view(x.shape)
     return layer_norm_torch(x, weight, bias, eps)
 
 

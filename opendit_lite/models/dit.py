@@ -5,8 +5,9 @@ The file reads top to bottom: the transformer block and final layer, the model, 
 configurations. Differences from the reference implementation that do not change a single weight
 or output value:
 
-* ``norm1``/``norm2``/``norm_final`` are ``LayerNormModulate`` modules (affine-free LayerNorm and
-  adaLN modulation in one call) so a fused kernel can replace them;
+* ``norm1``/``norm_final`` are ``LayerNormModulate`` modules (affine-free LayerNorm and adaLN
+  modulation in one call) and ``norm2`` a ``GatedResidualNorm`` (the attention branch's gated
+  residual together with the MLP's norm), so fused kernels can replace them (``fused_adaln``);
 * ``attn`` is our ``Attention`` whose inner op can be swapped (flash-attn, Ulysses) from outside;
 * ``seq_split``/``seq_gather`` mark where sequence parallelism shards the tokens;
 * latents may be non-square (``input_size=(H, W)``).
@@ -31,7 +32,7 @@ from .layers.embeddings import (
     get_2d_sincos_pos_embed,
 )
 from .layers.init import init_linears_xavier, init_patch_embed
-from .layers.modulate import LayerNormModulate
+from .layers.modulate import GatedResidualNorm, LayerNormModulate
 from .layers.sequence import SequenceGather, SequenceSplit
 from .registry import register_model
 
@@ -48,11 +49,16 @@ class DiTBlock(nn.Module):
     DiT paper found to train best among its conditioning variants.
     """
 
+    # Submodules that compute the conditioning (kept in bf16 under precision=fp8).
+    conditioning_modules = ("adaLN_modulation",)
+
     def __init__(self, hidden_size: int, num_heads: int, mlp_ratio: float = 4.0):
         super().__init__()
         self.norm1 = LayerNormModulate(hidden_size, eps=1e-6)
         self.attn = Attention(hidden_size, num_heads=num_heads, qkv_bias=True)
-        self.norm2 = LayerNormModulate(hidden_size, eps=1e-6)
+        # The attention residual x + gate_msa * attn(...) and the MLP's norm of it, in one module so
+        # that one fused kernel can do both; parameter-free, like norm1.
+        self.norm2 = GatedResidualNorm(hidden_size, eps=1e-6)
         self.mlp = Mlp(
             in_features=hidden_size,
             hidden_features=int(hidden_size * mlp_ratio),
@@ -66,8 +72,9 @@ class DiTBlock(nn.Module):
         shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = (
             self.adaLN_modulation(c).chunk(6, dim=1)                                    # 6 x [B, D]
         )
-        x = x + gate_msa.unsqueeze(1) * self.attn(self.norm1(x, shift_msa, scale_msa))  # [B, N, D]
-        x = x + gate_mlp.unsqueeze(1) * self.mlp(self.norm2(x, shift_mlp, scale_mlp))   # [B, N, D]
+        h = self.attn(self.norm1(x, shift_msa, scale_msa))                             # [B, N, D]
+        x, y = self.norm2(x, h, gate_msa, shift_mlp, scale_mlp)  # x + gate_msa * h, its modulated norm: 2 x [B, N, D]
+        x = x + gate_mlp.unsqueeze(1) * self.mlp(y)                                     # [B, N, D]
         return x
 
 

@@ -41,7 +41,9 @@ Decisions:
   updated from the master shard (no communication per step); under DDP it is a flat partition of
   all parameters over the world (``ema.py``). ``ema_state_dict()`` gathers the full state dict on
   every rank (``only_rank_0=True``: on global rank 0 only); ``load_ema_state_dict`` takes a full
-  state dict saved at any world size.
+  state dict saved at any world size. With ``build_optimizer(..., fused_ema=True)`` (DDP, ZeRO-1/2)
+  the optimizer advances the EMA inside its step (``opendit_lite.optim.AdamWEMA``) and
+  ``update_ema`` only checks that it did.
 - **Gradient accumulation.** DDP and ZeRO-1: ``with booster.no_sync(model, optimizer):`` around the
   backward passes before the last one (no communication). ZeRO-2 cannot skip its reduce-scatter
   (the gradient is sharded as it is produced), and Gemini has no ``no_sync``: call backward several
@@ -71,6 +73,7 @@ from torch.optim import Optimizer
 from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler
 
+from ..optim import AdamWEMA
 from .ddp import apply_ddp
 from .ddp_checkpoint_io import DDPCheckpointIO
 from ..ema.sharded import ShardedEMA, flat_layout, gemini_layout, zero_layout
@@ -203,10 +206,29 @@ class OpenDiTPlugin(DPPluginBase):
         return True
 
     def support_lora(self) -> bool:
-        return False
+        """LoRA trains with DDP and ZeRO-1/2 (the optimizer, its shards and the EMA hold only the
+        adapters); Gemini's chunked parameters are not adapted."""
+        return self.zero_degree in (0, 1, 2)
 
-    def enable_lora(self, model: nn.Module, pretrained_dir: str, lora_config: Dict) -> nn.Module:
-        raise NotImplementedError("OpenDiTPlugin does not support LoRA")
+    def enable_lora(self, model: nn.Module, pretrained_dir: Optional[str] = None, lora_config=None,
+                    bnb_quantization_config=None) -> nn.Module:
+        """``Booster.enable_lora``: inject the adapters of a ``peft.LoraConfig`` into ``model`` in place,
+        before boosting; the base is frozen. Build the optimizer from the trainable parameters only."""
+        from ..training.lora import apply_lora
+
+        if not self.support_lora():
+            raise NotImplementedError(f"LoRA needs zero_degree 0, 1 or 2; this plugin has "
+                                      f"zero_degree={self.zero_degree}")
+        if isinstance(model, ModelWrapper):
+            raise ValueError("enable LoRA before Booster.boost, on the plain nn.Module")
+        if pretrained_dir is not None or bnb_quantization_config is not None:
+            raise NotImplementedError("OpenDiTPlugin adds new adapters only: load trained adapters with the run's "
+                                      "checkpoint (resume_from) instead of pretrained_dir, and no quantization")
+        targets = lora_config.target_modules
+        targets = [targets] if isinstance(targets, str) else sorted(targets)
+        apply_lora(model, rank=lora_config.r, alpha=lora_config.lora_alpha, dropout=lora_config.lora_dropout,
+                   targets=targets)
+        return model
 
     def support_no_sync(self) -> bool:
         return self.zero_degree in (0, 1)
@@ -303,12 +325,21 @@ class OpenDiTPlugin(DPPluginBase):
         betas: Tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
         fused: Optional[bool] = None,
+        fused_ema: bool = False,
     ) -> Optimizer:
         """AdamW for this strategy: torch's (fused by default on CUDA), or Colossal-AI's HybridAdam for Gemini.
 
         Gemini updates shards that may live on the CPU or the GPU, which only Colossal-AI's Adam
         kernels handle; ``fused`` is ignored there.
+        ``fused_ema``: ``opendit_lite.optim.AdamWEMA`` instead (DDP and ZeRO-1/2; ``fused`` is then
+        not used), which advances the EMA inside its step over the same tensors it just updated:
+        the parameters under DDP, the fp32 master shards under ZeRO.
         """
+        if fused_ema:
+            if self.zero_degree == 3:
+                raise ValueError("fused_ema (AdamW + EMA in one optimizer step) covers zero_degree 0, 1 and 2; "
+                                 "Gemini (zero_degree=3) updates its chunks with HybridAdam")
+            return AdamWEMA(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
         if self.zero_degree == 3:
             from colossalai.nn.optimizer import HybridAdam  # builds its CUDA/CPU kernels on first use
 
@@ -343,7 +374,16 @@ class OpenDiTPlugin(DPPluginBase):
             layout = gemini_layout(model, dist.get_world_size(self.zero_group), dist.get_rank(self.zero_group))
             group = self.zero_group
         self._ema = ShardedEMA(layout, group, module)
+        fused = self._fused_ema_optimizer(optimizer)
+        if fused is not None:
+            fused.attach_ema(*self._ema.pieces_and_sources())
         return self._ema
+
+    @staticmethod
+    def _fused_ema_optimizer(optimizer: Optional[OptimizerWrapper]) -> Optional[AdamWEMA]:
+        """The ``AdamWEMA`` inside a boosted optimizer (DDP's or LowLevelZero's wrapper), else None."""
+        inner = getattr(optimizer, "optim", None)
+        return inner if isinstance(inner, AdamWEMA) else None
 
     def update_ema(self, model: ModelWrapper, optimizer: Optional[OptimizerWrapper] = None, decay: float = 0.9999) -> None:
         """``ema = decay * ema + (1 - decay) * weights`` after ``optimizer.step()``; creates the EMA on first use."""
@@ -351,6 +391,9 @@ class OpenDiTPlugin(DPPluginBase):
             self.create_ema(model, optimizer)
         elif self._ema.module is not model.unwrap():
             raise ValueError("update_ema got a different model from the one the EMA was created for")
+        fused = self._fused_ema_optimizer(optimizer if optimizer is not None else self._optimizer)
+        if fused is not None and fused.take_ema_update(decay):
+            return  # the optimizer's step already advanced the EMA with this decay
         self._ema.update(decay)
 
     def _require_ema(self) -> ShardedEMA:

@@ -7,7 +7,6 @@ import torch
 import torch.nn as nn
 
 from ..checkpoint.layout import resolve_sample_checkpoint, saved_config
-from ..checkpoint.weights import load_weights
 from ..config import ConfigError, DiffusionConfig, ModelConfig, from_dict
 from ..diffusion import RectifiedFlow, cfg_model_fn, create_diffusion
 from ..diffusion.sampling_utils import SampleGenerators
@@ -19,6 +18,7 @@ from ..training.factory import (
     model_input_hw,
     resolve_model_geometry,
 )
+from ..training.lora import load_merged
 from .checks import check_sample_settings
 from .denoiser import parallelize_denoiser
 from .ranks import SamplingRanks
@@ -47,7 +47,7 @@ def load_image_model(cfg, ranks: SamplingRanks) -> Tuple[nn.Module, str, Optiona
                           + ("sample.sampler=euler." if flow else "sample.sampler=ddpm or ddim."))
     check_sample_settings(cfg.sample.seed, cfg.sample.batch_size)
     model = build_model_from_config(cfg)
-    load_weights(model, ckpt, use_ema=cfg.sample.use_ema)
+    load_merged(model, ckpt, use_ema=cfg.sample.use_ema, lora=saved.get("lora"))  # LoRA runs: adapters merged
     report = parallelize_denoiser(model, cfg, ranks)
     if ranks.is_main and (ranks.sp_size > 1 or cfg.sample.compile):
         print(report)

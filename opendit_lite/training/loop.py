@@ -4,6 +4,7 @@ step loop (accumulation, optimizer step, EMA, logging, checkpoints). ``trainer.p
 order for every trainer; a trainer itself only declares its data and model (``spec.py``).
 """
 
+import contextlib
 import os
 from typing import Callable, Optional, Tuple
 
@@ -16,10 +17,13 @@ from ..config import ConfigError, to_dict
 from ..data.sampler import ResumableDistributedSampler
 from ..plugins import OpenDiTPlugin
 from ..plugins.precision import resolve_precision
+from ..precision import apply_fp8_training, check_fp8_supported
 from ..checkpoint.resume import restore_run
 from ..checkpoint.state import save_checkpoint
-from .lr_schedule import warmup_scheduler
-from .metrics import MetricsLogger
+from .cuda_graphs import check_cuda_graphs
+from .lr_schedule import build_lr_scheduler
+from .metrics import MetricsLogger, peak_memory_gib
+from .mfu import counted_flops, current_device_peak_tflops
 from ..checkpoint.layout import checkpoint_root, pick_resume_checkpoint
 from .stop import StopRequest
 
@@ -32,7 +36,11 @@ def build_booster(cfg, info) -> Tuple[OpenDiTPlugin, Booster]:
     precision = resolve_precision(cfg.precision, info.device.type)
     if (cfg.allow_tf32 or precision == "tf32") and torch.cuda.is_available():
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-    precision = "fp32" if precision == "tf32" else precision
+    check_cuda_graphs(cuda_graphs=cfg.cuda_graphs, compile=cfg.compile, device=info.device)
+    if precision == "fp8":
+        check_fp8_supported(info.device)  # ConfigError on CPU, pre-Ada GPUs or without torchao
+    # tf32: fp32 weights, TF32 matmuls; fp8: bf16 everywhere but the blocks' Linear layers
+    precision = {"tf32": "fp32", "fp8": "bf16"}.get(precision, precision)
     grad = "fp32" if cfg.grad_precision == "tf32" else cfg.grad_precision
     if grad not in (None, precision):
         raise ConfigError(f"'grad_precision'={cfg.grad_precision!r} is not supported: gradients are reduced in the "
@@ -46,14 +54,18 @@ def build_booster(cfg, info) -> Tuple[OpenDiTPlugin, Booster]:
 
 
 def boost_training(cfg, plugin: OpenDiTPlugin, booster: Booster, model, dataset):
-    """AdamW, warm-up schedule and a resumable distributed loader, boosted together.
+    """AdamW, the LR schedule and a resumable distributed loader, boosted together.
 
     Returns (model, optimizer, lr_scheduler, dataloader, micro_batch) where micro_batch =
     global_batch_size / (data-parallel ranks x grad_accum_steps) samples per rank and micro-step."""
     micro_batch = cfg.global_batch_size // (plugin.dp_size * cfg.grad_accum_steps)
-    optimizer = plugin.build_optimizer(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
-                                       fused=cfg.fused_optimizer)
-    lr_scheduler = warmup_scheduler(optimizer, cfg.warmup_steps)
+    if cfg.precision == "fp8":  # before the optimizer: Float8Linear keeps the Parameters, but swap first
+        apply_fp8_training(model)
+    trainable = [p for p in model.parameters() if p.requires_grad]  # LoRA: the adapters only
+    optimizer = plugin.build_optimizer(trainable, lr=cfg.lr, weight_decay=cfg.weight_decay,
+                                       fused=cfg.fused_optimizer, fused_ema=cfg.fused_optimizer_ema and cfg.ema.enable)
+    lr_scheduler = build_lr_scheduler(optimizer, schedule=cfg.lr_schedule, warmup_steps=cfg.warmup_steps,
+                                      total_steps=cfg.max_steps, min_lr_ratio=cfg.min_lr_ratio)
     dataloader = plugin.prepare_dataloader(dataset, batch_size=micro_batch, shuffle=True, seed=cfg.global_seed,
                                            drop_last=True, num_workers=cfg.num_workers, pin_memory=cfg.pin_memory,
                                            distributed_sampler_cls=ResumableDistributedSampler)
@@ -150,18 +162,33 @@ def run_steps(cfg, info, log: MetricsLogger, booster: Booster, plugin: OpenDiTPl
             after_save(at_step, path)
         return path
 
+    def micro_step(last: bool) -> torch.Tensor:
+        # Gradients are reduced once, with the last micro-batch, where the strategy can defer it.
+        defer = not last and plugin.support_no_sync()
+        with booster.no_sync(model, optimizer) if defer else contextlib.nullcontext():
+            loss = batch_loss(next(batches))
+            booster.backward(loss / cfg.grad_accum_steps, optimizer)
+        return loss.detach()
+
     loss_sum = torch.zeros((), device=info.device)
     since_log = 0
+    flops_per_step = None  # this rank's FLOPs per optimizer step, counted on the first micro-batch
+    peak_tflops = current_device_peak_tflops(info.device)
     log.start(step, cfg.max_steps)
     model.train()
     with StopRequest() as stop:  # Ctrl-C / SIGTERM: stop at the next log point, after saving
         while step < cfg.max_steps:
-            for _ in range(cfg.grad_accum_steps):
-                loss = batch_loss(next(batches))
-                booster.backward(loss / cfg.grad_accum_steps, optimizer)
-                loss_sum += loss.detach() / cfg.grad_accum_steps
+            for i in range(cfg.grad_accum_steps):
+                last = i == cfg.grad_accum_steps - 1
+                if flops_per_step is None and not cfg.compile:  # the counter would run inside compilation
+                    loss, flops = counted_flops(lambda: micro_step(last))
+                    flops_per_step = flops * cfg.grad_accum_steps
+                else:
+                    loss = micro_step(last)
+                loss_sum += loss / cfg.grad_accum_steps
             optimizer.step()
             optimizer.zero_grad()
+            last_lr = lr_scheduler.get_last_lr()[0]  # the LR this step used
             lr_scheduler.step()
             if ema_plugin is not None:
                 plugin.update_ema(model, optimizer, decay=cfg.ema.decay)
@@ -171,8 +198,11 @@ def run_steps(cfg, info, log: MetricsLogger, booster: Booster, plugin: OpenDiTPl
             if step % cfg.log_every == 0 or step == cfg.max_steps:
                 stats = torch.stack([loss_sum, stop.flag_like(loss_sum)])  # one all-reduce for both
                 dist.all_reduce(stats)
+                grad_norm = optimizer.get_grad_norm()  # the last step's, before clipping (None: not tracked)
                 log.log(step, {"loss": stats[0] / info.world_size}, since_log, cfg.global_batch_size,
-                        extra={"lr": lr_scheduler.get_last_lr()[0], "epoch": batches.epoch})
+                        extra={"lr": last_lr, "grad_norm": None if grad_norm is None else float(grad_norm),
+                               "mem_gib": peak_memory_gib(info.device), "epoch": batches.epoch},
+                        flops_per_step=flops_per_step, peak_tflops=peak_tflops)
                 loss_sum.zero_()
                 since_log = 0
                 if step < cfg.max_steps and stats[1].item() > 0:  # some rank got a stop signal

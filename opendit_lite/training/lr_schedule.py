@@ -1,9 +1,47 @@
+"""Learning-rate schedules: linear warm-up, then constant, linear or cosine decay.
+
+The factor the base LR is multiplied by at optimizer step s (0-based; W warm-up steps, T total
+steps, m = ``min_lr_ratio``)::
+
+    s < W:        (s + 1) / W                                  warm-up (reaches 1 at s = W - 1)
+    constant:     1                                            DiT's recipe
+    linear:       m + (1 - m) (1 - p)                          p = (s - W) / (T - W), clamped to [0, 1]
+    cosine:       m + (1 - m) (1 + cos(pi p)) / 2
+
+so the decays start at the full LR right after warm-up and end at ``min_lr_ratio x lr`` at the last
+step. The schedule is a ``LambdaLR`` whose only state is the step count, saved with every
+checkpoint: a resumed run continues the curve where it stopped (the curve's shape is taken from
+the config, so changing ``max_steps`` on resume stretches the rest of the decay).
+"""
+
+import math
+from typing import Callable
+
 import torch
 
+SCHEDULES = ("constant", "linear", "cosine")
 
-def warmup_scheduler(optimizer: torch.optim.Optimizer, warmup_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
-    """Linear warm-up from lr/warmup_steps to lr over ``warmup_steps`` steps, constant after (DiT's
-    recipe is a constant LR; warm-up helps larger batches)."""
+
+def lr_factor(schedule: str, warmup_steps: int, total_steps: int, min_lr_ratio: float) -> Callable[[int], float]:
+    """The multiplier of the base LR as a function of the 0-based optimizer step (formulas above)."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"lr_schedule={schedule!r}: choose one of {', '.join(SCHEDULES)}")
+    decay_steps = max(1, total_steps - warmup_steps)
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        if schedule == "constant":
+            return 1.0
+        progress = min(1.0, (step - warmup_steps) / decay_steps)
+        remaining = 1.0 - progress if schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
+        return min_lr_ratio + (1.0 - min_lr_ratio) * remaining
+
+    return factor
+
+
+def build_lr_scheduler(optimizer: torch.optim.Optimizer, *, schedule: str, warmup_steps: int, total_steps: int,
+                       min_lr_ratio: float = 0.0) -> torch.optim.lr_scheduler.LambdaLR:
+    """A ``LambdaLR`` over ``optimizer`` following ``lr_factor``; call ``step()`` after each optimizer step."""
     return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: min(1.0, (step + 1) / warmup_steps) if warmup_steps > 0 else 1.0
-    )
+        optimizer, lr_factor(schedule, warmup_steps, total_steps, min_lr_ratio))

@@ -15,7 +15,7 @@ import torch
 
 from ..checkpoint.layout import pick_resume_checkpoint
 from ..checkpoint.weights import load_weights
-from ..config import ConfigError, exit_on_config_error, parse_cli, validate_world
+from ..config import ConfigError, exit_on_config_error, parse_cli, to_dict, validate_world
 from ..distributed.launch import cleanup_distributed, init_distributed
 from ..distributed.seed import seed_everything
 from ..models import MODELS, registered_class
@@ -31,6 +31,7 @@ from .loop import (
     run_steps,
     write_run_config,
 )
+from .lora import apply_lora, export_merged
 from .metrics import MetricsLogger
 from .spec import TrainerSpec
 
@@ -38,7 +39,8 @@ from .spec import TrainerSpec
 def train(spec: TrainerSpec, cfg, info) -> str:
     """Train ``cfg.max_steps`` steps of the spec's model; returns the final checkpoint's path."""
     run_dir = os.path.join(cfg.results_dir, cfg.exp_name)
-    log = MetricsLogger(run_dir, enabled=info.is_main)
+    log = MetricsLogger(run_dir, enabled=info.is_main, loggers=cfg.logger, run_name=cfg.exp_name,
+                        config=to_dict(cfg))
     after_save = evaluation_hook(spec, cfg, log)  # eval_every: checked before anything is built
 
     plugin, booster = build_booster(cfg, info)  # first: it builds the mesh sequence parallelism needs
@@ -49,10 +51,14 @@ def train(spec: TrainerSpec, cfg, info) -> str:
     if cfg.init_from and not pick_resume_checkpoint(cfg):
         load_weights(model, cfg.init_from, use_ema=False)
         log.write(f"initialised weights from {cfg.init_from}")
+    if cfg.lora.rank:  # adapters on the frozen base, before parallelize swaps modules around them
+        log.write(str(apply_lora(model, rank=cfg.lora.rank, alpha=cfg.lora.alpha, dropout=cfg.lora.dropout,
+                                 targets=cfg.lora.targets)))
     # Every transformation of the serial model, in parallelize's order, before the plugin wraps it.
     report = parallelize(model, sp_group=plugin.sp_group, sp_mode=cfg.sp_mode, fused_adaln=cfg.fused_adaln,
                          fused_layernorm=cfg.fused_layernorm, attention_backend=cfg.attention_backend,
-                         selective_ratio=cfg.selective_ratio, ac_offload=cfg.ac_offload, compile=cfg.compile)
+                         selective_ratio=cfg.selective_ratio, ac_offload=cfg.ac_offload, compile=cfg.compile,
+                         cuda_graphs=cfg.cuda_graphs)
     log.write(str(report))
     objective = build_training_objective(cfg)
     model.to(info.device)
@@ -75,8 +81,13 @@ def train(spec: TrainerSpec, cfg, info) -> str:
         x, model_kwargs = data.model_inputs(batch)
         return objective_loss(objective, model, x, model_kwargs)
 
-    return run_steps(cfg, info, log, booster, plugin, ema_plugin, model, optimizer, lr_scheduler, batches, step,
+    path = run_steps(cfg, info, log, booster, plugin, ema_plugin, model, optimizer, lr_scheduler, batches, step,
                      batch_loss, after_save=after_save)
+    if cfg.lora.rank and cfg.lora.export_merged and info.is_main:
+        merged = export_merged(spec.build_model(cfg), path, os.path.join(run_dir, "merged.safetensors"),
+                               use_ema=cfg.ema.enable, lora=to_dict(cfg.lora))
+        print(f"wrote the merged LoRA weights to {merged} (sample.ckpt={merged} or init_from={merged})")
+    return path
 
 
 def evaluation_hook(spec: TrainerSpec, cfg, log):

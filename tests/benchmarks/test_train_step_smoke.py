@@ -107,6 +107,19 @@ def test_largest_fitting(bench, threshold):
     assert train_step.largest_fitting(lambda k: False, 1, 64) is None
 
 
+def test_largest_fitting_stops_when_out_of_time(bench):
+    train_step, _ = bench
+    probes = []
+
+    def fits(k):
+        probes.append(k)
+        return k <= 50
+
+    # the budget runs out after three probes: the largest batch known to fit is returned
+    assert train_step.largest_fitting(fits, 1, 64, out_of_time=lambda: len(probes) >= 3) == 4
+    assert probes == [1, 2, 4]
+
+
 class _OomAbove(nn.Module):
     """A linear layer that raises CUDA's out-of-memory error for batches above ``limit``."""
 
@@ -138,6 +151,8 @@ def test_batch_search_and_out_of_memory_path(bench):
     m = train_step.try_measure(config, workload, 12, 1, 2, device, args)
     assert len(m.step_ms) == 2 and m.forward_flops_per_sample == 32.0 and m.peak_alloc_bytes is None
     assert train_step.search_batch(config, workload, device, args) == 12
+    spent = train_step.common.Deadline(1e-9)  # a budget already spent: only the first probe runs
+    assert train_step.search_batch(config, workload, device, args, spent) == 2
 
     def broken(model, batch):
         raise RuntimeError("shape mismatch")

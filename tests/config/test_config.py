@@ -88,7 +88,7 @@ def test_override_values_are_yaml():
     (["zer_degree=1"], "Did you mean 'zero_degree'?"),
     (["ema.decy=0.5"], "Did you mean 'ema.decay'?"),
     (["zero_degree=4"], "'zero_degree' must be one of 0, 1, 2, 3; got 4"),
-    (["precision=fp8"], "'precision' must be one of"),
+    (["precision=fp4"], "'precision' must be one of"),
     (["selective_ratio=-0.1"], "'selective_ratio' must lie in [0, 1]"),
     (["lr=fast"], "'lr' must be a number"),
     (["max_steps=1.5"], "'max_steps' must be an integer"),

@@ -9,7 +9,13 @@ import torch.nn as nn
 
 import opendit_lite.kernels.flash_attention as flash_module
 from opendit_lite.converter import ConversionRegistry, ModuleConverter, register_builtin_conversions
-from opendit_lite.kernels import FlashAttentionOp, FusedLayerNormModulate, TritonLayerNorm, flash_attn_version
+from opendit_lite.kernels import (
+    FlashAttentionOp,
+    FusedGatedResidualNorm,
+    FusedLayerNormModulate,
+    TritonLayerNorm,
+    flash_attn_version,
+)
 from opendit_lite.models import build_model
 from opendit_lite.models.layers import Attention, LayerNormModulate, SDPAAttentionOp
 
@@ -105,9 +111,9 @@ def test_dit_all_conversions_match_unconverted():
     # The default registry, as training uses it (sequence parallelism is off without sp_size > 1).
     report = check_equivalent(model, inputs, ModuleConverter(ALL_ON))
     depth = len(model.blocks)
-    # norm1 and norm2 per block, plus the final layer's norm
+    # norm1 and norm2 (the attention residual + the MLP's norm) per block, plus the final layer's norm
     assert report.counts()["fused_adaln"] == 2 * depth + 1
-    assert all(type(b.norm1) is FusedLayerNormModulate and type(b.norm2) is FusedLayerNormModulate
+    assert all(type(b.norm1) is FusedLayerNormModulate and type(b.norm2) is FusedGatedResidualNorm
                for b in model.blocks)
     assert type(model.final_layer.norm_final) is FusedLayerNormModulate
 

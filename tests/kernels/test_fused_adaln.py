@@ -82,7 +82,7 @@ def test_fp32_shapes(B, N, D, layout):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("layout", ["sample", "token"])
 def test_dit_xl_width(layout, dtype):
-    # DiT-XL's D = 1152: a 2048-wide block with 896 masked lanes.
+    # DiT-XL's D = 1152: nine column chunks of 128, several rows per program.
     check_against_reference(*make_inputs(2, 3, 1152, layout, dtype))
 
 
@@ -171,9 +171,17 @@ def test_integer_input_raises():
         fused_adaln(torch.zeros(1, 2, 8, dtype=torch.int32), torch.zeros(1, 8), torch.zeros(1, 8))
 
 
-def test_too_wide_rows_raise_on_the_triton_path():
-    x = torch.zeros(1, 1, 16385, device=DEVICE)
-    if not triton_runs_on(x):
-        pytest.skip("the Triton kernels do not run here; the torch path takes any width")
-    with pytest.raises(ValueError, match="support D <= 16384"):
-        fused_adaln(x, torch.zeros(1, 16385, device=DEVICE), torch.zeros(1, 16385, device=DEVICE))
+@pytest.mark.parametrize("D", [72, 216, 4099])
+def test_widths_walked_in_column_chunks(D):
+    # 72 * k (head_dim-72 models) and a prime wider than the widest chunk: several chunks per row.
+    check_against_reference(*make_inputs(3, 5, D, "sample", torch.float32))
+
+
+def test_column_block_leaves_no_idle_lanes_at_dit_widths():
+    triton_kernels = pytest.importorskip("opendit_lite.kernels.norm_affine_triton")
+    assert triton_kernels.column_block(1152) == 128          # 9 full chunks, where one block would pad to 2048
+    assert triton_kernels.column_block(1024) == 1024         # a power of two: one chunk
+    for D in (384, 768, 1152, 1536, 72 * 16):
+        block = triton_kernels.column_block(D)
+        lanes = -(-D // block) * block
+        assert (lanes - D) / lanes <= triton_kernels.MAX_IDLE_FRACTION, (D, block)

@@ -66,7 +66,7 @@ def local_slice(batch: Batch, dp_rank: int, dp_size: int) -> Batch:
     return tuple(t[dp_rank * per_rank:(dp_rank + 1) * per_rank] for t in batch)
 
 
-def boosted_run(plugin, steps: int, accum: int = 1, lazy_ema: bool = False):
+def boosted_run(plugin, steps: int, accum: int = 1, lazy_ema: bool = False, fused_ema: bool = False):
     """Train the tiny DiT with ``plugin`` on this rank's slice of each global batch.
 
     The EMA is created right after boosting, or with ``lazy_ema`` by the first ``update_ema``.
@@ -75,6 +75,7 @@ def boosted_run(plugin, steps: int, accum: int = 1, lazy_ema: bool = False):
     Ranks other than 0 perturb their copy of the initial weights: every strategy must start
     from rank 0's, as the single-process reference does. Batches go to the accelerator's current
     device (the CPU here, the GPU on a GPU machine).
+    ``fused_ema``: the optimizer advances the EMA in its step (``build_optimizer(fused_ema=True)``).
     Returns the boosted model and optimizer.
     """
     device = get_accelerator().get_current_device()
@@ -84,7 +85,7 @@ def boosted_run(plugin, steps: int, accum: int = 1, lazy_ema: bool = False):
         with torch.no_grad():
             for p in model.parameters():
                 p.add_(torch.randn_like(p))
-    optimizer = plugin.build_optimizer(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
+    optimizer = plugin.build_optimizer(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY, fused_ema=fused_ema)
     model, optimizer, *_ = booster.boost(model, optimizer)
     if not lazy_ema:
         plugin.create_ema(model)

@@ -31,6 +31,10 @@ CONFIGS = {
     "ddp_fp16_clip": (dict(zero_degree=0, precision="fp16", grad_clip=0.05), 1, False),
     "ddp_bf16": (dict(zero_degree=0, precision="bf16"), 1, False),
     "zero2_bf16": (dict(zero_degree=2, precision="bf16"), 1, False),
+    # AdamW and the EMA in one optimizer step (opendit_lite.optim.AdamWEMA) over DDP's weights / ZeRO's masters.
+    "ddp_fused_ema": (dict(zero_degree=0, fused_ema=True), 1, False),
+    "zero2_fused_ema_clip": (dict(zero_degree=2, grad_clip=0.05, fused_ema=True), 1, True),
+    "zero1_fused_ema_bf16": (dict(zero_degree=1, precision="bf16", fused_ema=True), 1, False),
 }
 # Distance to the fp32 reference after STEPS steps: summation order only for fp32; bf16 weights
 # (ZeRO) or bf16/fp16 compute (DDP autocast) otherwise.
@@ -46,8 +50,10 @@ def _train_all(rank, world_size, ckpt_dir):
     ema_module._GATHER_NUMEL = 777
     out = {}
     for name, (kwargs, accum, lazy_ema) in CONFIGS.items():
+        kwargs = dict(kwargs)
+        fused_ema = kwargs.pop("fused_ema", False)  # a build_optimizer argument, not the plugin's
         plugin = OpenDiTPlugin(**{"precision": "fp32", **kwargs})
-        model, optimizer = boosted_run(plugin, STEPS, accum=accum, lazy_ema=lazy_ema)
+        model, optimizer = boosted_run(plugin, STEPS, accum=accum, lazy_ema=lazy_ema, fused_ema=fused_ema)
         ref_params, ref_ema = reference_run(STEPS, grad_clip=kwargs.get("grad_clip", 0.0), lazy_ema=lazy_ema)
         params = {n: p.detach() for n, p in model.unwrap().named_parameters()}
         ema_sd = plugin.ema_state_dict()

@@ -7,7 +7,7 @@ from .embeddings import (
     get_2d_sincos_pos_embed,
     sincos_embed_from_positions,
 )
-from .modulate import LayerNormModulate, modulate
+from .modulate import GatedResidualNorm, LayerNormModulate, modulate
 from .sequence import SequenceGather, SequenceSplit
 
 __all__ = [
@@ -20,6 +20,7 @@ __all__ = [
     "get_1d_sincos_pos_embed",
     "get_2d_sincos_pos_embed",
     "sincos_embed_from_positions",
+    "GatedResidualNorm",
     "LayerNormModulate",
     "modulate",
     "SequenceGather",
