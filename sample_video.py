@@ -6,6 +6,8 @@ same videos.
 
 From the newest checkpoint of a run (EMA weights by default), prompts from the config:
     python sample_video.py --config configs/video_stdit_demo.yaml
+At another clip shape than the trained one (frames and pixels; the models take any shape):
+    python sample_video.py --config configs/video_buckets_demo.yaml sample.num_frames=1 sample.height=16 sample.width=24
 On several processes (prompts split over the data-parallel ranks; sp_size=2 shards each clip's
 tokens over 2 ranks with Ulysses, or DSP with sp_mode=dsp); the videos are the one-process videos:
     torchrun --standalone --nproc_per_node 4 sample_video.py --config configs/video_stdit_demo.yaml sp_size=2
@@ -42,7 +44,7 @@ from opendit_lite.training.video import (
     build_video_model,
     load_caption_encoder,
     load_video_vae,
-    model_clip_shape,
+    sample_clip_shape,
     validate_video_config,
 )
 from opendit_lite.training.lora import load_merged
@@ -93,13 +95,15 @@ def check_sampler(cfg) -> None:
 
 @torch.no_grad()
 def sample_clips(model, cfg, states: torch.Tensor, mask: torch.Tensor, indices: Sequence[int], device,
-                 pixel_space: bool, progress: bool = False) -> torch.Tensor:
+                 pixel_space: bool, progress: bool = False, downsample: int = 1) -> torch.Tensor:
     """Caption states [n, M, Cy] of global prompts ``indices`` -> clips [n, C, T, H, W] in model space
-    (latents or pixels). Each clip's noise comes from (sample.seed, its index), so the result does
-    not depend on which prompts share the batch, rank or world size."""
+    (latents or pixels), of the trained clip shape or the one ``sample.num_frames/height/width`` ask
+    for. Each clip's noise comes from (sample.seed, its index), so the result does not depend on
+    which prompts share the batch, rank or world size."""
     s = cfg.sample
     generators = SampleGenerators(s.seed, indices)
-    z = generators.standard_normal((states.shape[0], *model_clip_shape(cfg)), device, torch.float32)  # [n, C, T, H, W]
+    shape = sample_clip_shape(cfg, downsample, model.patch_size)
+    z = generators.standard_normal((states.shape[0], *shape), device, torch.float32)  # [n, C, T, H, W]
     # Guidance by the model's layout (video models: [captions; learned null caption] as one batch of 2n).
     guided = cfg_model_fn(model, s.cfg_scale)
     kwargs = dict(y=states, mask=mask)
@@ -196,8 +200,8 @@ def main(argv=None) -> List[str]:
         for start in range(block.start, block.stop, cfg.sample.batch_size):  # this rank's prompts
             indices = range(start, min(start + cfg.sample.batch_size, block.stop))
             states, mask = captions.encode([prompts[i] for i in indices], device)      # [n, M, Cy], [n, M]
-            clips = sample_clips(model, cfg, states, mask, indices, device, pixel_space,
-                                 progress=ranks.is_main)                              # [n, C, T, H, W]
+            clips = sample_clips(model, cfg, states, mask, indices, device, pixel_space, progress=ranks.is_main,
+                                 downsample=vae.downsample if vae is not None else 1)  # [n, C, T, H, W]
             if vae is not None:
                 clips = vae.decode(clips)                                            # [n, 3, T, H', W']
             mine.append(clips.float().cpu())

@@ -5,7 +5,8 @@ sharded EMA's own footprint.
     python benchmarks/zero_memory.py                      # formulas only (any machine)
     python benchmarks/zero_memory.py --measure            # + one measured step per zero_degree (CUDA)
 
-Formulas (Rajbhandari et al., "ZeRO", 2020), Psi parameters, mixed precision with Adam: 2 Psi bytes
+Formulas (in ``opendit_lite/plan/memory_model.py``, shared with the planner; Rajbhandari et al.,
+"ZeRO", 2020), Psi parameters, mixed precision with Adam: 2 Psi bytes
 of bf16 weights, 2 Psi of bf16 gradients and K Psi of optimizer state (fp32 master weights,
 momentum and variance: K = 12), over N data-parallel ranks:
 
@@ -25,27 +26,11 @@ import argparse
 import csv
 import datetime
 import os
+import sys
 from typing import Dict, List
 
-GiB = 2 ** 30
-ADAM_K = 12  # fp32 master weights + momentum + variance: 3 x 4 bytes per parameter
-
-
-def model_state_bytes(zero_degree: int, params: int, ranks: int) -> float:
-    """Bytes per GPU of weights, gradients and optimizer state (the formulas in the docstring)."""
-    if zero_degree == 0:
-        return (4 + 4 + 8) * params  # fp32 weights + fp32 grads + two fp32 Adam moments
-    if zero_degree == 1:
-        return (2 + 2) * params + ADAM_K * params / ranks
-    if zero_degree == 2:
-        return 2 * params + (2 + ADAM_K) * params / ranks
-    if zero_degree == 3:
-        return (2 + 2 + ADAM_K) * params / ranks
-    raise ValueError(f"zero_degree must be 0..3, got {zero_degree}")
-
-
-def ema_bytes(params: int, ranks: int) -> float:
-    return 4 * params / ranks
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository root
+from opendit_lite.plan.memory_model import GiB, ema_bytes, model_state_bytes  # noqa: F401  (the formulas)
 
 
 def formula_rows(params: int, rank_counts: List[int]) -> List[Dict]:

@@ -38,6 +38,10 @@ class VideoDataConfig:
     frame_interval: int = _f(3, "csv: take every n-th frame of the video")
     image_size: int = _f(16, "frame side in pixels (shapes: generated size; csv: short side resize + centre crop)")
     num_samples: int = _f(256, "shapes: number of generated clips")
+    buckets: Optional[List[dict]] = _f(None, "clip shapes to train on together (images are frames: 1), each "
+                                             "{frames, resolution + aspect_ratio or height + width, batch_size, "
+                                             "probability, loss_weight}; see opendit_lite/data/buckets.py. "
+                                             "None: one clip shape (num_frames x image_size^2)")
 
 
 @dataclass
@@ -69,6 +73,9 @@ class VideoSampleConfig:
                       "gives the same videos")
     batch_size: int = _f(8, "prompts per forward on each data-parallel rank")
     compile: bool = _f(False, "torch.compile each block of the denoiser, as training's compile does")
+    num_frames: Optional[int] = _f(None, "frames to sample (pixels, as data.buckets); None: the trained clip's")
+    height: Optional[int] = _f(None, "frame height to sample in pixels; None: the trained clip's")
+    width: Optional[int] = _f(None, "frame width to sample in pixels; None: the trained clip's")
     fps: int = _f(4, "frames per second of the written videos")
     output_dir: Optional[str] = _f(None, "folder for the videos and contact sheet; None: <run dir>/samples")
 
@@ -76,6 +83,12 @@ class VideoSampleConfig:
 @dataclass
 class VideoTrainConfig(TrainConfig):
     exp_name: str = _f("video", "experiment name: run folder and checkpoint prefix")
+    bucket_batch: str = _f("config", "per-bucket batch sizes: 'config' (each bucket's batch_size) or 'auto' "
+                                     "(the largest that fits plan_memory_gb, from python -m opendit_lite.plan; a "
+                                     "bucket's batch_size then caps it)",
+                           choices=("config", "auto"))
+    plan_memory_gb: Optional[float] = _f(None, "bucket_batch=auto: memory per device to plan for, in GiB; None: "
+                                               "the GPU's total memory")
     model: VideoModelConfig = _section(VideoModelConfig, "video model to train")
     data: VideoDataConfig = _section(VideoDataConfig, "training clips")
     diffusion: VideoDiffusionConfig = _section(VideoDiffusionConfig, "diffusion objective")

@@ -4,12 +4,22 @@ Each item samples ``num_frames`` frames ``frame_interval`` apart from a random s
 frames for ``random_start=False``), resizes the short side to ``image_size`` and centre-crops to a
 square: a clip [3, T, S, S] in [-1, 1], with its caption. Relative paths are taken from the CSV's
 folder. A video shorter than ``(num_frames - 1) * frame_interval + 1`` frames is an error naming it.
+
+For bucketed training (``opendit_lite.data.buckets``) each row's own size is needed: the optional
+columns ``num_frames``, ``height`` and ``width`` give it; rows without them are probed once (PyAV
+for videos, PIL for images, which count as 1-frame videos) and the result is cached next to the CSV
+in ``<csv>.shapes.json``, keyed by path, size and modification time. An index ``(i, T, H, W)`` then
+reads row i as a T-frame clip resized to cover H x W and centre-cropped to it.
 """
 
 import csv
+import json
 import os
 import random
-from typing import List, Tuple
+from typing import Dict, List, Optional, Tuple
+
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
+SHAPE_COLUMNS = ("num_frames", "height", "width")
 
 import torch
 import torch.nn.functional as F
@@ -27,8 +37,53 @@ def read_video_csv(path: str) -> List[Tuple[str, str]]:
                 for row in reader]
 
 
+def probe_shape(path: str, frame_interval: int = 1) -> Tuple[int, int, int]:
+    """(usable frames at ``frame_interval``, height, width) of a video or image file, from its header."""
+    if path.lower().endswith(IMAGE_EXTENSIONS):
+        from PIL import Image
+
+        with Image.open(path) as im:
+            return 1, im.height, im.width
+    import av
+
+    with av.open(path) as container:
+        stream = container.streams.video[0]
+        frames = stream.frames or sum(1 for _ in container.decode(video=0))
+        height, width = stream.codec_context.height, stream.codec_context.width
+    return (frames - 1) // frame_interval + 1, height, width
+
+
+def read_sample_shapes(csv_path: str, frame_interval: int = 1) -> List[Tuple[int, int, int]]:
+    """Each row's (frames, height, width): from the CSV's shape columns, else probed and cached."""
+    with open(csv_path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    cache_path = csv_path + ".shapes.json"
+    cache: Dict[str, list] = json.load(open(cache_path)) if os.path.exists(cache_path) else {}
+    root, shapes, probed = os.path.dirname(os.path.abspath(csv_path)), [], False
+    for row in rows:
+        if all(row.get(c) not in (None, "") for c in SHAPE_COLUMNS):
+            shapes.append(tuple(int(row[c]) for c in SHAPE_COLUMNS))
+            continue
+        path = row["path"] if os.path.isabs(row["path"]) else os.path.join(root, row["path"])
+        st = os.stat(path)
+        key = f"{path}|{st.st_size}|{int(st.st_mtime)}|{frame_interval}"
+        if key not in cache:
+            cache[key], probed = list(probe_shape(path, frame_interval)), True
+        shapes.append(tuple(cache[key]))
+    if probed:
+        with open(cache_path, "w") as f:
+            json.dump(cache, f)
+    return shapes
+
+
 def decode_frames(path: str) -> torch.Tensor:
-    """All frames of a video file as uint8 [N, H, W, 3]."""
+    """All frames of a video file (or the one frame of an image) as uint8 [N, H, W, 3]."""
+    if path.lower().endswith(IMAGE_EXTENSIONS):
+        import numpy as np
+        from PIL import Image
+
+        with Image.open(path) as im:
+            return torch.from_numpy(np.array(im.convert("RGB")))[None]
     import av
 
     with av.open(path) as container:
@@ -38,15 +93,17 @@ def decode_frames(path: str) -> torch.Tensor:
     return torch.stack(frames)
 
 
-def resize_center_crop(frames: torch.Tensor, size: int) -> torch.Tensor:
-    """uint8 [T, H, W, 3] -> float [3, T, size, size] in [-1, 1]: short side to ``size``, centre crop."""
+def resize_center_crop(frames: torch.Tensor, size: int, width: Optional[int] = None) -> torch.Tensor:
+    """uint8 [T, H, W, 3] -> float [3, T, size, width] in [-1, 1] (width defaults to size): resize to
+    cover size x width keeping the aspect ratio, centre crop."""
+    height, width = size, width or size
     x = frames.permute(0, 3, 1, 2).float() / 127.5 - 1                       # [T, 3, H, W]
     H, W = x.shape[-2:]
-    scale = size / min(H, W)
-    x = F.interpolate(x, size=(max(size, round(H * scale)), max(size, round(W * scale))),
+    scale = max(height / H, width / W)
+    x = F.interpolate(x, size=(max(height, round(H * scale)), max(width, round(W * scale))),
                       mode="bilinear", antialias=True, align_corners=False)
-    top, left = (x.shape[-2] - size) // 2, (x.shape[-1] - size) // 2
-    return x[..., top:top + size, left:left + size].permute(1, 0, 2, 3).clamp(-1, 1)  # [3, T, S, S]
+    top, left = (x.shape[-2] - height) // 2, (x.shape[-1] - width) // 2
+    return x[..., top:top + height, left:left + width].permute(1, 0, 2, 3).clamp(-1, 1)  # [3, T, h, w]
 
 
 class VideoCSVDataset(Dataset):
@@ -54,20 +111,31 @@ class VideoCSVDataset(Dataset):
 
     def __init__(self, csv_path: str, num_frames: int = 16, frame_interval: int = 3, image_size: int = 256,
                  random_start: bool = True):
-        self.rows = read_video_csv(csv_path)
+        self.csv_path, self.rows = csv_path, read_video_csv(csv_path)
+        self._sample_shapes: Optional[List[Tuple[int, int, int]]] = None
         self.num_frames, self.frame_interval = num_frames, frame_interval
         self.image_size, self.random_start = image_size, random_start
 
     def __len__(self) -> int:
         return len(self.rows)
 
-    def __getitem__(self, index: int):
+    @property
+    def sample_shapes(self) -> List[Tuple[int, int, int]]:
+        """Each row's own (frames at frame_interval, height, width); read or probed on first use."""
+        if self._sample_shapes is None:
+            self._sample_shapes = read_sample_shapes(self.csv_path, self.frame_interval)
+        return self._sample_shapes
+
+    def __getitem__(self, index):
+        """``index``: a row number (the configured clip size) or ``(row, frames, height, width)``."""
+        index, num_frames, height, width = (index if isinstance(index, tuple) else
+                                            (index, self.num_frames, self.image_size, self.image_size))
         path, caption = self.rows[index]
         frames = decode_frames(path)
-        span = (self.num_frames - 1) * self.frame_interval + 1
+        span = (num_frames - 1) * self.frame_interval + 1
         if frames.shape[0] < span:
             raise ValueError(f"{path}: {frames.shape[0]} frames, fewer than the {span} needed for "
-                             f"num_frames={self.num_frames} at frame_interval={self.frame_interval}")
+                             f"num_frames={num_frames} at frame_interval={self.frame_interval}")
         start = random.randint(0, frames.shape[0] - span) if self.random_start else 0
         clip = frames[start:start + span:self.frame_interval]
-        return resize_center_crop(clip, self.image_size), caption
+        return resize_center_crop(clip, height, width), caption

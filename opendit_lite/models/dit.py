@@ -10,7 +10,9 @@ or output value:
   residual together with the MLP's norm), so fused kernels can replace them (``fused_adaln``);
 * ``attn`` is our ``Attention`` whose inner op can be swapped (flash-attn, Ulysses) from outside;
 * ``seq_split``/``seq_gather`` mark where sequence parallelism shards the tokens;
-* latents may be non-square (``input_size=(H, W)``).
+* latents may be non-square (``input_size=(H, W)``), and with ``variable_size=True`` of any size
+  divisible by the patch (the sine-cosine table is computed for the input's patch grid; at the
+  built size it is the stored ``pos_embed``), as bucketed training feeds them.
 
 Activation checkpointing, FSDP/ZeRO wrapping and compilation are applied from outside, per block
 (``get_fsdp_wrap_module_list``), so the model code carries no training-strategy switches.
@@ -128,6 +130,7 @@ class DiT(nn.Module):
         class_dropout_prob: float = 0.1,
         num_classes: int = 1000,
         learn_sigma: bool = True,
+        variable_size: bool = False,
     ):
         super().__init__()
         self.learn_sigma = learn_sigma
@@ -136,7 +139,8 @@ class DiT(nn.Module):
         self.patch_size = patch_size
         self.num_heads = num_heads
 
-        self.x_embedder = PatchEmbed(input_size, patch_size, in_channels, hidden_size, bias=True)
+        self.x_embedder = PatchEmbed(input_size, patch_size, in_channels, hidden_size, bias=True,
+                                     strict_img_size=not variable_size)
         self.t_embedder = TimestepEmbedder(hidden_size)
         self.y_embedder = LabelEmbedder(num_classes, hidden_size, class_dropout_prob)
         self.input_size = self.x_embedder.img_size
@@ -188,10 +192,11 @@ class DiT(nn.Module):
         """The repeated blocks: the units for sharding, activation checkpointing and offload."""
         return list(self.blocks)
 
-    def unpatchify(self, x: torch.Tensor) -> torch.Tensor:
-        """[B, N, p*p*C] tokens -> [B, C, H, W] image, inverting the row-major patch order."""
+    def unpatchify(self, x: torch.Tensor, grid=None) -> torch.Tensor:
+        """[B, N, p*p*C] tokens -> [B, C, H, W] image, inverting the row-major patch order; ``grid``:
+        the (h, w) patch grid, the built one by default."""
         c, p = self.out_channels, self.patch_size
-        h, w = self.x_embedder.grid_size
+        h, w = grid or self.x_embedder.grid_size
         if x.shape[1] != h * w:
             raise ValueError(f"unpatchify expects {h * w} tokens for a {h}x{w} patch grid, got {x.shape[1]}")
         x = x.reshape(x.shape[0], h, w, p, p, c)       # [B, h, w, p, p, C]
@@ -200,7 +205,10 @@ class DiT(nn.Module):
 
     def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """x: [B, C, H, W] latents; t: [B] timesteps; y: [B] labels -> [B, C_out, H, W]."""
-        x = self.x_embedder(x) + self.pos_embed  # [B, N, D], N = H * W / p**2
+        grid = self.x_embedder.grid(x)           # (H/p, W/p)
+        pos = self.pos_embed if grid == self.x_embedder.grid_size else get_2d_sincos_pos_embed(
+            self.pos_embed.shape[-1], grid, device=x.device, dtype=self.pos_embed.dtype)[None]
+        x = self.x_embedder(x) + pos             # [B, N, D], N = H * W / p**2
         x = self.seq_split(x)                    # [B, N_local, D]; N / sp_size under sequence parallel
         t = self.t_embedder(t)                   # [B, D]
         y = self.y_embedder(y, self.training)    # [B, D]
@@ -209,7 +217,7 @@ class DiT(nn.Module):
             x = block(x, c)                      # [B, N_local, D]
         x = self.seq_gather(x)                   # [B, N, D]
         x = self.final_layer(x, c)               # [B, N, p*p*C_out]
-        return self.unpatchify(x)                # [B, C_out, H, W]
+        return self.unpatchify(x, grid)          # [B, C_out, H, W]
 
     def forward_with_cfg(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor, cfg_scale: float,
                          guidance_channels: int = 3) -> torch.Tensor:

@@ -71,9 +71,10 @@ class VchitectBlock(nn.Module):
             self.mlp_context = _mlp(hidden_size, mlp_ratio)
 
     def forward(self, x: torch.Tensor, context: torch.Tensor, c: torch.Tensor, rope_spatial: torch.Tensor,
-                rope_temporal: torch.Tensor) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+                rope_temporal: torch.Tensor, context_mask: Optional[torch.Tensor] = None
+                ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         # x: [B, T, S, D] (local shard); context: [B, M, D]; c: [B, D] timestep embedding;
-        # rope_spatial: [S, Dh/2] (local shard); rope_temporal: [T, Dh/2]
+        # rope_spatial: [S, Dh/2] (local shard); rope_temporal: [T, Dh/2]; context_mask: [B, M] bool
         B, T, S, D = x.shape
         M = context.shape[1]
         (shift_msa, scale_msa, gate_msa, shift_tmp, scale_tmp, gate_tmp,
@@ -85,7 +86,8 @@ class VchitectBlock(nn.Module):
         h = self.norm1(x, shift_msa, scale_msa).view(B * T, S, D)                         # [B*T, S, D]
         hc = self.norm1_context(context, context_mods[0], context_mods[1])                # [B, M, D]
         hc = hc[:, None].expand(B, T, M, D).reshape(B * T, M, D)                          # [B*T, M, D]
-        h, hc = self.attn(h, hc, rope_spatial)                                            # [B*T, S, D], [B*T, M, D]
+        frame_mask = None if context_mask is None else context_mask.repeat_interleave(T, dim=0)  # [B*T, M]
+        h, hc = self.attn(h, hc, rope_spatial, frame_mask)                                # [B*T, S, D], [B*T, M, D]
         x = x + gate_msa * h.view(B, T * S, D)                                            # [B, N, D]
 
         # 2. Temporal attention at each patch position.
@@ -192,8 +194,9 @@ class VchitectXL(nn.Module):
                 mask: Optional[torch.Tensor] = None, force_drop: Optional[torch.Tensor] = None) -> torch.Tensor:
         """x: [B, C, T, H, W]; t: [B]; y: [B, M, caption_channels] -> [B, C_out, T, H, W].
 
-        ``mask`` is accepted for interface parity with STDiT and ignored: as in Vchitect, the
-        caption is always the full padded token sequence.
+        ``mask``: optional bool [B, M], True for real caption tokens; padded tokens are not attended
+        to (they still carry a text stream of their own, which nothing reads), so a caption gives
+        the same video output whatever padding it is batched with.
         """
         grid = self.x_embedder.grid(x.shape)
         x = self.x_embedder(x)                                                   # [B, T', S, D]
@@ -204,7 +207,7 @@ class VchitectXL(nn.Module):
         c = self.t_embedder(t)                                                   # [B, D]
         context = self.y_embedder(y, self.training, force_drop)                  # [B, M, D]
         for block in self.blocks:
-            x, context = block(x, context, c, rope_spatial, rope_temporal)       # [B, T', S_local, D]
+            x, context = block(x, context, c, rope_spatial, rope_temporal, mask)  # [B, T', S_local, D]
         x = self.seq_gather(x)                                                   # [B, T', S, D]
         B, T, S, D = x.shape
         x = self.final_layer(x.reshape(B, T * S, D), c)                          # [B, N, p*C_out]

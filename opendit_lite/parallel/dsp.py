@@ -56,7 +56,9 @@ class UlyssesJointAttentionOp(SequenceParallelOp):
     k, v: ``[B, M + N/P, H, Dh]``, the first M tokens the caption (the same on every SP rank), the
     rest this rank's shard of the N video tokens; q: the same, or the video shard alone (a block
     whose caption stream has no queries); returns q's layout. M is not passed: it is what remains
-    after the video shard, whose length the model's split recorded.
+    after the video shard, whose length the model's split recorded. ``attn_mask``: None or a key
+    mask ``[B, 1, 1, M + N/P]`` whose video part is all True (caption padding, as JointAttention
+    builds it); its caption part is kept and the video part rebuilt for the full sequence.
     """
 
     @property
@@ -64,9 +66,10 @@ class UlyssesJointAttentionOp(SequenceParallelOp):
         return f"ulysses-joint+{self.inner.backend}"
 
     def forward(self, q, k, v, attn_mask=None):
-        if attn_mask is not None:
-            raise ValueError("UlyssesJointAttentionOp takes no attention mask: joint attention attends to "
-                             "every caption token, as the serial JointAttention does")
+        if attn_mask is not None and (attn_mask.dim() != 4 or attn_mask.size(-2) != 1 or attn_mask.size(-3) != 1
+                                      or attn_mask.size(-1) != k.size(1) or attn_mask.dtype != torch.bool):
+            raise ValueError(f"UlyssesJointAttentionOp takes only a boolean key mask [B, 1, 1, M + N/P] over "
+                             f"[caption; video shard] (caption padding), got {tuple(attn_mask.shape)}")
         state = self.state
         num_heads = q.size(2)
         if num_heads % state.size != 0:
@@ -87,7 +90,10 @@ class UlyssesJointAttentionOp(SequenceParallelOp):
         q = torch.cat([mine(q[:, :text_q]), video[0]], dim=1)                       # [B, Mq + N, H/P, Dh]
         k = torch.cat([mine(k[:, :text_kv]), video[1]], dim=1)                      # [B, M + N, H/P, Dh]
         v = torch.cat([mine(v[:, :text_kv]), video[2]], dim=1)
-        out = self.inner(q, k, v)                                                   # [B, Mq + N, H/P, Dh]
+        if attn_mask is not None:  # the caption part as given, every video key of the full sequence
+            video_keys = attn_mask.new_ones(*attn_mask.shape[:-1], seq_len)
+            attn_mask = torch.cat([attn_mask[..., :text_kv], video_keys], dim=-1)    # [B, 1, 1, M + N]
+        out = self.inner(q, k, v, attn_mask=attn_mask)                              # [B, Mq + N, H/P, Dh]
         text_out, video_out = out.split([text_q, seq_len], dim=1)
         video_out = pad_along(video_out, 1, padded)                                 # [B, Np, H/P, Dh]
         video_out = all_to_all(video_out, state.group, scatter_dim=1, gather_dim=2)  # [B, N/P, H, Dh]

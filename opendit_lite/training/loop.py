@@ -53,11 +53,13 @@ def build_booster(cfg, info) -> Tuple[OpenDiTPlugin, Booster]:
     return plugin, Booster(plugin=plugin)
 
 
-def boost_training(cfg, plugin: OpenDiTPlugin, booster: Booster, model, dataset):
-    """AdamW, the LR schedule and a resumable distributed loader, boosted together.
+def boost_training(cfg, plugin: OpenDiTPlugin, booster: Booster, model, dataset, batch_sampler=None):
+    """AdamW, LR schedule and a resumable distributed loader, boosted together.
 
     Returns (model, optimizer, lr_scheduler, dataloader, micro_batch) where micro_batch =
-    global_batch_size / (data-parallel ranks x grad_accum_steps) samples per rank and micro-step."""
+    global_batch_size / (data-parallel ranks x grad_accum_steps) samples per rank and micro-step.
+    A ``batch_sampler`` (e.g. ``data.buckets.BucketBatchSampler``, already sharded over the
+    data-parallel ranks) replaces the distributed sampler; its batches set their own sizes."""
     micro_batch = cfg.global_batch_size // (plugin.dp_size * cfg.grad_accum_steps)
     if cfg.precision == "fp8":  # before the optimizer: Float8Linear keeps the Parameters, but swap first
         apply_fp8_training(model)
@@ -66,9 +68,17 @@ def boost_training(cfg, plugin: OpenDiTPlugin, booster: Booster, model, dataset)
                                        fused=cfg.fused_optimizer, fused_ema=cfg.fused_optimizer_ema and cfg.ema.enable)
     lr_scheduler = build_lr_scheduler(optimizer, schedule=cfg.lr_schedule, warmup_steps=cfg.warmup_steps,
                                       total_steps=cfg.max_steps, min_lr_ratio=cfg.min_lr_ratio)
-    dataloader = plugin.prepare_dataloader(dataset, batch_size=micro_batch, shuffle=True, seed=cfg.global_seed,
-                                           drop_last=True, num_workers=cfg.num_workers, pin_memory=cfg.pin_memory,
-                                           distributed_sampler_cls=ResumableDistributedSampler)
+    if batch_sampler is not None:
+        # Workers seeded per data-parallel rank as prepare_dataloader does; the loader's own generator
+        # also keeps iter() from drawing on the global RNG, which a resumed run restores.
+        workers_seed = torch.Generator().manual_seed(cfg.global_seed + plugin.dp_rank)
+        dataloader = torch.utils.data.DataLoader(dataset, batch_sampler=batch_sampler, num_workers=cfg.num_workers,
+                                                 pin_memory=cfg.pin_memory, generator=workers_seed)
+    else:
+        dataloader = plugin.prepare_dataloader(dataset, batch_size=micro_batch, shuffle=True, seed=cfg.global_seed,
+                                               drop_last=True, num_workers=cfg.num_workers,
+                                               pin_memory=cfg.pin_memory,
+                                               distributed_sampler_cls=ResumableDistributedSampler)
     if len(dataloader) == 0:
         raise ConfigError(f"The dataset has {len(dataset)} samples, fewer than one batch of {micro_batch} per "
                           f"data-parallel rank; lower global_batch_size or add data.")
@@ -86,16 +96,19 @@ def enable_ema(cfg, plugin: OpenDiTPlugin, model, optimizer) -> Optional[OpenDiT
 
 
 def restore_training(cfg, booster: Booster, plugin: OpenDiTPlugin, ema_plugin: Optional[OpenDiTPlugin], model,
-                     optimizer, lr_scheduler, log: MetricsLogger) -> Tuple[int, int, int]:
+                     optimizer, lr_scheduler, log: MetricsLogger) -> Tuple[int, dict]:
     """Load the checkpoint chosen by resume_from/auto_resume (if any) and the EMA (see
-    ``checkpoint.resume.restore_run``); returns (step, epoch, batch_in_epoch) to continue from,
-    (0, 0, 0) for a fresh run."""
+    ``checkpoint.resume.restore_run``); returns (step, data position) to continue from: the position
+    is what the batch stream's ``state_dict()`` saved (``epoch``, ``batch_in_epoch``, a bucket
+    sampler's cursors), zeros for a fresh run."""
     resume = pick_resume_checkpoint(cfg)
     state = restore_run(booster, plugin, model, optimizer, lr_scheduler, resume=resume,
                         auto=not cfg.resume_from, ema_resume_from=cfg.ema.resume_from, ema=ema_plugin is not None)
     if resume:
         log.write(f"resumed from {resume} at step {state.get('step', 0)}")
-    return state.get("step", 0), state.get("epoch", 0), state.get("batch_in_epoch", 0)
+    position = {"epoch": 0, "batch_in_epoch": 0}
+    position.update({k: v for k, v in state.items() if k not in ("step", "config")})
+    return state.get("step", 0), position
 
 
 def write_run_config(cfg, run_dir: str, is_main: bool) -> None:
@@ -121,6 +134,10 @@ class ResumableBatches:
         self.dataloader.sampler.set_epoch(self.epoch)
         self.dataloader.sampler.set_start_index(self.batch_in_epoch * self.micro_batch)
         self._iter = iter(self.dataloader)
+
+    def state_dict(self) -> dict:
+        """The position a checkpoint records: the next batch is ``batch_in_epoch`` of ``epoch``."""
+        return {"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch}
 
     def __iter__(self):
         return self
@@ -153,7 +170,7 @@ def run_steps(cfg, info, log: MetricsLogger, booster: Booster, plugin: OpenDiTPl
     ``after_save(step, path)`` runs on every rank after each checkpoint (e.g. ``eval_every``)."""
 
     def save(at_step: int) -> str:
-        extra = {"epoch": batches.epoch, "batch_in_epoch": batches.batch_in_epoch, "config": to_dict(cfg)}
+        extra = {**batches.state_dict(), "config": to_dict(cfg)}
         path = save_checkpoint(booster, checkpoint_root(cfg), at_step, model, optimizer, lr_scheduler,
                                plugin=ema_plugin, extra_state=extra, keep_last=cfg.keep_last or None,
                                exp_name=cfg.exp_name)

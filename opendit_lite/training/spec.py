@@ -14,11 +14,18 @@ import torch.nn as nn
 
 @dataclass(frozen=True)
 class TrainingData:
-    """A dataset and how one of its loader batches becomes the model's input."""
+    """A dataset and how one of its loader batches becomes the model's input.
+
+    ``batch_sampler(model, dp_rank, dp_size, world_size, log)``, when given, replaces the distributed
+    sampler with one that sets each batch's samples and size (the bucket sampler of
+    ``data/buckets.py``: the trainer then streams with ``BucketBatches``); ``loss_weight(batch)``
+    scales a batch's loss (a bucket's ``loss_weight``)."""
 
     dataset: Any
     # loader batch -> (x [B, ...] the clean input of the objective, extra model keyword arguments)
     model_inputs: Callable[[Any], Tuple[torch.Tensor, dict]]
+    batch_sampler: Optional[Callable[..., Any]] = None
+    loss_weight: Optional[Callable[[Any], float]] = None
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ import torch
 from ..checkpoint.layout import pick_resume_checkpoint
 from ..checkpoint.weights import load_weights
 from ..config import ConfigError, exit_on_config_error, parse_cli, to_dict, validate_world
+from ..data.buckets import BucketBatches
 from ..distributed.launch import cleanup_distributed, init_distributed
 from ..distributed.seed import seed_everything
 from ..models import MODELS, registered_class
@@ -66,20 +67,26 @@ def train(spec: TrainerSpec, cfg, info) -> str:
     log.write(f"model {cfg.model.name}: {num_params / 1e6:.2f}M parameters, {spec.describe(cfg)}, "
               f"{cfg.diffusion.objective}")
 
+    batch_sampler = None
+    if data.batch_sampler is not None:  # e.g. buckets of clip shapes
+        batch_sampler = data.batch_sampler(model, plugin.dp_rank, plugin.dp_size, info.world_size, log)
     model, optimizer, lr_scheduler, dataloader, micro_batch = boost_training(cfg, plugin, booster, model,
-                                                                             data.dataset)
+                                                                             data.dataset, batch_sampler)
     # One random stream per data-parallel rank: the ranks of a sequence-parallel group must draw the
     # same noise, timesteps and condition dropout for the sample they share.
     seed_everything(cfg.global_seed, plugin.dp_rank, plugin.dp_size)
     ema_plugin = enable_ema(cfg, plugin, model, optimizer)
-    step, epoch, batch_in_epoch = restore_training(cfg, booster, plugin, ema_plugin, model, optimizer,
-                                                   lr_scheduler, log)
+    step, position = restore_training(cfg, booster, plugin, ema_plugin, model, optimizer, lr_scheduler, log)
     write_run_config(cfg, run_dir, info.is_main)
-    batches = ResumableBatches(dataloader, micro_batch, epoch, batch_in_epoch)
+    if batch_sampler is not None:
+        batches = BucketBatches(dataloader, position)
+    else:
+        batches = ResumableBatches(dataloader, micro_batch, position["epoch"], position["batch_in_epoch"])
 
     def batch_loss(batch) -> torch.Tensor:
         x, model_kwargs = data.model_inputs(batch)
-        return objective_loss(objective, model, x, model_kwargs)
+        loss = objective_loss(objective, model, x, model_kwargs)
+        return loss * data.loss_weight(batch) if data.loss_weight is not None else loss
 
     path = run_steps(cfg, info, log, booster, plugin, ema_plugin, model, optimizer, lr_scheduler, batches, step,
                      batch_loss, after_save=after_save)

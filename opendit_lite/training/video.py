@@ -7,7 +7,7 @@ Cy], mask [B, M])``. The moving-shapes default and precomputed latents carry the
 CSV videos carry captions that the text encoder turns into states on the fly.
 """
 
-from typing import Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -15,6 +15,7 @@ import torch.nn as nn
 
 from ..config import ConfigError
 from ..config.video_schema import VideoTrainConfig
+from ..data.buckets import Bucket, BucketBatchSampler, parse_buckets
 from ..data.video_csv import VideoCSVDataset
 from ..distributed.mesh import node_group
 from ..data.video_latents import VideoLatentDataset
@@ -38,13 +39,34 @@ def validate_video_config(cfg) -> None:
         raise ConfigError("'data.num_frames', 'data.image_size' and 'text_encoder.max_length' must be positive.")
 
 
-def build_video_dataset(cfg):
+def video_buckets(cfg) -> Optional[List[Bucket]]:
+    """The parsed ``data.buckets``, or None for one fixed clip shape."""
+    if not cfg.data.buckets:
+        return None
+    if cfg.data.type == "latents":
+        raise ConfigError("data.buckets needs each sample's own size and reads clips at the bucket's: use "
+                          "data.type=shapes or csv (precomputed latents have one fixed size).")
+    try:
+        buckets = parse_buckets(cfg.data.buckets)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if cfg.bucket_batch == "config" and any(b.batch_size is None for b in buckets):
+        raise ConfigError("every entry of data.buckets needs a batch_size, or set bucket_batch=auto to let the "
+                          "planner size them.")
+    return buckets
+
+
+def build_video_dataset(cfg, buckets: Optional[Sequence[Bucket]] = None):
+    """The clip dataset; with ``buckets`` the generated shapes data draws its samples at the bucket shapes."""
     d = cfg.data
     if d.type == "shapes":
-        return MovingShapesDataset(num_samples=d.num_samples, num_frames=d.num_frames, image_size=d.image_size,
-                                   max_tokens=cfg.text_encoder.max_length,
-                                   caption_channels=cfg.model.caption_channels or SHAPES_CAPTION_WIDTH,
-                                   seed=cfg.global_seed)
+        try:
+            return MovingShapesDataset(num_samples=d.num_samples, num_frames=d.num_frames, image_size=d.image_size,
+                                       max_tokens=cfg.text_encoder.max_length,
+                                       caption_channels=cfg.model.caption_channels or SHAPES_CAPTION_WIDTH,
+                                       seed=cfg.global_seed, shapes=[b.shape for b in buckets] if buckets else None)
+        except ValueError as e:
+            raise ConfigError(f"data.type=shapes: {e}.") from None
     if d.type == "csv":
         return VideoCSVDataset(d.path, num_frames=d.num_frames, frame_interval=d.frame_interval,
                                image_size=d.image_size)
@@ -94,10 +116,16 @@ def load_video_vae(cfg, device, sp_group=None) -> Optional[VideoVAE]:
     return VideoVAE(load_vae(cfg.vae.path, device=device), scale_factor=cfg.vae.scale_factor, sp_group=sp_group)
 
 
-def resolve_video_geometry(cfg, dataset, vae: Optional[VideoVAE], caption_width: Optional[int]) -> None:
+def resolve_video_geometry(cfg, dataset, vae: Optional[VideoVAE], caption_width: Optional[int],
+                           buckets: Optional[Sequence[Bucket]] = None) -> None:
     """Fill the model's ``in_channels``/``num_frames``/``input_size``/``caption_channels`` left as None,
-    in place, so the config saved with a checkpoint alone rebuilds the model (sample_video.py relies on it)."""
+    in place, so the config saved with a checkpoint alone rebuilds the model (sample_video.py relies on it).
+    With buckets the recorded clip shape is the first bucket's (the models take any shape)."""
     m = cfg.model
+    if buckets:
+        first, down = buckets[0], (vae.downsample if vae is not None else 1)
+        cfg.data.num_frames, cfg.data.image_size = first.frames, first.height
+        m.input_size = m.input_size or [first.height // down, first.width // down]
     if cfg.data.type == "latents":  # precomputed clips describe themselves
         latents, states, _, _ = dataset[0]
         channels, frames, size, caption_width = latents.shape[0], latents.shape[1], list(latents.shape[2:]), states.shape[-1]
@@ -115,11 +143,53 @@ def resolve_video_geometry(cfg, dataset, vae: Optional[VideoVAE], caption_width:
     m.caption_channels = m.caption_channels or caption_width
 
 
+def check_bucket_shapes(buckets: Sequence[Bucket], patch_size: Tuple[int, int, int], downsample: int) -> None:
+    """Every bucket's latent clip must split into whole patches."""
+    pt, ph, pw = patch_size
+    for b in buckets:
+        if b.frames % pt or b.height % (ph * downsample) or b.width % (pw * downsample):
+            raise ConfigError(f"bucket {b.name} ({b.frames}x{b.height}x{b.width} pixels) does not split into "
+                              f"{pt}x{ph * downsample}x{pw * downsample}-pixel patches (patch size {patch_size}, VAE "
+                              f"downsampling {downsample}); change its size.")
+
+
+def build_bucket_sampler(buckets: Sequence[Bucket], dataset, dp_rank: int, dp_size: int,
+                         seed: int) -> BucketBatchSampler:
+    """The data-parallel rank's bucket sampler over ``dataset.sample_shapes``; refuses an empty epoch."""
+    sampler = BucketBatchSampler(buckets, dataset.sample_shapes, dp_rank=dp_rank, dp_size=dp_size, seed=seed)
+    if len(sampler) == 0:
+        raise ConfigError(f"No bucket holds one global batch (batch_size x {dp_size} data-parallel ranks) of "
+                          f"samples:\n{sampler.describe()}\nLower the batch sizes or add data.")
+    return sampler
+
+
+def bucket_loss_weights(buckets: Sequence[Bucket]) -> Dict[Tuple[int, int, int], float]:
+    """Pixel clip shape (T, H, W) -> loss weight of its bucket."""
+    return {b.shape: b.loss_weight for b in buckets}
+
+
 def model_clip_shape(cfg) -> Tuple[int, int, int, int]:
     """(C, T, H, W) of one model input clip."""
     m = cfg.model
     h, w = (m.input_size[0], m.input_size[0]) if len(m.input_size) == 1 else m.input_size
     return m.in_channels, m.num_frames, h, w
+
+
+def sample_clip_shape(cfg, downsample: int = 1, patch_size: Tuple[int, int, int] = (1, 1, 1)
+                      ) -> Tuple[int, int, int, int]:
+    """(C, T, H, W) of the clips to sample: ``sample.num_frames/height/width`` (pixels) where set,
+    else the trained clip's; a size that does not split into whole patches is a ConfigError."""
+    C, T, H, W = model_clip_shape(cfg)
+    s = cfg.sample
+    T = s.num_frames or T
+    H = s.height // downsample if s.height else H
+    W = s.width // downsample if s.width else W
+    pt, ph, pw = patch_size
+    if (any(v % downsample for v in (s.height or 0, s.width or 0)) or min(T, H, W) < 1
+            or T % pt or H % ph or W % pw):
+        raise ConfigError(f"sample.num_frames/height/width ({s.num_frames}, {s.height}, {s.width}) must split into "
+                          f"whole {pt}x{ph * downsample}x{pw * downsample}-pixel patches (frames x height x width).")
+    return C, T, H, W
 
 
 def _declares_video(name: str) -> bool:
@@ -157,17 +227,36 @@ def batch_to_inputs(batch, captions: Optional[CaptionEncoder], vae: Optional[Vid
 
 
 def prepare_video_data(cfg, device, sp_group=None) -> TrainingData:
-    dataset = build_video_dataset(cfg)
+    buckets = video_buckets(cfg)
+    dataset = build_video_dataset(cfg, buckets)
     # CSV captions are encoded while training; shapes and latents carry their states.
     captions = load_caption_encoder(cfg, device) if cfg.data.type == "csv" else None
     vae = load_video_vae(cfg, device, sp_group=sp_group) if cfg.data.type != "latents" else None
-    resolve_video_geometry(cfg, dataset, vae, captions.width if captions else None)
+    resolve_video_geometry(cfg, dataset, vae, captions.width if captions else None, buckets)
 
     def model_inputs(batch):
         x, states, mask = batch_to_inputs(batch, captions, vae, device)  # x [B, C, T, H, W]
         return x, dict(y=states, mask=mask)
 
-    return TrainingData(dataset, model_inputs)
+    if not buckets:
+        return TrainingData(dataset, model_inputs)
+
+    def batch_sampler(model, dp_rank: int, dp_size: int, world_size: int, log) -> BucketBatchSampler:
+        sized = buckets
+        check_bucket_shapes(sized, model.patch_size, vae.downsample if vae is not None else 1)
+        if cfg.bucket_batch == "auto":
+            from ..plan import plan_bucket_batches
+
+            sized = plan_bucket_batches(cfg, sized, world_size, log)
+        sampler = build_bucket_sampler(sized, dataset, dp_rank, dp_size, cfg.global_seed)
+        log.write(sampler.describe())
+        return sampler
+
+    # Each sample's loss is the mean over its elements, so a clip and an image count alike; a
+    # bucket's loss_weight scales its samples (a batch holds one bucket, of one pixel shape).
+    weights = bucket_loss_weights(buckets)
+    return TrainingData(dataset, model_inputs, batch_sampler=batch_sampler,
+                        loss_weight=lambda batch: weights[tuple(batch[0].shape[2:])])
 
 
 def describe_video_input(cfg) -> str:

@@ -340,6 +340,25 @@ def test_forward_rejects_wrong_spatial_size():
         model(x, t, y)
 
 
+def test_variable_size_dit_equals_a_dit_built_for_each_size():
+    """variable_size=True: any (non-square) size gives what a DiT built for that size gives with the
+    same weights (their tables are the same sine-cosine function of the patch grid)."""
+    torch.manual_seed(0)
+    model = tiny_dit(8, variable_size=True).eval()
+    for name, p in model.named_parameters():
+        if name != "pos_embed":  # the fixed table stays the sine-cosine one
+            torch.nn.init.normal_(p, std=0.05)
+    for size in [(8, 8), (8, 12), (12, 4)]:
+        fixed = tiny_dit(size).eval()
+        fixed.load_state_dict({k: v for k, v in model.state_dict().items() if k != "pos_embed"}, strict=False)
+        x, t, y = inputs(size)
+        out = model(x, t, y)
+        assert out.shape[-2:] == size
+        assert_close(out, fixed(x, t, y), 1e-5, f"variable-size DiT at {size}")
+    with pytest.raises(ValueError, match="not divisible by the patch"):
+        model(*inputs((8, 9)))
+
+
 @pytest.mark.parametrize("guidance_channels", [None, 4])
 def test_forward_with_cfg(guidance_channels):
     model, _ = loaded_tiny_dit((8, 12))

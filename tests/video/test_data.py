@@ -42,6 +42,27 @@ def test_csv_needs_path_and_text_columns(tmp_path):
         VideoCSVDataset(str(tmp_path / "bad.csv"))
 
 
+def test_csv_sample_shapes_from_columns_or_probed_once_and_bucket_reads(tmp_path, monkeypatch):
+    from PIL import Image
+
+    from opendit_lite.data import video_csv
+
+    _write_video(tmp_path / "a.mp4", frames=10)
+    Image.new("RGB", (20, 12), (200, 10, 10)).save(tmp_path / "b.png")
+    (tmp_path / "list.csv").write_text("path,text,num_frames,height,width\na.mp4,fade,,,\nb.png,red,1,12,20\n"
+                                       "a.mp4,listed,7,24,32\n")
+    data = VideoCSVDataset(str(tmp_path / "list.csv"), frame_interval=2)
+    # Row 0 probed (10 frames at interval 2 -> 5), row 1 and 2 from their columns.
+    assert data.sample_shapes == [(5, 24, 32), (1, 12, 20), (7, 24, 32)]
+    assert (tmp_path / "list.csv.shapes.json").exists()
+    monkeypatch.setattr(video_csv, "probe_shape", lambda *a: pytest.fail("probed again despite the cache"))
+    assert VideoCSVDataset(str(tmp_path / "list.csv"), frame_interval=2).sample_shapes[0] == (5, 24, 32)
+    clip, caption = data[(0, 3, 8, 16)]          # a bucket's shape: 3 frames, non-square crop
+    assert clip.shape == (3, 3, 8, 16) and caption == "fade"
+    image, caption = data[(1, 1, 8, 8)]          # the image as a 1-frame sample
+    assert image.shape == (3, 1, 8, 8) and caption == "red" and image[0].mean() > 0.5
+
+
 def test_resize_center_crop_keeps_the_middle():
     frames = torch.zeros(1, 4, 8, 3, dtype=torch.uint8)
     frames[:, :, 2:6] = 255                                   # bright middle columns

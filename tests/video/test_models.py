@@ -50,6 +50,32 @@ def test_cfg_is_uncond_plus_scale_times_difference():
                                atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("name", TINY)
+def test_caption_padding_is_masked(name):
+    """What sits in the padded caption positions does not change the video output, and a sample's
+    output does not depend on the padding of the other samples in its batch."""
+    model = build_model(name, class_dropout_prob=0.0).eval()
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=0.05)
+    x, t, y, mask = _inputs()
+    mask[0, 3:] = False
+    other = y.clone()
+    other[0, 3:] = torch.randn(5, 32) * 10
+    torch.testing.assert_close(model(x, t, y, mask), model(x, t, other, mask), atol=1e-5, rtol=1e-5)
+    alone = model(x[:1], t[:1], y[:1], mask[:1])  # batched with a caption of no padding above, alone here
+    torch.testing.assert_close(model(x, t, y, mask)[:1], alone, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(model(x, t, y, mask), model(x, t, y, torch.ones_like(mask)), atol=1e-4)
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_any_clip_shape_runs(name):
+    """One model, several (T, H, W): non-square frames, one frame (an image), more frames."""
+    model = build_model(name).eval()
+    _, t, y, mask = _inputs()
+    for shape in [(1, 6, 10), (5, 8, 4), (2, 12, 12)]:
+        assert model(torch.randn(2, 4, *shape), t, y, mask).shape == (2, model.out_channels, *shape)
+
+
 def test_bad_inputs_have_clear_errors():
     model = build_model("STDiT-tiny")
     x, t, y, _ = _inputs()

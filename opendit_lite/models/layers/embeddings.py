@@ -87,12 +87,14 @@ class PatchEmbed(nn.Module):
     A stride-``p`` convolution is one linear map per patch; the layer is named ``proj`` as in
     timm's ``PatchEmbed`` so checkpoints written with timm's layer load unchanged. The input size is
     fixed at construction (the positional table depends on it), and a mismatching input is refused
-    with an error rather than silently producing a different number of tokens.
+    with an error rather than silently producing a different number of tokens, unless
+    ``strict_img_size=False`` (timm's name): then any size divisible by the patch is taken.
     """
 
     def __init__(self, img_size: Size2D = 32, patch_size: int = 2, in_chans: int = 4,
-                 embed_dim: int = 1152, bias: bool = True):
+                 embed_dim: int = 1152, bias: bool = True, strict_img_size: bool = True):
         super().__init__()
+        self.strict_img_size = strict_img_size
         self.img_size = _to_pair(img_size, "img_size")
         self.patch_size = _to_pair(patch_size, "patch_size")
         if any(s % p != 0 for s, p in zip(self.img_size, self.patch_size)):
@@ -104,8 +106,16 @@ class PatchEmbed(nn.Module):
         self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=self.patch_size, stride=self.patch_size,
                               bias=bias)
 
+    def grid(self, x: torch.Tensor) -> Tuple[int, int]:
+        """(h, w) patch grid of an input [B, C, H, W]."""
+        return x.shape[-2] // self.patch_size[0], x.shape[-1] // self.patch_size[1]
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() != 4 or x.shape[1] != self.in_chans or tuple(x.shape[-2:]) != self.img_size:
+        if not self.strict_img_size and x.dim() == 4 and x.shape[1] == self.in_chans:
+            if any(s % p for s, p in zip(x.shape[-2:], self.patch_size)):
+                raise ValueError(f"PatchEmbed: input size {tuple(x.shape[-2:])} is not divisible by the patch "
+                                 f"size {self.patch_size}")
+        elif x.dim() != 4 or x.shape[1] != self.in_chans or tuple(x.shape[-2:]) != self.img_size:
             raise ValueError(
                 f"PatchEmbed expects input [B, {self.in_chans}, {self.img_size[0]}, {self.img_size[1]}], "
                 f"got {list(x.shape)}; build the model with input_size matching the latent size "

@@ -7,6 +7,9 @@ Ulysses sequence parallelism the video part is sharded and the text part replica
 ``opendit_lite.parallel.dsp.UlyssesJointAttentionOp`` tells the two apart from the lengths alone
 (the text length is whatever the local video shard does not account for), so this module passes
 nothing extra. Rotary angles apply to the video tokens only (text has no position on the grid).
+A caption padding mask ``context_mask`` [B', M] (True = real token) keeps padded caption tokens
+from acting as keys; the op receives it as a key mask ``[B', 1, 1, M + S]`` whose video part is
+all True.
 """
 
 from typing import Optional, Tuple
@@ -45,10 +48,14 @@ class JointAttention(nn.Module):
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         return x.view(x.shape[0], x.shape[1], self.num_heads, self.head_dim)              # [B', L, H, Dh]
 
-    def forward(self, x: torch.Tensor, context: torch.Tensor,
-                rope: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    def forward(self, x: torch.Tensor, context: torch.Tensor, rope: Optional[torch.Tensor] = None,
+                context_mask: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         B, S, C = x.shape
         M = context.shape[1]
+        key_mask = None
+        if context_mask is not None:                                                      # [B', M] bool
+            video = context_mask.new_ones(B, S, dtype=torch.bool)
+            key_mask = torch.cat([context_mask.bool(), video], dim=1)[:, None, None, :]   # [B', 1, 1, M + S]
         q, k, v = self._heads(self.to_q(x)), self._heads(self.to_k(x)), self._heads(self.to_v(x))  # [B', S, H, Dh]
         if rope is not None:
             q, k = apply_rope(q, rope), apply_rope(k, rope)
@@ -56,9 +63,9 @@ class JointAttention(nn.Module):
         cv = self._heads(self.add_v_proj(context))
         k, v = torch.cat([ck, k], dim=1), torch.cat([cv, v], dim=1)                       # [B', M + S, H, Dh]
         if self.context_pre_only:
-            out = self.attn_op(q, k, v)                                                   # [B', S, H, Dh]
+            out = self.attn_op(q, k, v, attn_mask=key_mask)                               # [B', S, H, Dh]
             return self.to_out(out.reshape(B, S, C)), None
         q = torch.cat([self._heads(self.add_q_proj(context)), q], dim=1)                  # [B', M + S, H, Dh]
-        context_out, x_out = self.attn_op(q, k, v).split([M, S], dim=1)                   # [B', M | S, H, Dh]
+        context_out, x_out = self.attn_op(q, k, v, attn_mask=key_mask).split([M, S], dim=1)  # [B', M | S, H, Dh]
         x_out = self.to_out(x_out.reshape(B, S, C))                                       # [B', S, C]
         return x_out, self.to_add_out(context_out.reshape(B, M, C))                       # [B', M, C]
