@@ -20,7 +20,6 @@ The model, text-encoder kind and objective are those saved with the checkpoint; 
 local paths such as ``vae.path``/``text_encoder.path``) come from this command.
 """
 
-import functools
 import os
 import re
 import sys
@@ -35,7 +34,7 @@ quiet_third_party_startup()  # before colossalai is imported
 
 from opendit_lite.config import ConfigError, from_dict, parse_cli
 from opendit_lite.config.video_schema import TextEncoderConfig, VideoDiffusionConfig, VideoModelConfig, VideoTrainConfig
-from opendit_lite.diffusion import RectifiedFlow, create_diffusion
+from opendit_lite.diffusion import RectifiedFlow, cfg_model_fn, create_diffusion
 from opendit_lite.diffusion.sampling_utils import SampleGenerators
 from opendit_lite.utils.exit_codes import script_main
 from opendit_lite.checkpoint.layout import resolve_sample_checkpoint, saved_config
@@ -88,10 +87,10 @@ def read_prompts(cfg) -> List[str]:
 
 
 def check_sampler(cfg) -> None:
-    trained, sampler = cfg.diffusion.scheduler, cfg.sample.sampler
+    trained, sampler = cfg.diffusion.objective, cfg.sample.sampler
     if (trained == "rflow") != (sampler == "euler"):
         fits = "euler" if trained == "rflow" else "ddpm or ddim"
-        raise ConfigError(f"The model was trained with diffusion.scheduler={trained}; sample.sampler={sampler} does "
+        raise ConfigError(f"The model was trained with diffusion.objective={trained}; sample.sampler={sampler} does "
                           f"not fit it: use sample.sampler={fits}.")
 
 
@@ -106,8 +105,8 @@ def sample_clips(model, cfg, states: torch.Tensor, mask: torch.Tensor, indices: 
     generators = SampleGenerators(s.seed, indices)
     shape = sample_clip_shape(cfg, downsample, model.patch_size)
     z = generators.standard_normal((states.shape[0], *shape), device, torch.float32)  # [n, C, T, H, W]
-    # The model's own guidance runs [captions; null caption] as one batch of 2n.
-    guided = functools.partial(model.forward_with_cfg, cfg_scale=s.cfg_scale)
+    # Guidance by the model's layout (video models: [captions; learned null caption] as one batch of 2n).
+    guided = cfg_model_fn(model, s.cfg_scale)
     kwargs = dict(y=states, mask=mask)
     if s.sampler == "euler":
         rf = RectifiedFlow(num_timesteps=cfg.diffusion.diffusion_steps)

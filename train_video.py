@@ -13,7 +13,7 @@ CSV videos (path,text columns) encoded on the fly by a local VAE and T5:
     python train_video.py --config configs/video_stdit_demo.yaml data.type=csv data.path=/data/videos.csv \\
         text_encoder.kind=t5 text_encoder.path=/models/t5 text_encoder.max_length=120 vae.path=/models/sd-vae
 
-Objectives: rectified flow (``diffusion.scheduler=rflow``, default) or IDDPM (``iddpm``, with
+Objectives: rectified flow (``diffusion.objective=rflow``, default) or IDDPM (``iddpm``, with
 ``model.learn_sigma=true`` for the learned variance). Captions are replaced by the model's learned
 null caption with probability ``model.class_dropout_prob``, which classifier-free guidance needs.
 Settings are ``key=value`` overrides (``python train_video.py --help`` lists every key). Outputs go to

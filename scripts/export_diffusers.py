@@ -22,7 +22,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from opendit_lite.config import ConfigError  # noqa: E402
+from opendit_lite.config import ConfigError, resolve_aliases  # noqa: E402
 from opendit_lite.utils.exit_codes import script_main  # noqa: E402
 
 
@@ -50,15 +50,15 @@ def _model_from_checkpoint(checkpoint: str, use_ema: bool):
     if type(model).__name__ != "DiT":
         raise ConfigError(f"only DiT models export to diffusers' DiTTransformer2DModel; this checkpoint holds "
                           f"{m['name']!r}.")
-    return model.float().eval(), saved.get("diffusion", {})
+    return model.float().eval(), resolve_aliases(saved.get("diffusion", {}), "diffusion.")  # older key names too
 
 
 def _scheduler(diffusion: dict):
     from diffusers import DDIMScheduler
 
-    if diffusion.get("scheduler", "iddpm") != "iddpm":
+    if diffusion.get("objective", "iddpm") != "iddpm":
         raise ConfigError(f"a DiTPipeline samples a DDPM-trained model; this one was trained with "
-                          f"diffusion.scheduler={diffusion['scheduler']!r}. Export the transformer alone (no --vae).")
+                          f"diffusion.objective={diffusion['objective']!r}. Export the transformer alone (no --vae).")
     # Our IDDPM schedules, in diffusers' names: linear betas 1e-4..0.02 scaled to 1000 steps, or cosine.
     steps = diffusion.get("diffusion_steps", 1000)
     if diffusion.get("noise_schedule", "linear") == "cosine":

@@ -1,14 +1,28 @@
-"""Where a run's checkpoints live and which one a script should load, shared by the trainers and
-samplers: ``<results_dir>/<exp_name>/checkpoints/<exp_name>_step<N>/`` unless ``checkpoint_dir`` says
-otherwise, and the resolved config stored with each checkpoint so that a sampler rebuilds exactly
-the model that was trained."""
+"""Where a run's checkpoints live and which one to resume or sample from, shared by the trainers,
+the samplers and LiteGen: the checkpoint folder is ``checkpoint_dir``, by default
+``<results_dir>/<exp_name>/checkpoints/``, and holds two kinds of checkpoints of step ``N``:
+
+- ``<exp_name>_step<N>/``: a folder written by ``state.save_checkpoint`` (model, optimizer, EMA,
+  LR scheduler, RNG, extra state and the resolved config, so that a sampler rebuilds exactly the
+  model that was trained);
+- LiteGen's files ``<exp_name>_step<N>.pth`` (model state dict), ``.optim_state.pth`` (optimizer:
+  a file under DDP, a folder of shards under ZeRO) and ``.ema.pth`` (fp32 EMA), written by
+  ``LiteGen.save_model/save_optimizer/save_ema``.
+
+One scan (:func:`find_resume_checkpoint`) picks the newest complete checkpoint of either kind.
+"""
 
 import json
 import os
-from typing import Any, Callable, Dict, Optional
+import re
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..config import ConfigError
-from .state import CheckpointError, _from_rank0, _rank, find_latest_checkpoint, list_checkpoints, verify_checkpoint
+from .state import (CheckpointError, _from_rank0, _rank, checkpoint_name, list_checkpoints,
+                    verify_checkpoint)
+
+# LiteGen's file suffixes, by what the file holds.
+SUFFIXES = {"model": ".pth", "optimizer": ".optim_state.pth", "ema": ".ema.pth"}
 
 
 def checkpoint_root(cfg) -> str:
@@ -36,13 +50,70 @@ def newest_verified_checkpoint(root: str, exp_name: str, report: Callable[[str],
     return chosen
 
 
-def pick_resume_checkpoint(cfg, report: Callable[[str], None] = print) -> Optional[str]:
-    """LiteGen's priority: resume_from > auto_resume (newest checkpoint that verifies) > nothing."""
+def litegen_path(kind: str, folder: str, exp_name: str, filename: Optional[str] = None,
+                 step: Optional[int] = None) -> str:
+    """Where LiteGen's ``save_<kind>`` writes: ``folder/filename``, else
+    ``folder/[exp_name](_step[N])<suffix>`` with the suffix of ``kind`` (``SUFFIXES``)."""
+    if filename is None:
+        prefix = exp_name if step is None else checkpoint_name(exp_name, step)
+        filename = prefix + SUFFIXES[kind]
+    return os.path.join(folder, filename)
+
+
+def companion_path(model_path: str, kind: str) -> str:
+    """The ``kind`` file saved next to a LiteGen model file: ``X.pth`` -> ``X.optim_state.pth`` / ``X.ema.pth``."""
+    model_path = model_path.rstrip("/")
+    base = model_path[: -len(".pth")] if model_path.endswith(".pth") else model_path
+    return base + SUFFIXES[kind]
+
+
+def step_of(path: str) -> Optional[int]:
+    """N of a checkpoint named ``..._step<N>`` (folder or ``.pth`` file), else None."""
+    match = re.search(r"_step(\d+)(\.pth)?$", path.rstrip("/"))
+    return int(match.group(1)) if match else None
+
+
+def list_litegen_checkpoints(root: str, exp_name: str, needs: Sequence[str] = ()) -> List[Tuple[int, str]]:
+    """LiteGen model files ``<root>/<exp_name>_step<N>.pth`` whose ``needs`` companions ("optimizer",
+    "ema") exist, as ``(N, path)``, oldest first. A save killed midway left only a temporary name,
+    which never matches."""
+    if not os.path.isdir(root):
+        return []
+    pattern = re.compile(rf"{re.escape(exp_name)}_step(\d+)\.pth")
+    found = []
+    for name in os.listdir(root):
+        match, path = pattern.fullmatch(name), os.path.join(root, name)
+        if match and os.path.isfile(path) and all(os.path.exists(companion_path(path, k)) for k in needs):
+            found.append((int(match.group(1)), path))
+    return sorted(found)
+
+
+def find_resume_checkpoint(root: str, exp_name: str, needs: Sequence[str] = (),
+                           report: Callable[[str], None] = print) -> Optional[str]:
+    """Collective: the newest resumable checkpoint of ``exp_name`` under ``root``: the newest
+    checkpoint folder that verifies (``newest_verified_checkpoint``), or a newer LiteGen model file
+    with its ``needs`` companions; at equal steps the folder (it holds more). None when there is none."""
+    candidates = []
+    folder = newest_verified_checkpoint(root, exp_name, report)
+    if folder is not None:  # its step from the listing: a left-over ``*.old-*`` copy is named differently
+        candidates.append((dict((p, n) for n, p in list_checkpoints(root, exp_name))[folder], 1, folder))
+    candidates += [(step, 0, path) for step, path in list_litegen_checkpoints(root, exp_name, needs)]
+    return max(candidates)[2] if candidates else None
+
+
+def pick_resume_checkpoint(cfg, needs: Optional[Sequence[str]] = None,
+                           report: Callable[[str], None] = print) -> Optional[str]:
+    """LiteGen's priority: resume_from > auto_resume (the newest checkpoint that verifies) > nothing.
+    ``needs``: the LiteGen companion files a model file must have to count (default: the optimizer,
+    and the EMA when ``ema.enable``). Checkpoint folders that all fail to verify are an error, not
+    a fresh start."""
     if cfg.resume_from:
         return cfg.resume_from
     if cfg.auto_resume:
+        if needs is None:
+            needs = ("optimizer",) + (("ema",) if cfg.ema.enable else ())
         root = checkpoint_root(cfg)
-        found = newest_verified_checkpoint(root, cfg.exp_name, report)
+        found = find_resume_checkpoint(root, cfg.exp_name, needs, report)
         if found is None and list_checkpoints(root, cfg.exp_name):
             raise CheckpointError(f"auto_resume: no checkpoint of experiment '{cfg.exp_name}' under {root!r} verifies "
                                   f"(each one skipped is listed above); restore one from a backup, or move them away "
@@ -63,14 +134,15 @@ def resolve_sample_checkpoint(cfg, ckpt: Optional[str], train_script: str, famil
     if ckpt:
         if not os.path.exists(ckpt):
             raise ConfigError(f"'sample.ckpt' {ckpt!r} does not exist. Pass a checkpoint folder "
-                              f"(<results_dir>/<exp_name>/checkpoints/<exp_name>_step<N>) or leave it empty for the "
-                              f"newest checkpoint of exp_name.")
+                              f"(<results_dir>/<exp_name>/checkpoints/<exp_name>_step<N>), a LiteGen .pth file, or "
+                              f"leave it empty for the newest checkpoint of exp_name.")
     else:
         root = checkpoint_root(cfg)
-        ckpt = find_latest_checkpoint(root, cfg.exp_name) if os.path.isdir(root) else None
+        ckpt = find_resume_checkpoint(root, cfg.exp_name)
         if ckpt is None:
             raise ConfigError(f"No complete checkpoint of experiment '{cfg.exp_name}' under '{root}'. Train first "
-                              f"(python {train_script} with the same config) or pass sample.ckpt=<checkpoint folder>.")
+                              f"(python {train_script} with the same config) or pass "
+                              f"sample.ckpt=<checkpoint folder or .pth file>.")
     if os.path.isdir(ckpt):
         check_sample_checkpoint(ckpt, family, "sample.py" if family == "image" else "sample_video.py")
     return ckpt

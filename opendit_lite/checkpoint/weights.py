@@ -2,6 +2,8 @@
 
 * a checkpoint folder written by train.py (``ema.safetensors`` and/or the sharded ``model/``);
 * a ``model/`` folder or a single ``.safetensors`` file;
+* LiteGen's model file ``<exp_name>_step<N>.pth`` (with ``use_ema``, its ``.ema.pth`` beside it
+  replaces the trainable weights, as a checkpoint folder's EMA does);
 * an original DiT ``.pt`` (a state dict, or ``{"model", "ema", ...}`` from DiT's train.py).
 
 Nothing is unpickled beyond tensors (safetensors, or ``torch.load(weights_only=True)``).
@@ -15,6 +17,7 @@ import torch
 import torch.nn as nn
 from safetensors.torch import load_file
 
+from .layout import companion_path
 from .original_dit import load_original_dit_checkpoint
 
 EMA_FILE = "ema.safetensors"
@@ -57,8 +60,13 @@ def read_weights(path: str, use_ema: bool = True) -> Dict[str, torch.Tensor]:
 
 def load_weights(model: nn.Module, path: str, use_ema: bool = True) -> nn.Module:
     """Load ``path`` into ``model`` strictly (a mismatch names the missing/unexpected keys)."""
+    ema = companion_path(path, "ema")
+    if path.endswith(".pth") and use_ema and os.path.isfile(ema):  # LiteGen's files
+        state = dict(torch.load(path, map_location="cpu", weights_only=True))
+        state.update(torch.load(ema, map_location="cpu", weights_only=True))
+        return load_original_dit_checkpoint(model, state)
     if not os.path.isdir(path) and not path.endswith(".safetensors"):
-        return load_original_dit_checkpoint(model, path)  # .pt: reads it with weights_only=True
+        return load_original_dit_checkpoint(model, path)  # .pt/.pth: reads it with weights_only=True
     state = read_weights(path, use_ema)
     dtype = next(model.parameters()).dtype
     return load_original_dit_checkpoint(model, {k: v.to(dtype) for k, v in state.items()})

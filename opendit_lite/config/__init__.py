@@ -1,9 +1,11 @@
 from .loader import (
     ConfigError,
     from_dict,
+    from_object,
     load_config,
     parse_cli,
     parse_overrides,
+    resolve_aliases,
     to_dict,
     validate,
     validate_world,
@@ -20,7 +22,8 @@ from .schema import (
 )
 
 __all__ = [
-    "ConfigError", "from_dict", "load_config", "parse_cli", "parse_overrides", "to_dict",
+    "ConfigError", "from_dict", "from_object", "load_config", "parse_cli", "parse_overrides",
+    "resolve_aliases", "to_dict",
     "validate", "validate_world", "DataConfig", "DiffusionConfig", "EMAConfig", "EncoderConfig",
     "ModelConfig", "SampleConfig", "TrainConfig", "VAEConfig",
 ]

@@ -1,23 +1,32 @@
-"""YAML + command-line loading of the typed schema, with one-paragraph errors.
+"""YAML + command-line loading of the typed schema, and the one reader of config objects, with
+one-paragraph errors.
 
     cfg = load_config("configs/dit_s2.yaml", ["lr=2e-4", "model.name=DiT-B/2"])
+    cfg = from_object(easydict_or_namespace_or_dict)   # LiteGen: any mapping or attribute object
 
 Values given on the command line are parsed as YAML scalars (``true``, ``1e-4``, ``[1, 2]``, ``null``).
-Every problem raises :class:`ConfigError` whose message says what was wrong and what is allowed;
-scripts turn it into exit code 2 without a traceback (``opendit_lite.utils.exit_codes.script_main``).
+``null`` for a field that cannot be null takes its default (LiteGen's ``zero_degree: None`` is DDP).
+Other spellings of a field (``schema.ALIASES``) are renamed by :func:`resolve_aliases`, the one
+place aliases are read, before the sources are merged, so ``lr=...`` on the command line beats
+``learning_rate:`` in the file. Every problem raises :class:`ConfigError` whose message says what
+was wrong and what is allowed; scripts turn it into exit code 2 without a traceback
+(``opendit_lite.utils.exit_codes.script_main``).
 """
 
+import argparse
 import dataclasses
 import difflib
 import functools
 import os
 import sys
+import types
 import typing
+from collections.abc import Mapping
 from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 import yaml
 
-from .schema import ALIASES, LOGGERS, TrainConfig
+from .schema import ALIASES, HINTS, LOGGERS, TrainConfig
 
 
 class ConfigError(ValueError):
@@ -49,14 +58,21 @@ def all_keys(cls=TrainConfig, prefix: str = "") -> List[str]:
 
 
 def _closest(key: str, schema=TrainConfig) -> str:
-    candidates = all_keys(schema)
-    match = difflib.get_close_matches(key, candidates, n=1, cutoff=0.5)
+    """" Did you mean ...?" for an unknown dotted key: a hint for another trainer's name, else the
+    nearest schema key or alias (an alias suggests its field), else nothing. The cut-offs are high
+    on purpose: a wrong suggestion (``learning_rate`` -> ``selective_ratio``) is worse than none."""
+    leaf = key.rsplit(".", 1)[-1]
+    if key in HINTS or leaf in HINTS:
+        return f" Did you mean {HINTS.get(key, HINTS.get(leaf))}?"
+    known = set(all_keys(schema))
+    names = {k: k for k in known}
+    names.update({alias: target for alias, target in ALIASES.items() if target in known})
+    match = difflib.get_close_matches(key, list(names), n=1, cutoff=0.75)
     if not match:  # compare the last component too: "ema.decy" vs "decay"
-        leaf = key.rsplit(".", 1)[-1]
-        by_leaf = {k.rsplit(".", 1)[-1]: k for k in candidates}
-        m = difflib.get_close_matches(leaf, list(by_leaf), n=1, cutoff=0.6)
+        by_leaf = {k.rsplit(".", 1)[-1]: k for k in names}
+        m = difflib.get_close_matches(leaf, list(by_leaf), n=1, cutoff=0.8)
         match = [by_leaf[m[0]]] if m else []
-    return f" Did you mean '{match[0]}'?" if match else ""
+    return f" Did you mean '{names[match[0]]}'?" if match else ""
 
 
 def _type_name(tp) -> str:
@@ -116,23 +132,44 @@ def _coerce(key: str, value: Any, tp) -> Any:
 # Building a config from nested dicts
 # --------------------------------------------------------------------------------------------------
 
-def _build(cls, values: Dict[str, Any], prefix: str = "", schema=None):
+def resolve_aliases(tree: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
+    """``tree`` (nested dicts, the section at dotted ``prefix``) with every alias of ``ALIASES``
+    renamed to its field; an alias given together with its field is a ConfigError."""
+    out: Dict[str, Any] = {}
+    spelled: Dict[str, str] = {}  # field -> the key it was given as
+    for raw_key, value in tree.items():
+        full = prefix + str(raw_key)
+        name = ALIASES.get(full, full)[len(prefix):]
+        if name in out:
+            raise ConfigError(f"'{spelled[name]}' and '{full}' are the same setting; give only one of them.")
+        spelled[name] = full
+        out[name] = resolve_aliases(value, prefix + name + ".") if isinstance(value, dict) else value
+    return out
+
+
+def _build(cls, values: Dict[str, Any], prefix: str = "", schema=None, ignored: Optional[List[str]] = None):
+    """The dataclass ``cls`` from canonical nested dicts. Unknown keys raise, or are appended to
+    ``ignored`` when a list is given."""
     if not isinstance(values, dict):
         raise ConfigError(f"'{prefix.rstrip('.') or 'config'}' must be a mapping of keys to values, got {values!r}.")
     fields, hints = _fields(cls), _hints(cls)
     kwargs = {}
-    for raw_key, value in values.items():
-        name = ALIASES.get(raw_key, raw_key) if not prefix else raw_key
+    for name, value in values.items():
         key = prefix + str(name)
         if name not in fields:
+            if ignored is not None:
+                ignored.append(key)
+                continue
             raise ConfigError(
-                f"Unknown config key '{prefix + str(raw_key)}'.{_closest(prefix + str(raw_key), schema or cls)} "
+                f"Unknown config key '{key}'.{_closest(key, schema or cls)} "
                 f"Run with --help to list every key with its meaning."
             )
         tp = hints[name]
         if dataclasses.is_dataclass(tp):
-            kwargs[name] = _build(tp, value if value is not None else {}, key + ".", schema or cls)
+            kwargs[name] = _build(tp, value if value is not None else {}, key + ".", schema or cls, ignored)
             continue
+        if value is None and typing.get_origin(tp) is not typing.Union:
+            continue  # null for a field that cannot be null: its default
         value = _coerce(key, value, tp)
         choices = fields[name].metadata.get("choices")
         if choices is not None and value not in choices:
@@ -143,8 +180,47 @@ def _build(cls, values: Dict[str, Any], prefix: str = "", schema=None):
 
 
 def from_dict(cls, values: Dict[str, Any], prefix: str = ""):
-    """Build (and type-check) the dataclass ``cls`` from a nested dict, e.g. a saved config section."""
-    return _build(cls, values, prefix)
+    """Build (and type-check) the dataclass ``cls`` from a nested dict, e.g. a saved config section
+    (older spellings of its keys included)."""
+    if not isinstance(values, dict):
+        return _build(cls, values, prefix)  # its error names the section
+    return _build(cls, resolve_aliases(values, prefix), prefix)
+
+
+_SECTION_TYPES = (Mapping, types.SimpleNamespace, argparse.Namespace)
+
+
+def _plain(value: Any) -> Any:
+    """Config objects as nested dicts: mappings (dict, EasyDict, OmegaConf), namespaces and
+    dataclass instances become dicts; every other value is kept as it is."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+    elif isinstance(value, (types.SimpleNamespace, argparse.Namespace)):
+        value = vars(value)
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items() if not str(k).startswith("_")}
+    return value
+
+
+def from_object(config: Any, schema=TrainConfig, strict: bool = True, ignored: Optional[List[str]] = None):
+    """The typed, validated ``schema`` config from any config object: an instance of ``schema``
+    (returned validated), another dataclass, a mapping (dict, EasyDict) or a namespace, nested
+    sections of any of these kinds. Missing fields take their defaults; aliases are resolved.
+
+    An unknown key is a ConfigError naming the nearest field; with ``strict=False`` unknown keys
+    are skipped and listed in ``ignored`` (a list the caller passes) instead."""
+    if isinstance(config, schema):
+        validate(config)
+        return config
+    tree = _plain(config)
+    if not isinstance(tree, dict):
+        raise ConfigError(f"A config must be a mapping or an object with attributes (an EasyDict, a namespace, a "
+                          f"dataclass); got a {type(config).__name__}.")
+    if not strict and ignored is None:
+        ignored = []
+    cfg = _build(schema, resolve_aliases(tree), ignored=None if strict else ignored)
+    validate(cfg)
+    return cfg
 
 
 def _set_dotted(tree: Dict[str, Any], key: str, value: Any) -> None:
@@ -208,9 +284,8 @@ def load_config(path: Optional[str] = None, overrides: Sequence[str] = (), schem
     """Defaults < YAML file < ``key=value`` overrides, type-checked and range-checked.
 
     ``schema`` is the top-level dataclass: ``TrainConfig`` or a subclass (e.g. the video one)."""
-    tree = _read_yaml(path) if path else {}
-    tree = {ALIASES.get(k, k): v for k, v in tree.items()}
-    cfg = _build(schema, _merge(tree, parse_overrides(overrides)))
+    tree = resolve_aliases(_read_yaml(path) if path else {})
+    cfg = _build(schema, _merge(tree, resolve_aliases(parse_overrides(overrides))))
     validate(cfg)
     return cfg
 
@@ -254,6 +329,13 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError("'sample.num_sampling_steps' and 'sample.samples_per_class' must be positive integers.")
     if not 0.0 <= cfg.ema.decay <= 1.0:
         raise ConfigError(f"'ema.decay' must lie in [0, 1]; got {cfg.ema.decay}.")
+    if not cfg.ema.sharded:
+        raise ConfigError("'ema.sharded'=false is not supported: the EMA is always sharded across the ZeRO group; it "
+                          "holds the same values as a full copy in 1/ranks of the memory. Remove the key or set it "
+                          "to true.")
+    if cfg.encoder.group and not cfg.encoder.fsdp:
+        raise ConfigError("'encoder.group' shards frozen encoders within a node, which needs encoder.fsdp=true; set "
+                          "encoder.fsdp=true or remove encoder.group.")
     if not 0.0 <= cfg.min_lr_ratio <= 1.0:
         raise ConfigError(f"'min_lr_ratio' must lie in [0, 1] (the final LR as a fraction of lr); "
                           f"got {cfg.min_lr_ratio}.")
@@ -318,7 +400,9 @@ def format_help(cls=TrainConfig, prefix: str = "") -> str:
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         choices = f.metadata.get("choices")
         allowed = f" {{{', '.join('null' if c is None else str(c) for c in choices)}}}" if choices else ""
-        lines.append(f"  {key:<28} {f.metadata.get('help', '')} (default: {default!r}){allowed}")
+        aliases = [a for a, target in ALIASES.items() if target == key]
+        also = f" [also: {', '.join(aliases)}]" if aliases else ""
+        lines.append(f"  {key:<28} {f.metadata.get('help', '')} (default: {default!r}){allowed}{also}")
     return "\n".join(lines)
 
 

@@ -3,7 +3,9 @@
 Every field carries a one-line help string (``help=`` metadata) that ``--help`` prints. Field names of
 the top level follow LiteGen's so its users' YAML files load unchanged (``exp_name``, ``results_dir``,
 ``zero_degree``, ``selective_ratio``, ``ema.sharded``, ``encoder.fsdp``, ...). Precedence: command line
-``key=value`` > YAML file > the defaults below.
+``key=value`` > YAML file > the defaults below. Other spellings of a field (LiteGen/OpenDiT names that
+were renamed, and the names other trainers use) are listed in ``ALIASES`` at the end of this file;
+the loader resolves them (``opendit_lite.config.loader.resolve_aliases``) and ``--help`` lists them.
 """
 
 from dataclasses import dataclass, field
@@ -62,25 +64,27 @@ class VAEConfig:
 
 @dataclass
 class DiffusionConfig:
-    scheduler: str = _f("iddpm", "training objective", choices=("iddpm", "rflow"))
+    objective: str = _f("iddpm", "training objective: iddpm (DiT's Gaussian diffusion) or rflow (rectified flow)",
+                        choices=("iddpm", "rflow"))
     noise_schedule: str = _f("linear", "IDDPM beta schedule", choices=("linear", "cosine"))
     diffusion_steps: int = _f(1000, "number of diffusion timesteps used in training")
-    sample_method: str = _f("logit-normal", "rflow: distribution of training times",
-                            choices=("uniform", "logit-normal"))
+    timestep_sampling: str = _f("logit-normal", "rflow: distribution the training times are drawn from",
+                                choices=("uniform", "logit-normal"))
 
 
 @dataclass
 class EMAConfig:
     enable: bool = _f(True, "keep an exponential moving average of the weights")
-    sharded: bool = _f(True, "the fp32 EMA is always sharded across the ZeRO group (4 B x params / ranks "
-                             "per rank; equal to an unsharded EMA); false is accepted with a warning")
+    sharded: bool = _f(True, "the fp32 EMA is sharded across the ZeRO group (4 B x params / ranks per rank; "
+                             "the same values as an unsharded EMA); false is refused")
     resume_from: Optional[str] = _f(None, "EMA checkpoint to resume from (LiteGen's ema.resume_from)")
     decay: float = _f(0.9999, "EMA decay per optimizer step")
 
 
 @dataclass
 class EncoderConfig:
-    fsdp: bool = _f(False, "shard frozen encoders' parameters across ranks (inference only)")
+    fsdp: bool = _f(False, "shard frozen encoders' parameters across ranks (inference only): train_video.py's "
+                           "T5/CLIP caption encoder and LiteGen's frozen modules; train.py has none")
     group: bool = _f(False, "with fsdp: shard within a node only")
 
 
@@ -138,11 +142,12 @@ class TrainConfig:
     overwrite: bool = _f(False, "let a fresh run write into a checkpoint folder that already holds checkpoints of "
                                 "exp_name (same-named steps are replaced); false refuses")
     # precision
-    precision: str = _f("bf16", "parameter/compute precision; fp8: bf16 with the blocks' Linear layers in float8 "
+    precision: str = _f("auto", "parameter/compute precision; auto: bf16 on CUDA, fp32 on CPU (where bf16 is "
+                                "several times slower); fp8: bf16 with the blocks' Linear layers in float8 "
                                 "(torchao; GPUs with compute capability >= 8.9, zero_degree 0-2)",
-                        choices=("fp32", "tf32", "bf16", "fp16", "fp8"))
-    grad_precision: Optional[str] = _f(None, "LiteGen's FSDP reduce dtype; accepted, but gradients are reduced in "
-                                             "the parameter dtype (a warning says so when set)",
+                        choices=("auto", "fp32", "tf32", "bf16", "fp16", "fp8"))
+    grad_precision: Optional[str] = _f(None, "LiteGen's gradient-reduction dtype: gradients are reduced in the "
+                                             "parameter dtype, so only null or that dtype is accepted",
                                        choices=(None, "fp32", "tf32", "bf16", "fp16"))
     allow_tf32: bool = _f(True, "allow TF32 matmuls and convolutions on Ampere+ GPUs")
     # optimizer
@@ -168,7 +173,8 @@ class TrainConfig:
     attention_backend: str = _f("sdpa", "attention kernel", choices=("sdpa", "flash", "auto"))
     # activation memory
     ac_offload: bool = _f(False, "offload checkpointed blocks' saved inputs to pinned CPU memory")
-    selective_ratio: float = _f(1.0, "fraction of blocks NOT checkpointed (0: all checkpointed, 1: none)")
+    selective_ratio: float = _f(1.0, "activation checkpointing: the fraction of blocks NOT checkpointed "
+                                     "(0: every block checkpointed, least memory; 1: none, fastest)")
     # training
     global_seed: int = _f(0, "global random seed (data-parallel rank r uses global_seed * dp_size + r)")
     max_steps: int = _f(1000, "optimizer steps to train")
@@ -203,5 +209,42 @@ class TrainConfig:
     eval: EvalConfig = _section(EvalConfig, "python -m opendit_lite.evaluate settings (sampling settings: sample.*)")
 
 
-# Other names users of LiteGen/MaxDiffusion write for our fields.
-ALIASES = {"result_dir": "results_dir", "output_dir": "results_dir", "run_name": "exp_name", "seed": "global_seed"}
+# Other spellings of our fields, dotted key -> dotted key (an alias and its field share a section).
+# Renamed fields keep their LiteGen/OpenDiT names; the other trainers' names (diffusers, HF Trainer,
+# MaxDiffusion) are accepted where they mean exactly our field. Names whose meaning differs are
+# not aliases but hints in the unknown-key error (``HINTS``).
+ALIASES = {
+    # LiteGen / OpenDiT spellings
+    "result_dir": "results_dir",
+    "diffusion.scheduler": "diffusion.objective",
+    "diffusion.sample_method": "diffusion.timestep_sampling",
+    # other trainers
+    "output_dir": "results_dir",  # runs still go to <output_dir>/<exp_name>
+    "run_name": "exp_name",
+    "seed": "global_seed",
+    "learning_rate": "lr",
+    "adam_weight_decay": "weight_decay",
+    "max_train_steps": "max_steps",
+    "gradient_accumulation_steps": "grad_accum_steps",
+    "mixed_precision": "precision",
+    "max_grad_norm": "grad_clip",
+    "lr_warmup_steps": "warmup_steps",
+    "dataloader_num_workers": "num_workers",
+    "checkpointing_steps": "ckpt_every",
+    "checkpoints_total_limit": "keep_last",
+}
+
+# Names other trainers use for something close to, but not exactly, one of our fields: the
+# unknown-key error explains the difference instead of guessing.
+_BATCH_HINT = ("global_batch_size (samples per optimizer step over all ranks = per-rank batch x data-parallel "
+               "ranks x grad_accum_steps)")
+HINTS = {
+    "batch_size": _BATCH_HINT,
+    "train_batch_size": _BATCH_HINT,
+    "per_device_train_batch_size": _BATCH_HINT,
+    "micro_batch_size": _BATCH_HINT,
+    "use_ema": "ema.enable",
+    "ema_decay": "ema.decay",
+    "gradient_checkpointing": "selective_ratio=0 (checkpoint every block)",
+    "resume_from_checkpoint": "resume_from=<checkpoint> or auto_resume=true",
+}

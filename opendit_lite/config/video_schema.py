@@ -48,7 +48,8 @@ class VideoDataConfig:
 class VideoDiffusionConfig(DiffusionConfig):
     """The image schema's objective section, defaulting to rectified flow as the video models train."""
 
-    scheduler: str = _f("rflow", "training objective", choices=("rflow", "iddpm"))
+    objective: str = _f("rflow", "training objective: rflow (rectified flow) or iddpm (Gaussian diffusion)",
+                        choices=("rflow", "iddpm"))
 
 
 @dataclass

@@ -137,9 +137,10 @@ class RectifiedFlow:
         """Integrate from noise (t = 1) to data (t = 0) in ``num_steps`` Euler steps; returns x_0.
 
         Starts from ``noise`` or a standard normal of ``shape`` drawn from ``generator``. With
-        ``cfg_scale`` the model is wrapped by ``cfg_model_fn``, which follows DiT's convention: the
-        batch is doubled by the caller (``model_kwargs`` conditional then unconditional), and the
-        samples are the first half of the result.
+        ``cfg_scale`` the model is wrapped by ``cfg_model_fn``, which follows the model's
+        ``guidance_layout``: DiT's (and a plain function's) doubled batch, ``model_kwargs``
+        conditional then unconditional, whose samples are the first half of the result; or the
+        video models' B samples paired with their learned null caption inside.
         """
         if num_steps < 1:
             raise ValueError(f"num_steps must be at least 1, got {num_steps}")

@@ -14,9 +14,11 @@ so each helper creates all groups of its split and keeps the one this rank belon
 that spans the whole world is the default group itself, not a duplicate communicator.
 """
 
+import os
 from dataclasses import dataclass
-from typing import List, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
+import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
@@ -30,6 +32,21 @@ def _new_groups(rank_lists: Sequence[Sequence[int]]) -> ProcessGroup:
         if rank in ranks:
             mine = group
     return mine
+
+
+def default_node_size(world_size: int) -> int:
+    """Ranks per node: torchrun's LOCAL_WORLD_SIZE, else the visible GPUs (at most the world)."""
+    env = os.environ.get("LOCAL_WORLD_SIZE")
+    return int(env) if env else min(torch.cuda.device_count(), world_size)
+
+
+def node_group(node_size: Optional[int] = None) -> ProcessGroup:
+    """The ranks of this rank's node (blocks of ``node_size`` consecutive ranks, default
+    :func:`default_node_size`): where frozen encoders are sharded with ``encoder.group``."""
+    node_size = node_size or default_node_size(dist.get_world_size())
+    if node_size < 1:  # no LOCAL_WORLD_SIZE and no GPU: one rank per node
+        node_size = 1
+    return block_groups(node_size)[0]
 
 
 def block_groups(block_size: int) -> Tuple[ProcessGroup, ProcessGroup]:

@@ -146,17 +146,3 @@ def shard_text_encoder(encoder: TextEncoder, group: Optional[dist.ProcessGroup] 
     units.append(_ShardedUnit(rest, encoder.model, group))
     encoder.sharded = units
     return encoder
-
-
-def node_group() -> Optional[dist.ProcessGroup]:
-    """The process group of this node's ranks (``encoder.group``: shard within a node, where the
-    per-layer all-gathers use NVLink); every rank must call it, in the same order."""
-    world, local = dist.get_world_size(), int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size()))
-    if world % local != 0:
-        raise ValueError(f"world size {world} is not a multiple of LOCAL_WORLD_SIZE={local}")
-    mine = None
-    for start in range(0, world, local):
-        group = dist.new_group(list(range(start, start + local)))
-        if start <= dist.get_rank() < start + local:
-            mine = group
-    return mine

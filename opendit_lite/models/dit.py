@@ -25,6 +25,7 @@ import torch
 import torch.nn as nn
 from timm.layers import Mlp
 
+from ..diffusion.guidance import cfg_model_fn
 from .layers.attention import Attention
 from .layers.embeddings import (
     LabelEmbedder,
@@ -232,21 +233,7 @@ class DiT(nn.Module):
         kept so published samples and FID numbers are reproduced exactly; pass
         ``guidance_channels=self.in_channels`` for the standard guidance on all noise channels.
         """
-        if x.shape[0] % 2 != 0:
-            raise ValueError("forward_with_cfg expects an even batch [conditional; unconditional], "
-                             f"got {x.shape[0]}")
-        if not 0 < guidance_channels <= self.out_channels:
-            raise ValueError(f"guidance_channels must be in [1, {self.out_channels}] (the output channels), "
-                             f"got {guidance_channels}")
-        half = x[: x.shape[0] // 2]                                          # [B, C, H, W]
-        combined = torch.cat([half, half], dim=0)                            # [2B, C, H, W]
-        model_out = self.forward(combined, t, y)                             # [2B, C_out, H, W]
-        eps = model_out[:, :guidance_channels]                               # [2B, g, H, W]
-        rest = model_out[:, guidance_channels:]                              # [2B, C_out - g, H, W]
-        cond_eps, uncond_eps = torch.split(eps, eps.shape[0] // 2, dim=0)    # 2 x [B, g, H, W]
-        half_eps = uncond_eps + cfg_scale * (cond_eps - uncond_eps)          # [B, g, H, W]
-        eps = torch.cat([half_eps, half_eps], dim=0)                         # [2B, g, H, W]
-        return torch.cat([eps, rest], dim=1)                                 # [2B, C_out, H, W]
+        return cfg_model_fn(self, cfg_scale, channels=guidance_channels)(x, t, y=y)  # [2B, C_out, H, W]
 
 
 #################################################################################

@@ -33,6 +33,7 @@ import torch
 import torch.nn as nn
 from timm.layers import Mlp
 
+from ..diffusion.guidance import cfg_model_fn
 from .layers.axis_attention import SpatialAttention, TemporalAttention
 from .layers.cross_attention import CrossAttention
 from .layers.embeddings import (
@@ -215,20 +216,7 @@ class STDiT(nn.Module):
         """Guided prediction for x, t [B]: runs [captions; null caption] as one batch of 2B and
         returns ``uncond + cfg_scale * (cond - uncond)`` on the noise channels (the learned variance,
         if any, is the conditional one). Returns [B, C_out, T, H, W]."""
-        return guided_forward(self, x, t, y, cfg_scale, mask)
-
-
-def guided_forward(model: nn.Module, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor, cfg_scale: float,
-                   mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Classifier-free guidance with the model's learned null caption, shared by the video models."""
-    B = x.shape[0]
-    y_all = torch.cat([y, model.null_caption(B).to(y.dtype)], dim=0)                # [2B, M, Cy]
-    mask_all = None if mask is None else torch.cat([mask, torch.ones_like(mask)], dim=0)
-    out = model(torch.cat([x, x]), torch.cat([t, t]), y_all, mask_all)             # [2B, C_out, ...]
-    cond, uncond = out.chunk(2)
-    C = model.in_channels
-    guided = uncond[:, :C] + cfg_scale * (cond[:, :C] - uncond[:, :C])
-    return torch.cat([guided, cond[:, C:]], dim=1)                                  # [B, C_out, ...]
+        return cfg_model_fn(self, cfg_scale)(x, t, y, mask)
 
 
 #################################################################################

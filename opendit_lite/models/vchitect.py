@@ -33,6 +33,7 @@ import torch
 import torch.nn as nn
 from timm.layers import Mlp
 
+from ..diffusion.guidance import cfg_model_fn
 from .layers.axis_attention import TemporalAttention
 from .layers.embeddings import TimestepEmbedder
 from .layers.init import init_linears_xavier, init_patch_embed
@@ -42,7 +43,6 @@ from .layers.rope import rope_1d, rope_2d
 from .layers.sequence import SequenceGather, SequenceSplit
 from .layers.video_embed import CaptionEmbedder, PatchEmbed3D, unpatchify_video
 from .registry import register_model
-from .stdit import guided_forward
 
 
 def _mlp(hidden_size: int, mlp_ratio: float) -> Mlp:
@@ -218,7 +218,7 @@ class VchitectXL(nn.Module):
     def forward_with_cfg(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor, cfg_scale: float,
                          mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Guided prediction with the null caption; see ``STDiT.forward_with_cfg``."""
-        return guided_forward(self, x, t, y, cfg_scale, mask)
+        return cfg_model_fn(self, cfg_scale)(x, t, y, mask)
 
 
 def _register_vchitect(name: str, **config) -> Callable[..., VchitectXL]:

@@ -4,7 +4,7 @@ with a data x sequence mesh and a sharded EMA.
     from colossalai.booster import Booster
     from opendit_lite.plugins import OpenDiTPlugin
 
-    plugin = OpenDiTPlugin(zero_degree=2, sp_size=1, precision="bf16", grad_clip=1.0)
+    plugin = OpenDiTPlugin(zero_degree=2, sp_size=1, grad_clip=1.0)  # precision: bf16 on CUDA, fp32 on CPU
     optimizer = plugin.build_optimizer(model.parameters(), lr=1e-4, weight_decay=0.0)
     loader = plugin.prepare_dataloader(dataset, batch_size=global_batch_size // plugin.dp_size, seed=seed)
     booster = Booster(plugin=plugin)
@@ -49,15 +49,16 @@ Decisions:
   (the gradient is sharded as it is produced), and Gemini has no ``no_sync``: call backward several
   times and step once; LowLevelZero adds the reduced gradients up internally, Gemini does so with
   ``gemini_kwargs={"enable_gradient_accumulation": True}``. Scale the loss by 1/accum_steps.
-- **Process group.** The default process group must be initialised before the plugin is built,
-  also for a single process (``opendit_lite.distributed.launch.init_distributed()`` does it for
-  ``python`` and ``torchrun`` alike); the plugin does not call ``colossalai.launch``.
-- **Precision.** "fp32", "bf16", "fp16" (fp16 with dynamic loss scaling in every strategy). Under
+- **Process group.** When no default process group exists the plugin creates it with
+  ``opendit_lite.distributed.launch.init_distributed()``: from torchrun's environment, or a world
+  of one for a plain ``python`` process (gloo on CPU, NCCL on CUDA). The plugin does not call
+  ``colossalai.launch``.
+- **Precision.** "fp32", "bf16", "fp16" (fp16 with dynamic loss scaling in every strategy), or
+  "auto" (the default): bf16 on CUDA, fp32 on the CPU (see ``precision.py``). Under
   ZeRO and Gemini the model is cast to that dtype and fp32 master weights live in the optimizer;
   under DDP the weights stay fp32 and the forward runs under autocast.
 """
 
-import os
 from typing import Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import torch
@@ -77,18 +78,13 @@ from .ddp import apply_ddp
 from .ddp_checkpoint_io import DDPCheckpointIO
 from ..ema.sharded import ShardedEMA, flat_layout, gemini_layout, zero_layout
 from .gemini import apply_gemini
-from ..distributed.mesh import block_groups, build_data_seq_mesh
+from ..distributed.mesh import block_groups, build_data_seq_mesh, default_node_size
 from . import zero as _zero
+from .precision import AUTO, PRECISIONS, resolve_precision, usable_zero_degrees, zero_degree_hint
+from ..distributed.launch import init_distributed
 from .zero import ZeroCheckpointIO, apply_low_level_zero
 
 ZERO_DEGREES = (0, 1, 2, 3)
-PRECISIONS: Dict[str, Optional[torch.dtype]] = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def default_node_size(world_size: int) -> int:
-    """Ranks per node: torchrun's LOCAL_WORLD_SIZE, else the visible GPUs (at most the world)."""
-    env = os.environ.get("LOCAL_WORLD_SIZE")
-    return int(env) if env else min(torch.cuda.device_count(), world_size)
 
 
 class OpenDiTPlugin(DPPluginBase):
@@ -97,7 +93,7 @@ class OpenDiTPlugin(DPPluginBase):
     Args:
         zero_degree: 0 DDP, 1 ZeRO-1, 2 ZeRO-2, 3 Gemini (ZeRO-3); None means 0.
         sp_size: sequence-parallel degree; must divide the world size.
-        precision: "bf16", "fp16" or "fp32" (Gemini: bf16 or fp16).
+        precision: "bf16", "fp16", "fp32" (Gemini: bf16 or fp16), or "auto": bf16 on CUDA, fp32 on CPU.
         grad_clip: clip the global gradient norm to this value; 0 turns clipping off.
         group_zero: shard ZeRO state inside each node and replicate it across nodes.
         node_size: ranks per node for ``group_zero``; default LOCAL_WORLD_SIZE or the GPU count.
@@ -114,7 +110,7 @@ class OpenDiTPlugin(DPPluginBase):
         self,
         zero_degree: Optional[int] = 0,
         sp_size: int = 1,
-        precision: str = "bf16",
+        precision: str = AUTO,
         grad_clip: float = 0.0,
         group_zero: bool = False,
         node_size: Optional[int] = None,
@@ -126,29 +122,29 @@ class OpenDiTPlugin(DPPluginBase):
         zero_kwargs: Optional[dict] = None,
         gemini_kwargs: Optional[dict] = None,
     ) -> None:
-        if not (dist.is_available() and dist.is_initialized()):
-            raise RuntimeError(
-                "OpenDiTPlugin needs an initialised torch.distributed default process group, also for a "
-                "single process: call opendit_lite.distributed.launch.init_distributed() (or "
-                "torch.distributed.init_process_group) before creating the plugin"
-            )
         zero_degree = 0 if zero_degree is None else zero_degree
         if zero_degree not in ZERO_DEGREES or isinstance(zero_degree, bool):
             raise ValueError(
                 f"zero_degree={zero_degree!r} is not supported; use 0 (DDP), 1 (ZeRO-1), 2 (ZeRO-2) or 3 (Gemini ZeRO-3)"
             )
-        if precision not in PRECISIONS:
-            raise ValueError(f"precision={precision!r} is not supported; use one of {sorted(PRECISIONS)}")
+        if precision != AUTO and precision not in PRECISIONS:
+            raise ValueError(f"precision={precision!r} is not supported; use one of {sorted(PRECISIONS)} or 'auto'")
         if grad_clip < 0:
             raise ValueError(f"grad_clip={grad_clip} must be >= 0 (0 turns clipping off)")
         if zero_degree == 3 and not torch.cuda.is_available():
             raise ValueError(
-                "zero_degree=3 (Gemini) needs a CUDA GPU and none is visible; use zero_degree 0, 1 or 2 on this machine"
+                f"zero_degree=3 (Gemini) needs a CUDA GPU and none is visible; {zero_degree_hint()}"
             )
+        precision = resolve_precision(precision)
         if zero_degree == 3 and precision == "fp32":
             raise ValueError("zero_degree=3 (Gemini) trains in bf16 or fp16 with fp32 master weights; set precision to 'bf16' or 'fp16'")
         if group_zero and zero_degree == 0:
-            raise ValueError("group_zero shards ZeRO state per node; it needs zero_degree 1, 2 or 3 (DDP shards nothing)")
+            zero = [d for d in usable_zero_degrees() if d > 0]
+            fix = (f"it needs zero_degree {' or '.join(map(str, zero))}" if zero else
+                   "ZeRO needs a CUDA GPU and none is visible, so set group_zero=false on this machine")
+            raise ValueError(f"group_zero shards ZeRO state per node and DDP shards nothing; {fix}")
+        if not dist.is_initialized():  # plain `python`: a world of one (torchrun: its environment)
+            init_distributed()
         super().__init__()  # sets self.rank and self.world_size
 
         self.zero_degree = zero_degree

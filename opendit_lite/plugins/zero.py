@@ -36,6 +36,7 @@ from torch.distributed import ProcessGroup
 from torch.optim import Optimizer
 from torch.utils._pytree import tree_map
 
+from .precision import zero_degree_hint
 from .sync import broadcast_module_states
 
 
@@ -76,8 +77,7 @@ def check_zero_device() -> None:
     """LowLevelZero runs only on a CUDA/NPU accelerator: say so when the plugin is built rather
     than failing deep inside Colossal-AI at the first step."""
     if get_accelerator().name == "cpu":
-        raise ValueError("zero_degree 1 and 2 (LowLevelZero) need a CUDA GPU and none is visible; "
-                         "use zero_degree=0 (DDP) on this machine")
+        raise ValueError(f"zero_degree 1 and 2 (LowLevelZero) need a CUDA GPU and none is visible; {zero_degree_hint()}")
 
 
 def shard_of(full: torch.Tensor, group_size: int, group_rank: int) -> torch.Tensor:

@@ -1,7 +1,6 @@
 """Class-conditional image sampling: the model from a checkpoint, and batches of samples for this
 rank's block of global sample indices (sample.py writes a grid of them, the evaluator an .npz)."""
 
-import functools
 from typing import Iterator, List, Optional, Sequence, Tuple
 
 import torch
@@ -9,7 +8,7 @@ import torch.nn as nn
 
 from ..checkpoint.layout import resolve_sample_checkpoint, saved_config
 from ..config import ConfigError, DiffusionConfig, ModelConfig, from_dict
-from ..diffusion import RectifiedFlow, create_diffusion
+from ..diffusion import RectifiedFlow, cfg_model_fn, create_diffusion
 from ..diffusion.sampling_utils import SampleGenerators
 from ..encoders import vae_decode
 from ..training.factory import (
@@ -41,10 +40,10 @@ def load_image_model(cfg, ranks: SamplingRanks) -> Tuple[nn.Module, str, Optiona
         if cfg.model.num_classes is None:
             dataset = build_dataset_from_config(cfg)
         resolve_model_geometry(cfg, dataset, vae)
-    flow = cfg.diffusion.scheduler == "rflow"
+    flow = cfg.diffusion.objective == "rflow"
     if flow != (cfg.sample.sampler == "euler"):
         raise ConfigError(f"'sample.sampler'={cfg.sample.sampler!r} does not fit a model trained with "
-                          f"diffusion.scheduler={cfg.diffusion.scheduler!r}: use "
+                          f"diffusion.objective={cfg.diffusion.objective!r}: use "
                           + ("sample.sampler=euler." if flow else "sample.sampler=ddpm or ddim."))
     check_sample_settings(cfg.sample.seed, cfg.sample.batch_size)
     model = build_model_from_config(cfg)
@@ -88,8 +87,8 @@ def sample_images(model, cfg, labels: torch.Tensor, indices: Sequence[int], devi
         diffusion = create_diffusion(f"{prefix}{s.num_sampling_steps}", noise_schedule=cfg.diffusion.noise_schedule,
                                      learn_sigma=cfg.model.learn_sigma, diffusion_steps=cfg.diffusion.diffusion_steps)
         loop = diffusion.ddim_sample_loop if s.sampler == "ddim" else diffusion.p_sample_loop
-        # DiT's own guidance (first 3 channels), so original checkpoints reproduce their samples.
-        guided = functools.partial(model.forward_with_cfg, cfg_scale=s.cfg_scale)
+        # The reference's guidance of the first 3 channels, so original checkpoints reproduce their samples.
+        guided = cfg_model_fn(model, s.cfg_scale, channels=3)
         out = loop(guided, z2.shape, z2, clip_denoised=not cfg.vae.path,  # pixels live in [-1, 1]
                    model_kwargs=dict(y=y2), progress=progress, device=device, generator=generators)
     return out[:n]

@@ -78,8 +78,8 @@ def build_model_from_config(cfg: TrainConfig) -> nn.Module:
 def build_training_objective(cfg: TrainConfig):
     """IDDPM or rectified flow from the ``diffusion`` section (image and video configs alike)."""
     d = cfg.diffusion
-    if d.scheduler == "rflow":
-        return build_scheduler("rflow", num_timesteps=d.diffusion_steps, sample_method=d.sample_method)
+    if d.objective == "rflow":
+        return build_scheduler("rflow", num_timesteps=d.diffusion_steps, sample_method=d.timestep_sampling)
     return build_scheduler("iddpm", noise_schedule=d.noise_schedule, learn_sigma=cfg.model.learn_sigma,
                            diffusion_steps=d.diffusion_steps)
 

@@ -15,6 +15,9 @@ from .spec import TrainerSpec, TrainingData
 
 
 def prepare_image_data(cfg: TrainConfig, device, sp_group=None) -> TrainingData:
+    if cfg.encoder.fsdp:
+        raise ConfigError("'encoder.fsdp' shards frozen text encoders (train_video.py's caption encoder, LiteGen's "
+                          "frozen modules); class-conditional train.py has none: remove encoder.fsdp.")
     dataset = build_dataset_from_config(cfg)
     vae = load_vae_from_config(cfg, device)
     resolve_model_geometry(cfg, dataset, vae)

@@ -7,7 +7,6 @@ order for every trainer; a trainer itself only declares its data and model (``sp
 import contextlib
 import os
 import uuid
-import warnings
 from typing import Callable, NamedTuple, Optional, Tuple
 
 import torch
@@ -18,8 +17,10 @@ from colossalai.booster import Booster
 from ..config import ConfigError, to_dict
 from ..data.sampler import ResumableDistributedSampler
 from ..plugins import OpenDiTPlugin
+from ..plugins.precision import resolve_precision
 from ..precision import apply_fp8_training, check_fp8_supported
-from ..checkpoint.state import load_checkpoint, load_ema_file, save_checkpoint
+from ..checkpoint.resume import restore_run
+from ..checkpoint.state import save_checkpoint
 from .cuda_graphs import check_cuda_graphs
 from .lr_schedule import build_lr_scheduler
 from .metrics import MetricsLogger, peak_memory_gib
@@ -32,20 +33,22 @@ from ..utils.exit_codes import RunInterrupted
 
 
 def build_booster(cfg, info) -> Tuple[OpenDiTPlugin, Booster]:
-    """The plugin (it builds the data x sequence mesh the conversions need, so it comes first)."""
-    if (cfg.allow_tf32 or cfg.precision == "tf32") and torch.cuda.is_available():
+    """The plugin (it builds the data x sequence mesh the conversions need, so it comes first).
+
+    ``precision=auto`` becomes bf16 on CUDA and fp32 on the CPU; tf32 is fp32 weights with TF32
+    matmuls. ``grad_precision`` must be null or the parameter dtype: gradients are reduced in it."""
+    precision = resolve_precision(cfg.precision, info.device.type)
+    if (cfg.allow_tf32 or precision == "tf32") and torch.cuda.is_available():
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     check_cuda_graphs(cuda_graphs=cfg.cuda_graphs, compile=cfg.compile, device=info.device)
-    if cfg.precision == "fp8":
+    if precision == "fp8":
         check_fp8_supported(info.device)  # ConfigError on CPU, pre-Ada GPUs or without torchao
     # tf32: fp32 weights, TF32 matmuls; fp8: bf16 everywhere but the blocks' Linear layers
-    precision = {"tf32": "fp32", "fp8": "bf16"}.get(cfg.precision, cfg.precision)
-    if cfg.grad_precision not in (None, cfg.precision):
-        warnings.warn(f"grad_precision={cfg.grad_precision!r} is not used: gradients are reduced in the "
-                      f"parameter dtype ({precision})")
-    if not cfg.ema.sharded:
-        warnings.warn("ema.sharded=false is not used: the EMA is always sharded (it equals an unsharded EMA "
-                      "and takes 1/ranks of the memory)")
+    precision = {"tf32": "fp32", "fp8": "bf16"}.get(precision, precision)
+    grad = "fp32" if cfg.grad_precision == "tf32" else cfg.grad_precision
+    if grad not in (None, precision):
+        raise ConfigError(f"'grad_precision'={cfg.grad_precision!r} is not supported: gradients are reduced in the "
+                          f"parameter dtype, here {precision}. Remove grad_precision or set it to {precision}.")
     try:
         plugin = OpenDiTPlugin(zero_degree=cfg.zero_degree, sp_size=cfg.sp_size, precision=precision,
                                grad_clip=cfg.grad_clip, group_zero=cfg.group_zero, node_size=info.local_world_size)
@@ -105,29 +108,27 @@ class Restored(NamedTuple):
 
 def restore_training(cfg, booster: Booster, plugin: OpenDiTPlugin, ema_plugin: Optional[OpenDiTPlugin], model,
                      optimizer, lr_scheduler, log: MetricsLogger) -> Restored:
-    """Load the checkpoint chosen by resume_from/auto_resume (if any) and an explicit EMA file;
-    returns what to continue from: the step, the data position (what the batch stream's
-    ``state_dict()`` saved: ``epoch``, ``batch_in_epoch``, a bucket sampler's cursors; zeros for a
-    fresh run), the run id and the FLOPs per step counted by the run's first step (None: not yet).
-    A resumed run applies the configured lr/weight_decay (and says so when they changed)."""
-    step, position, run_id, flops_per_step = 0, {"epoch": 0, "batch_in_epoch": 0}, uuid.uuid4().hex, None
+    """Load the checkpoint chosen by resume_from/auto_resume (if any) and the EMA (see
+    ``checkpoint.resume.restore_run``); returns what to continue from: the step, the data position
+    (what the batch stream's ``state_dict()`` saved: ``epoch``, ``batch_in_epoch``, a bucket
+    sampler's cursors; zeros for a fresh run), the run id and the FLOPs per step counted by the
+    run's first step (None: not yet). A resumed run applies the configured lr/weight_decay (and
+    says so when they changed)."""
     resume = pick_resume_checkpoint(cfg, report=log.write)
+    state = restore_run(booster, plugin, model, optimizer, lr_scheduler, resume=resume,
+                        auto=not cfg.resume_from, ema_resume_from=cfg.ema.resume_from, ema=ema_plugin is not None)
+    step, run_id = state.get("step", 0), state.get("run_id") or uuid.uuid4().hex
+    position = {"epoch": 0, "batch_in_epoch": 0}
+    position.update({k: v for k, v in state.items() if k not in ("step", "config", "run_id", "flops_per_step")})
     if resume:
-        state = load_checkpoint(booster, resume, model, optimizer, lr_scheduler, plugin=ema_plugin)
-        step = state["step"]
-        run_id = state.get("run_id") or run_id
-        flops_per_step = state.get("flops_per_step")
-        position = {k: v for k, v in state.items() if k not in ("step", "config", "run_id", "flops_per_step")}
         log.write(f"resumed from {resume} at step {step}")
         for change in apply_configured_hyperparams(optimizer, lr_scheduler, lr=cfg.lr, weight_decay=cfg.weight_decay):
             log.write(change)
-    if ema_plugin is not None and cfg.ema.resume_from:  # an explicit EMA file wins over the checkpoint's
-        load_ema_file(plugin, cfg.ema.resume_from)
     if dist.is_initialized() and dist.get_world_size() > 1:  # the fresh id of rank 0 on every rank
         box = [run_id]
         dist.broadcast_object_list(box, src=0)
         run_id = box[0]
-    return Restored(step, position, run_id, flops_per_step)
+    return Restored(step, position, run_id, state.get("flops_per_step"))
 
 
 def write_run_config(cfg, run_dir: str, is_main: bool) -> None:

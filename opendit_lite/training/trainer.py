@@ -67,7 +67,7 @@ def train(spec: TrainerSpec, cfg, info) -> str:
     num_params = sum(p.numel() for p in model.parameters())
     check_disk_space(checkpoint_root(cfg), num_params)
     log.write(f"model {cfg.model.name}: {num_params / 1e6:.2f}M parameters, {spec.describe(cfg)}, "
-              f"{cfg.diffusion.scheduler}")
+              f"{cfg.diffusion.objective}")
 
     batch_sampler = None
     if data.batch_sampler is not None:  # e.g. buckets of clip shapes

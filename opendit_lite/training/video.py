@@ -10,6 +10,7 @@ CSV videos carry captions that the text encoder turns into states on the fly.
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 
 from ..config import ConfigError
@@ -17,6 +18,7 @@ from ..config.video_schema import VideoTrainConfig
 from ..data.buckets import Bucket, BucketBatchSampler, parse_buckets
 from .factory import with_bad_sample_skipping
 from ..data.video_csv import VideoCSVDataset
+from ..distributed.mesh import node_group
 from ..data.video_latents import VideoLatentDataset
 from ..data.video_shapes import MovingShapesDataset, caption_states
 from ..encoders.video_vae import VideoVAE
@@ -98,12 +100,14 @@ def load_caption_encoder(cfg, device) -> CaptionEncoder:
     if not t.path:
         raise ConfigError(f"'text_encoder.path' is required to encode captions with text_encoder.kind={t.kind!r}: "
                           f"point it at a local folder holding the model and its tokenizer (nothing is downloaded).")
-    from ..encoders.text import load_text_encoder
+    from ..encoders.text import load_text_encoder, shard_text_encoder
 
     try:
         encoder = load_text_encoder(t.kind, t.path, t.max_length, device=device)
     except (FileNotFoundError, OSError) as e:
         raise ConfigError(f"Cannot load the {t.kind} text encoder from 'text_encoder.path' {t.path!r}: {e}") from None
+    if cfg.encoder.fsdp and dist.is_initialized():  # every rank encodes its own captions in step: the gathers line up
+        shard_text_encoder(encoder, node_group() if cfg.encoder.group else None)
     return CaptionEncoder(t.kind, t.max_length, encoder.width, encoder)
 
 

@@ -4,7 +4,9 @@ import types
 import pytest
 import yaml
 
-from opendit_lite.config import ConfigError, TrainConfig, from_dict, load_config, parse_overrides, validate_world
+from opendit_lite.config import (
+    ConfigError, DiffusionConfig, TrainConfig, from_dict, load_config, parse_overrides, validate_world,
+)
 from opendit_lite.config.loader import all_keys, format_help
 
 LITEGEN_KEYS = [
@@ -147,3 +149,85 @@ def test_attribute_access_objects_work_like_configs():
     from opendit_lite.converter import ModuleConverter
 
     ModuleConverter(types.SimpleNamespace(fused_layernorm=False))
+
+
+# --------------------------------------------------------------------------------------------------
+# Aliases (one table, resolved in one place), hints, and the one reader of config objects
+# --------------------------------------------------------------------------------------------------
+
+def test_renamed_fields_keep_their_old_names(tmp_path):
+    path = tmp_path / "old.yaml"
+    path.write_text("diffusion:\n  scheduler: rflow\n  sample_method: uniform\n")
+    cfg = load_config(str(path))
+    assert (cfg.diffusion.objective, cfg.diffusion.timestep_sampling) == ("rflow", "uniform")
+    cfg = load_config(None, ["diffusion.scheduler=rflow"])
+    assert cfg.diffusion.objective == "rflow"
+    # a config saved with a checkpoint before the rename still reads
+    assert from_dict(DiffusionConfig, {"scheduler": "rflow"}, "diffusion.").objective == "rflow"
+
+
+def test_other_trainers_spellings(tmp_path):
+    cfg = load_config(None, ["learning_rate=3e-4", "max_train_steps=5", "gradient_accumulation_steps=2",
+                             "mixed_precision=fp32", "output_dir=o", "max_grad_norm=0.5", "dataloader_num_workers=1"])
+    assert (cfg.lr, cfg.max_steps, cfg.grad_accum_steps, cfg.precision) == (3e-4, 5, 2, "fp32")
+    assert (cfg.results_dir, cfg.grad_clip, cfg.num_workers) == ("o", 0.5, 1)
+    path = tmp_path / "c.yaml"
+    path.write_text("learning_rate: 0.5\n")
+    assert load_config(str(path), ["lr=0.25"]).lr == 0.25  # the command line still wins over the file
+    with pytest.raises(ConfigError, match="'learning_rate' and 'lr' are the same setting"):
+        load_config(None, ["learning_rate=1", "lr=2"])
+
+
+@pytest.mark.parametrize("key, suggestion", [
+    ("batch_size", "Did you mean global_batch_size (samples per optimizer step over all ranks"),
+    ("train_batch_size", "Did you mean global_batch_size"),
+    ("use_ema", "Did you mean ema.enable?"),
+    ("learnin_rate", "Did you mean 'lr'?"),  # near an alias: its field is suggested
+    ("lerning_rate", "Did you mean 'lr'?"),
+])
+def test_unknown_keys_suggest_what_works(key, suggestion):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [f"{key}=1"])
+    assert suggestion in str(e.value)
+    assert "selective_ratio" not in str(e.value)
+
+
+def test_help_lists_aliases():
+    text = format_help()
+    assert "[also: learning_rate]" in text
+    assert "[also: diffusion.scheduler]" in text and "[also: diffusion.sample_method]" in text
+
+
+def test_precision_default_is_auto_and_ema_sharded_false_is_refused():
+    assert TrainConfig().precision == "auto"
+    with pytest.raises(ConfigError, match="'ema.sharded'=false is not supported"):
+        load_config(None, ["ema.sharded=false"])
+
+
+def test_from_object_reads_any_config_kind():
+    from opendit_lite.config import from_object
+
+    nested = types.SimpleNamespace(zero_degree=None, lr=2e-4, ema={"decay": 0.5},
+                                   diffusion=types.SimpleNamespace(scheduler="rflow"))
+    cfg = from_object(nested)
+    assert isinstance(cfg, TrainConfig)
+    assert (cfg.zero_degree, cfg.lr, cfg.ema.decay, cfg.diffusion.objective) == (0, 2e-4, 0.5, "rflow")  # None: default
+    assert from_object({"exp_name": "e", "learning_rate": 1e-3}).lr == 1e-3
+    assert from_object(cfg) is cfg
+    with pytest.raises(ConfigError, match="Unknown config key 'zer_degree'. Did you mean 'zero_degree'?"):
+        from_object({"zer_degree": 1})
+    with pytest.raises(ConfigError, match="'selective_ratio' must lie in"):
+        from_object({"selective_ratio": 2})  # validated once, here
+    ignored = []
+    cfg = from_object({"lr": 0.1, "my_model": {"depth": 3}, "ema": {"decay": 0.9, "extra": 1}}, strict=False,
+                      ignored=ignored)
+    assert cfg.lr == 0.1 and cfg.ema.decay == 0.9 and ignored == ["my_model", "ema.extra"]
+
+
+def test_grad_precision_other_than_the_parameter_dtype_is_refused():
+    from opendit_lite.training.loop import build_booster
+
+    info = types.SimpleNamespace(device=types.SimpleNamespace(type="cpu"), local_world_size=1)
+    cfg = load_config(None, ["precision=fp32", "grad_precision=bf16"])
+    with pytest.raises(ConfigError, match="'grad_precision'='bf16' is not supported.*set it to fp32"):
+        build_booster(cfg, info)

@@ -51,3 +51,68 @@ def test_scale_one_is_the_conditional_prediction():
 def test_odd_batch_is_rejected():
     with pytest.raises(ValueError, match="doubled batch"):
         cfg_model_fn(labelled_model([]), 4.0)(torch.zeros(3, 4, 1, 1), torch.zeros(3), y=torch.zeros(3))
+
+
+# --------------------------------------------------------------------------------------------------
+# The layout a model declares: "paired" (video models) against a reference written here
+# --------------------------------------------------------------------------------------------------
+
+class PairedModel(torch.nn.Module):
+    """A caption-conditioned toy with a learned null caption, declaring the paired layout:
+    output channel c = (c + 1) * mean(caption . mask) + x."""
+
+    guidance_layout = "paired"
+
+    def __init__(self):
+        super().__init__()
+        self.null = torch.nn.Parameter(torch.full((1, 3, 2), 0.25))
+
+    def null_caption(self, batch):
+        return self.null.expand(batch, -1, -1)
+
+    def forward(self, x, t, y, mask=None):
+        weight = torch.ones(y.shape[:2]) if mask is None else mask.float()           # [B, M]
+        c = (y.mean(-1) * weight).sum(-1) / weight.sum(-1)                           # [B]
+        scale = torch.arange(1, 9, dtype=x.dtype).view(1, 8, 1, 1)
+        return scale * c.view(-1, 1, 1, 1) + x.mean(dim=1, keepdim=True) + t.view(-1, 1, 1, 1)
+
+
+def reference_paired_guidance(model, x, t, y, mask, scale, channels):
+    """Two separate calls, conditional and unconditional, then the guidance formula."""
+    cond = model(x, t, y, mask)
+    uncond = model(x, t, model.null_caption(x.shape[0]), torch.ones_like(mask))
+    guided = uncond[:, :channels] + scale * (cond[:, :channels] - uncond[:, :channels])
+    return torch.cat([guided, cond[:, channels:]], dim=1)
+
+
+def test_paired_layout_matches_two_separate_calls():
+    model = PairedModel()
+    g = torch.Generator().manual_seed(0)
+    x, t = torch.randn(2, 4, 2, 2, generator=g), torch.tensor([0.3, 0.7])
+    y, mask = torch.randn(2, 3, 2, generator=g), torch.tensor([[1, 1, 0], [1, 0, 0]])
+    out = cfg_model_fn(model, cfg_scale=3.0)(x, t, y, mask)
+    assert out.shape == (2, 8, 2, 2)  # [B] -> [B]
+    torch.testing.assert_close(out, reference_paired_guidance(model, x, t, y, mask, 3.0, channels=4))
+    out3 = cfg_model_fn(model, cfg_scale=3.0, channels=3)(x, t, y=y, mask=mask)
+    torch.testing.assert_close(out3, reference_paired_guidance(model, x, t, y, mask, 3.0, channels=3))
+
+
+def test_zoo_models_declare_their_layout_and_forward_with_cfg_uses_it():
+    from opendit_lite.models import build_model
+    from opendit_lite.models.dit import DiT
+    from opendit_lite.models.stdit import STDiT
+    from opendit_lite.models.vchitect import VchitectXL
+
+    assert (DiT.guidance_layout, STDiT.guidance_layout, VchitectXL.guidance_layout) == ("concat", "paired", "paired")
+    model = build_model("DiT-T/2", input_size=4, in_channels=4, num_classes=3).eval()
+    x, t, y = torch.randn(4, 4, 4, 4), torch.tensor([1, 2, 1, 2]), torch.tensor([0, 1, 3, 3])
+    with torch.no_grad():
+        torch.testing.assert_close(model.forward_with_cfg(x, t, y, 2.0), cfg_model_fn(model, 2.0, channels=3)(x, t, y=y))
+
+
+def test_an_unknown_layout_is_an_error():
+    class Odd(torch.nn.Module):
+        guidance_layout = "interleaved"
+
+    with pytest.raises(ValueError, match="guidance_layout is .interleaved."):
+        cfg_model_fn(Odd(), 2.0)

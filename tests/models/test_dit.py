@@ -376,9 +376,9 @@ def test_forward_with_cfg(guidance_channels):
     assert_close(out[:2, :g], guided, 1e-5, "guided channels, conditional half")
     assert_close(out[2:, :g], guided, 1e-5, "guided channels, unconditional half")
     assert torch.equal(out[:, g:], raw[:, g:])
-    with pytest.raises(ValueError, match="even batch"):
+    with pytest.raises(ValueError, match="doubled batch"):
         model.forward_with_cfg(x[:3], t[:3], y[:3], scale)
-    with pytest.raises(ValueError, match="guidance_channels must be in"):
+    with pytest.raises(ValueError, match="guidance channels must be in"):
         model.forward_with_cfg(x, t, y, scale, guidance_channels=9)
 
 

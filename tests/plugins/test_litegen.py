@@ -1,5 +1,6 @@
 """The LiteGen facade: the five-argument initialize on tiny models (2 gloo ranks, ZeRO-2), LiteGen's
-file names, and the load priority init_from < resume_from < auto_resume.
+file names, and the load priority init_from < resume_from < auto_resume; in one plain process
+(no torchrun), the README's snippet and a LiteGen run whose checkpoints sample.py reads.
 
 One spawn runs the whole facade story (process start-up dominates the cost); the naming, config
 and classification rules are checked in-process.
@@ -18,14 +19,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.data import TensorDataset
 
-from opendit_lite.litegen import (
-    CompiledFunction,
-    classify_components,
-    companion_path,
-    config_get,
-    litegen_path,
-    results_folder,
-)
+from opendit_lite.checkpoint.layout import checkpoint_root
+from opendit_lite.config import ConfigError, from_object
+from opendit_lite.litegen import CompiledFunction, classify_components, companion_path, litegen_path
 from tests.checkpoint.test_state import run_on_cpu
 from tests.zero_cpu_shim import install as install_zero_cpu_shim
 
@@ -48,18 +44,20 @@ def test_litegen_file_names():
     assert companion_path("a/model_10.pth", "ema") == "a/model_10.ema.pth"
 
 
-def test_results_folder_aliases_and_config_defaults():
-    assert results_folder(SimpleNamespace(results_dir="a", checkpoint_dir="c")) == "a"
-    assert results_folder(SimpleNamespace(result_dir="b")) == "b"
-    assert results_folder({"checkpoint_dir": "c"}) == "c"
-    assert results_folder(SimpleNamespace()) == "outputs"  # TrainConfig's default
-    cfg = SimpleNamespace(zero_degree=2, ema={"enable": False}, encoder=SimpleNamespace(fsdp=True))
-    assert config_get(cfg, "zero_degree") == 2
-    assert config_get(cfg, "ema.enable") is False  # dict section inside an attribute config
-    assert config_get(cfg, "encoder.fsdp") is True
-    assert config_get(cfg, "encoder.group") is False  # missing: TrainConfig's default
-    assert config_get(cfg, "global_batch_size") == 32
-    assert config_get({"sp_size": 1}, "sp_size") == 1
+def test_config_objects_and_checkpoint_folder():
+    """LiteGen reads its config with config.from_object; checkpoint_dir means what it means for train.py."""
+    assert checkpoint_root(from_object(SimpleNamespace(results_dir="a", checkpoint_dir="c"))) == "c"
+    assert checkpoint_root(from_object(SimpleNamespace(result_dir="b", exp_name="e"))) == os.path.join("b", "e", "checkpoints")
+    assert checkpoint_root(from_object(SimpleNamespace())) == os.path.join("outputs", "dit", "checkpoints")  # defaults
+    cfg = from_object(SimpleNamespace(zero_degree=2, ema={"enable": False}, encoder=SimpleNamespace(fsdp=True)))
+    assert cfg.zero_degree == 2
+    assert cfg.ema.enable is False  # dict section inside an attribute config
+    assert cfg.encoder.fsdp is True
+    assert cfg.encoder.group is False  # missing: TrainConfig's default
+    assert cfg.global_batch_size == 32
+    assert from_object({"sp_size": 1}).sp_size == 1
+    with pytest.raises(ConfigError, match="Unknown config key 'selective_ration'. Did you mean 'selective_ratio'?"):
+        from_object({"selective_ration": 0.5})
 
 
 def test_classify_components():
@@ -145,8 +143,8 @@ class _VAE(nn.Module):
 
 
 def _config(root, **overrides):
-    cfg = SimpleNamespace(
-        exp_name=EXP, results_dir=root, precision="fp32", zero_degree=2, sp_size=1, global_seed=0,
+    cfg = SimpleNamespace(  # checkpoint_dir=results_dir: LiteGen's flat layout
+        exp_name=EXP, results_dir=root, checkpoint_dir=root, precision="fp32", zero_degree=2, sp_size=1, global_seed=0,
         global_batch_size=8, selective_ratio=0.5, ema=SimpleNamespace(enable=True),
         encoder=SimpleNamespace(fsdp=True, group=False), init_from=None, resume_from=None, auto_resume=False,
     )

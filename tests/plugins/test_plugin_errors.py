@@ -18,10 +18,20 @@ def world_of_4(monkeypatch):
     monkeypatch.setattr(dist, "get_rank", lambda group=None: 0)
 
 
-def test_needs_an_initialised_process_group(monkeypatch):
-    monkeypatch.setattr(dist, "is_initialized", lambda: False)
-    with pytest.raises(RuntimeError, match="init_distributed"):
+def test_creates_the_process_group_when_none_exists(monkeypatch):
+    """A plain `python` process: the plugin starts the one-rank group itself (the README snippet
+    test runs that for real, in a subprocess)."""
+    import opendit_lite.plugins.opendit_plugin as plugin_module
+
+    started = []
+    monkeypatch.setattr(dist, "is_initialized", lambda: bool(started))
+    monkeypatch.setattr(plugin_module, "init_distributed", lambda: started.append(True))
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 1)
+    monkeypatch.setattr(dist, "get_rank", lambda group=None: 0)
+    monkeypatch.setattr(plugin_module, "build_data_seq_mesh", lambda sp_size: None)
+    with pytest.raises(AttributeError):  # stops at the (patched-out) mesh, after the group exists
         OpenDiTPlugin()
+    assert started == [True]
 
 
 @pytest.mark.parametrize("zero_degree", [-1, 4, "2", True, 1.5])
@@ -31,7 +41,7 @@ def test_zero_degree_out_of_range(world_of_4, zero_degree):
 
 
 def test_unknown_precision_and_negative_clip(world_of_4):
-    with pytest.raises(ValueError, match=r"use one of \['bf16', 'fp16', 'fp32'\]"):
+    with pytest.raises(ValueError, match=r"use one of \['bf16', 'fp16', 'fp32'\] or 'auto'"):
         OpenDiTPlugin(precision="fp8")
     with pytest.raises(ValueError, match="grad_clip=-1.0 must be >= 0"):
         OpenDiTPlugin(grad_clip=-1.0)
@@ -55,15 +65,24 @@ def test_group_zero_default_node_size_without_gpus(world_of_4, monkeypatch):
         OpenDiTPlugin(zero_degree=1, group_zero=True)
 
 
-def test_group_zero_needs_zero(world_of_4):
-    with pytest.raises(ValueError, match="needs zero_degree 1, 2 or 3"):
+def test_group_zero_needs_zero(world_of_4, monkeypatch):
+    import opendit_lite.plugins.opendit_plugin as plugin_module
+
+    monkeypatch.setattr(plugin_module, "usable_zero_degrees", lambda: [0, 1, 2, 3])  # a GPU machine
+    with pytest.raises(ValueError, match="needs zero_degree 1 or 2 or 3"):
+        OpenDiTPlugin(zero_degree=0, group_zero=True)
+    monkeypatch.setattr(plugin_module, "usable_zero_degrees", lambda: [0])  # the CPU: suggest nothing that fails
+    with pytest.raises(ValueError, match="set group_zero=false on this machine"):
         OpenDiTPlugin(zero_degree=0, group_zero=True)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error raised where no CUDA GPU is visible")
-def test_gemini_needs_cuda(world_of_4):
-    with pytest.raises(ValueError, match="zero_degree=3 \\(Gemini\\) needs a CUDA GPU"):
-        OpenDiTPlugin(zero_degree=3)
+@pytest.mark.parametrize("zero_degree", [1, 2, 3])
+def test_zero_on_cpu_suggests_only_ddp(world_of_4, zero_degree):
+    """On the CPU only DDP runs: the message must not suggest another ZeRO degree that fails too."""
+    with pytest.raises(ValueError, match="a CUDA GPU and none is visible") as e:
+        OpenDiTPlugin(zero_degree=zero_degree, precision="bf16")
+    assert str(e.value).endswith("use zero_degree=0 (DDP) on this machine")
 
 
 def test_gemini_needs_bf16_or_fp16(world_of_4, monkeypatch):

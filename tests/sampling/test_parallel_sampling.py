@@ -38,7 +38,7 @@ def image_args(tmp) -> list:
     pt = os.path.join(tmp, "dit.pt")
     torch.save({"model": model.state_dict(), "ema": model.state_dict()}, pt)
     return ["--config", os.path.join(ROOT, "configs/demo.yaml"), f"sample.ckpt={pt}", "model.name=DiT-T/2",
-            "model.num_classes=3", "model.learn_sigma=true", "diffusion.scheduler=iddpm", "sample.sampler=ddpm",
+            "model.num_classes=3", "model.learn_sigma=true", "diffusion.objective=iddpm", "sample.sampler=ddpm",
             "data.image_size=16", "sample.num_sampling_steps=3", "sample.samples_per_class=3", "sample.cfg_scale=2"]
 
 

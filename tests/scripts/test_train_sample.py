@@ -72,6 +72,8 @@ def test_resume_equals_uninterrupted(tmp_path):
     ("selective_ratio=1.5", "'selective_ratio' must lie in [0, 1]"),
     ("global_batch_size=7 grad_accum_steps=2", "'global_batch_size'=7 must be divisible"),
     ("data.type=image_folder data.path=/nonexistent/images", "'data.path' '/nonexistent/images' does not exist"),
+    ("encoder.fsdp=true", "class-conditional train.py has none"),
+    ("grad_precision=bf16", "'grad_precision'='bf16' is not supported"),
 ])
 def test_config_errors_exit_2_without_traceback(tmp_path, override, expected):
     proc = run("train.py", f"results_dir={tmp_path}", *override.split(), check=False)
@@ -100,7 +102,7 @@ def test_sample_from_original_dit_checkpoint(tmp_path):
     torch.save({"model": model.state_dict(), "ema": model.state_dict(), "args": argparse.Namespace(lr=1e-4)}, pt)
     grid = tmp_path / "grid.png"
     run("sample.py", f"sample.ckpt={pt}", f"sample.output={grid}", "model.num_classes=8", "model.learn_sigma=true",
-        "diffusion.scheduler=iddpm", "sample.sampler=ddpm", *TINY)
+        "diffusion.objective=iddpm", "sample.sampler=ddpm", *TINY)
     assert grid.exists()
 
 

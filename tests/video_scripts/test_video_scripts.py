@@ -15,7 +15,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 TINY = ["data.num_samples=16", "global_batch_size=4", "log_every=1", "data.image_size=8",
         "sample.num_sampling_steps=2", 'sample.prompts=["a red square moving right","a blue disc moving up"]']
 STDIT = ["--config", "configs/video_stdit_demo.yaml"]
-VCHITECT = ["--config", "configs/video_vchitect_demo.yaml", "diffusion.scheduler=iddpm", "model.learn_sigma=true",
+VCHITECT = ["--config", "configs/video_vchitect_demo.yaml", "diffusion.objective=iddpm", "model.learn_sigma=true",
             "sample.sampler=ddim"]
 
 
@@ -107,7 +107,7 @@ def test_sequence_parallel_matches_serial_loss(stdit_run, tmp_path, mode):
     (["--config", "configs/video_vchitect_demo.yaml", "sp_size=2", "sp_mode=dsp"], "sp_mode=dsp is not supported by VchitectXL"),
     (["data.type=shapes", "text_encoder.kind=t5"], "text_encoder.kind must be 'shapes'"),
     (["data.type=latents"], "'data.path' is required for data.type='latents'"),
-    (["diffusion.scheduler=ddpm"], "'diffusion.scheduler' must be one of 'rflow', 'iddpm'"),
+    (["diffusion.objective=ddpm"], "'diffusion.objective' must be one of 'rflow', 'iddpm'"),
 ])
 def test_config_errors_exit_2(tmp_path, capsys, override, expected):
     """Checked before any process group starts, so the entry point runs in this process (no start-up cost)."""
