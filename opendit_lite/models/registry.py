@@ -27,6 +27,18 @@ def register_model(name: str, model_class: Optional[type] = None
     return wrap
 
 
+def register_variant(name: str, model_class: type, **config) -> Callable[..., nn.Module]:
+    """Register ``name`` as ``model_class`` built with ``config`` (keyword arguments given to the
+    factory override it); returns the factory."""
+
+    def factory(**kwargs) -> nn.Module:
+        return model_class(**{**config, **kwargs})
+
+    factory.__name__ = factory.__qualname__ = name.replace("-", "_").replace("/", "_")
+    factory.__doc__ = f"{name}: {config}; keyword arguments override them and go to {model_class.__name__}."
+    return register_model(name, model_class=model_class)(factory)
+
+
 def registered_class(name: str) -> Optional[type]:
     """The class the model registered as ``name`` builds (None when its factory did not say)."""
     factory = MODELS[name]

@@ -46,7 +46,7 @@ from .layers.modulate import LayerNormModulate
 from .layers.sequence import SequenceGather, SequenceSplit
 from .layers.sequence_switch import SequenceSwitch
 from .layers.video_embed import CaptionEmbedder, PatchEmbed3D, unpatchify_video
-from .registry import register_model
+from .registry import register_variant
 
 
 def _tanh_gelu() -> nn.Module:
@@ -224,12 +224,7 @@ class STDiT(nn.Module):
 #################################################################################
 
 def _register_stdit(name: str, **config) -> Callable[..., STDiT]:
-    def factory(**kwargs) -> STDiT:
-        return STDiT(**{**config, **kwargs})
-
-    factory.__name__ = factory.__qualname__ = name.replace("-", "_").replace("/", "_")
-    factory.__doc__ = f"{name}: {config}; keyword arguments override them and go to STDiT."
-    return register_model(name, model_class=STDiT)(factory)
+    return register_variant(name, STDiT, **config)
 
 
 # Open-Sora 1.0's STDiT-XL/2 (~0.7B parameters with the caption MLP).

@@ -42,7 +42,7 @@ from .layers.modulate import LayerNormModulate
 from .layers.rope import rope_1d, rope_2d
 from .layers.sequence import SequenceGather, SequenceSplit
 from .layers.video_embed import CaptionEmbedder, PatchEmbed3D, unpatchify_video
-from .registry import register_model
+from .registry import register_variant
 
 
 def _mlp(hidden_size: int, mlp_ratio: float) -> Mlp:
@@ -222,12 +222,7 @@ class VchitectXL(nn.Module):
 
 
 def _register_vchitect(name: str, **config) -> Callable[..., VchitectXL]:
-    def factory(**kwargs) -> VchitectXL:
-        return VchitectXL(**{**config, **kwargs})
-
-    factory.__name__ = factory.__qualname__ = name.replace("-", "_").replace("/", "_")
-    factory.__doc__ = f"{name}: {config}; keyword arguments override them and go to VchitectXL."
-    return register_model(name, model_class=VchitectXL)(factory)
+    return register_variant(name, VchitectXL, **config)
 
 
 Vchitect_XL = _register_vchitect("Vchitect-XL", depth=20, hidden_size=1536, num_heads=24)

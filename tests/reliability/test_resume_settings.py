@@ -3,13 +3,13 @@
 import torch
 
 from opendit_lite.training.hyperparams import apply_configured_hyperparams
-from opendit_lite.training.lr_schedule import warmup_scheduler
+from opendit_lite.training.lr_schedule import build_lr_scheduler
 
 
 def _optimizer_as_saved(lr, weight_decay, steps):
     params = [torch.nn.Parameter(torch.zeros(2))]
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
-    scheduler = warmup_scheduler(optimizer, warmup_steps=4)
+    scheduler = build_lr_scheduler(optimizer, schedule="constant", warmup_steps=4, total_steps=100)
     for _ in range(steps):
         optimizer.step()
         scheduler.step()

@@ -17,7 +17,7 @@ STEPS, ACCUM = 3, 2
 
 class MicroBatches:
     """This rank's micro-batches of the shared global batches, in loop order (the loop reads
-    ``epoch``/``batch_in_epoch`` only when it saves)."""
+    ``epoch`` for its metrics and ``state_dict()`` only when it saves)."""
 
     def __init__(self, dp_rank: int, dp_size: int):
         self.epoch, self.batch_in_epoch = 0, 0
@@ -29,6 +29,9 @@ class MicroBatches:
     def __next__(self):
         self.batch_in_epoch += 1
         return next(self._it)
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch}
 
 
 def _train(rank, world_size, results_dir):
