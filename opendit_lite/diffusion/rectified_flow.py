@@ -27,7 +27,7 @@ import torch
 from .guidance import cfg_model_fn
 from .likelihood import mean_flat
 from .registry import register_scheduler
-from .sampling_utils import Device, initial_noise, progress_bar, resolve_device
+from .sampling_utils import Device, initial_noise, progress_bar, resolve_device, standard_normal, standard_uniform
 
 SAMPLE_METHODS = ("uniform", "logit-normal")
 
@@ -72,11 +72,12 @@ class RectifiedFlow:
     def sample_time(
         self, batch_size: int, device: Device = None, generator: Optional[torch.Generator] = None
     ) -> torch.Tensor:
-        """Training times [batch_size] in [0, 1] drawn by ``sample_method`` and then shifted."""
+        """Training times [batch_size] in [0, 1] drawn by ``sample_method`` and then shifted.
+        ``generator`` may be a ``SampleGenerators`` (one time per sample from its own stream)."""
         if self.sample_method == "uniform":
-            t = torch.rand(batch_size, device=device, generator=generator)
+            t = standard_uniform((batch_size,), generator, device, torch.float32)
         else:
-            normal = torch.randn(batch_size, device=device, generator=generator)
+            normal = standard_normal((batch_size,), generator, device, torch.float32)
             t = torch.sigmoid(self.logit_mean + self.logit_std * normal)
         return self.shift_time(t)
 

@@ -17,14 +17,15 @@ import torch
 import torch.nn as nn
 
 
-def sample_seed(seed: int, index: int) -> int:
-    """A well-mixed 64-bit seed for sample ``index`` of a run seeded with ``seed`` (both >= 0);
-    neighbouring (seed, index) pairs give unrelated streams."""
-    return int(np.random.SeedSequence([seed, index]).generate_state(1, dtype=np.uint64)[0])
+def sample_seed(seed: int, index: int, *stream: int) -> int:
+    """A well-mixed 64-bit seed for sample ``index`` of a run seeded with ``seed`` (all >= 0);
+    neighbouring (seed, index) pairs give unrelated streams. ``stream`` adds keys, e.g. the
+    training step (a training example's draws at step s: ``sample_seed(seed, index, s)``)."""
+    return int(np.random.SeedSequence([seed, index, *stream]).generate_state(1, dtype=np.uint64)[0])
 
 
 class SampleGenerators:
-    """One CPU ``torch.Generator`` per sample, seeded by ``sample_seed(seed, index)``.
+    """One CPU ``torch.Generator`` per sample, seeded by ``sample_seed(seed, index, *stream)``.
 
     A draw of shape [N, ...] takes row r from generator ``r % len(self)``, so N must be a multiple
     of the number of samples: the doubled batch of classifier-free guidance ([conditional;
@@ -34,21 +35,28 @@ class SampleGenerators:
 
     device = torch.device("cpu")
 
-    def __init__(self, seed: int, indices: Sequence[int]):
+    def __init__(self, seed: int, indices: Sequence[int], stream: Sequence[int] = ()):
         if seed < 0:
             raise ValueError(f"the sampling seed must be >= 0, got {seed}")
         self.indices = list(indices)
-        self.generators: List[torch.Generator] = [torch.Generator().manual_seed(sample_seed(seed, i))
+        self.generators: List[torch.Generator] = [torch.Generator().manual_seed(sample_seed(seed, i, *stream))
                                                   for i in self.indices]
 
     def __len__(self) -> int:
         return len(self.generators)
 
     def standard_normal(self, shape: Sequence[int], device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        return self._rows(torch.randn, shape, device, dtype)  # [N, ...]
+
+    def uniform(self, shape: Sequence[int], device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        """Uniform on [0, 1), row r from generator ``r % len(self)`` as ``standard_normal``."""
+        return self._rows(torch.rand, shape, device, dtype)  # [N, ...]
+
+    def _rows(self, draw, shape: Sequence[int], device: torch.device, dtype: torch.dtype) -> torch.Tensor:
         n = len(self.generators)
         if n == 0 or shape[0] % n != 0:
             raise ValueError(f"a draw of {shape[0]} rows does not split over {n} per-sample generators")
-        rows = [torch.randn(tuple(shape[1:]), generator=self.generators[r % n], dtype=dtype) for r in range(shape[0])]
+        rows = [draw(tuple(shape[1:]), generator=self.generators[r % n], dtype=dtype) for r in range(shape[0])]
         return torch.stack(rows).to(device)  # [N, ...]
 
 Device = Union[str, torch.device, None]
@@ -103,6 +111,17 @@ def standard_normal(
     if generator is None:
         return torch.randn(shape, device=device, dtype=dtype)
     return torch.randn(shape, generator=generator, device=generator.device, dtype=dtype).to(device)
+
+
+def standard_uniform(
+    shape: Sequence[int], generator: Optional[torch.Generator], device: torch.device, dtype: torch.dtype
+) -> torch.Tensor:
+    """Uniform on [0, 1) on ``device``, drawn from ``generator`` as ``standard_normal`` draws."""
+    if isinstance(generator, SampleGenerators):
+        return generator.uniform(shape, device, dtype)
+    if generator is None:
+        return torch.rand(shape, device=device, dtype=dtype)
+    return torch.rand(shape, generator=generator, device=generator.device, dtype=dtype).to(device)
 
 
 def standard_normal_like(x: torch.Tensor, generator: Optional[torch.Generator]) -> torch.Tensor:

@@ -12,6 +12,10 @@ below for models that do not declare them (a model we did not write):
   "concat", [conditional; unconditional] 2B -> 2B (DiT); "paired", B -> B with the null
   condition added inside (STDiT, Vchitect).
 * ``supports_gradient_checkpointing`` (default True): its blocks may be checkpointed.
+* ``condition_dropout_kwarg`` (default None): the ``forward`` keyword taking a [B] bool tensor that
+  marks the samples whose condition (class label, caption) is replaced by the null condition. The
+  trainers then draw each sample's dropout from that sample's own stream, so a run does not depend
+  on the rank layout; None: the model drops conditions itself, from each rank's global RNG.
 * ``get_fsdp_wrap_module_list()`` (default: detected, see ``activation_checkpointing.blocks``):
   its repeated blocks, the unit of activation checkpointing, offload and per-block compile.
 
@@ -80,3 +84,8 @@ def guidance_layout(model: ModelOrClass) -> Optional[str]:
 def supports_gradient_checkpointing(model: ModelOrClass) -> bool:
     """False only when the model declares ``supports_gradient_checkpointing = False``."""
     return bool(getattr(_cls(model), "supports_gradient_checkpointing", True))
+
+
+def condition_dropout_kwarg(model: ModelOrClass) -> Optional[str]:
+    """The forward keyword through which the trainer sets condition dropout, or None (see above)."""
+    return getattr(_cls(model), "condition_dropout_kwarg", None)

@@ -19,7 +19,7 @@ Activation checkpointing, FSDP/ZeRO wrapping and compilation are applied from ou
 """
 
 import functools
-from typing import Callable, Dict, List, Tuple, Union
+from typing import Callable, Dict, List, Optional, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -117,6 +117,7 @@ class DiT(nn.Module):
     supported_sp_modes = ("ulysses",)
     guidance_layout = "concat"
     supports_gradient_checkpointing = True
+    condition_dropout_kwarg = "force_drop_ids"  # the trainer's per-sample condition dropout
     # Inputs a mixed-precision wrapper must not cast: fractional diffusion times lose up to 4 steps in bf16.
     fp32_inputs = ("t",)
 
@@ -205,15 +206,17 @@ class DiT(nn.Module):
         x = torch.einsum("nhwpqc->nchpwq", x)          # [B, C, h, p, w, p]
         return x.reshape(x.shape[0], c, h * p, w * p)  # [B, C, H, W]
 
-    def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """x: [B, C, H, W] latents; t: [B] timesteps; y: [B] labels -> [B, C_out, H, W]."""
+    def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor,
+                force_drop_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """x: [B, C, H, W] latents; t: [B] timesteps; y: [B] labels -> [B, C_out, H, W].
+        force_drop_ids: [B] bool, labels to replace by the null class (instead of random dropout)."""
         grid = self.x_embedder.grid(x)           # (H/p, W/p)
         pos = self.pos_embed if grid == self.x_embedder.grid_size else get_2d_sincos_pos_embed(
             self.pos_embed.shape[-1], grid, device=x.device, dtype=self.pos_embed.dtype)[None]
         x = self.x_embedder(x) + pos             # [B, N, D], N = H * W / p**2
         x = self.seq_split(x)                    # [B, N_local, D]; N / sp_size under sequence parallel
         t = self.t_embedder(t)                   # [B, D]
-        y = self.y_embedder(y, self.training)    # [B, D]
+        y = self.y_embedder(y, self.training, force_drop_ids)  # [B, D]
         c = t + y                                # [B, D]
         for block in self.blocks:
             x = block(x, c)                      # [B, N_local, D]
@@ -271,6 +274,8 @@ DiT_models: Dict[str, Callable[..., DiT]] = {
 }
 
 # Small configurations, registered only (DiT_models stays the reference's): DiT-T/2 for tests and
-# smoke runs, DiT-Mini/4 for the CPU demo (32x32 pixels -> 64 tokens; ~1.3M parameters).
+# smoke runs, DiT-Mini/2 for the CPU demo (16x16 pixels -> 64 tokens; ~1.3M parameters) and
+# DiT-Mini/4, the earlier demo model (32x32 pixels -> 64 tokens), whose runs still sample.
 _register_dit("DiT-T/2", depth=2, hidden_size=64, num_heads=4, patch_size=2)
+_register_dit("DiT-Mini/2", depth=4, hidden_size=128, num_heads=4, patch_size=2)
 _register_dit("DiT-Mini/4", depth=4, hidden_size=128, num_heads=4, patch_size=4)

@@ -129,6 +129,7 @@ class STDiT(nn.Module):
     supported_sp_modes = ("ulysses", "dsp")
     guidance_layout = "paired"
     supports_gradient_checkpointing = True
+    condition_dropout_kwarg = "force_drop"  # the trainer's per-sample condition dropout
     # Inputs a mixed-precision wrapper must not cast: fractional diffusion times lose up to 4 steps in bf16.
     fp32_inputs = ("t",)
 

@@ -133,6 +133,7 @@ class VchitectXL(nn.Module):
     supported_sp_modes = ("ulysses",)
     guidance_layout = "paired"
     supports_gradient_checkpointing = True
+    condition_dropout_kwarg = "force_drop"  # the trainer's per-sample condition dropout
     # Inputs a mixed-precision wrapper must not cast: fractional diffusion times lose up to 4 steps in bf16.
     fp32_inputs = ("t",)
 

@@ -1,7 +1,7 @@
 """Training precision names, the ``"auto"`` default and what each ZeRO degree needs of the machine.
 
 ``"auto"`` is bf16 on a CUDA GPU and fp32 on the CPU: CPUs have no fast bf16 matmul, so a bf16 run
-there is several times slower than fp32 (about 9x for the demo's DiT-Mini/4 on two cores).
+there is several times slower than fp32 (about 9x for the earlier demo model, DiT-Mini/4, on two cores).
 An explicit bf16/fp16 on the CPU is respected with a one-line warning on stderr.
 """
 

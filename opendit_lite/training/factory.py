@@ -10,6 +10,7 @@ from ..config import ConfigError, TrainConfig
 from ..data import build_dataset
 from ..data.skip_bad import SkipBadSamples
 from ..diffusion import RectifiedFlow, build_scheduler
+from ..diffusion.sampling_utils import SampleGenerators, standard_normal_like, standard_uniform
 from ..models import build_model
 
 
@@ -84,13 +85,25 @@ def build_training_objective(cfg: TrainConfig):
                            diffusion_steps=d.diffusion_steps)
 
 
-def objective_loss(objective, model, x: torch.Tensor, model_kwargs: dict) -> torch.Tensor:
+def objective_loss(objective, model, x: torch.Tensor, model_kwargs: dict,
+                   generator: Optional[SampleGenerators] = None) -> torch.Tensor:
     """Mean training loss of a batch x [B, ...] (clean latents or pixels, images or clips) under
-    rectified flow (time drawn inside) or IDDPM (a uniform integer timestep per sample)."""
+    rectified flow (a time in [0, 1] per sample) or IDDPM (a uniform integer timestep per sample).
+
+    ``generator``: one stream per sample (``SampleGenerators``) for its noise and time, so that a
+    sample's draws do not depend on the rank or micro-batch it lands in; None: the global RNG."""
+    if generator is None:
+        if isinstance(objective, RectifiedFlow):
+            return objective.training_losses(model, x, model_kwargs=model_kwargs)["loss"].mean()
+        t = torch.randint(0, objective.num_timesteps, (x.shape[0],), device=x.device)
+        return objective.training_losses(model, x, t, model_kwargs=model_kwargs)["loss"].mean()
+    noise = standard_normal_like(x, generator)                                    # [B, ...]
     if isinstance(objective, RectifiedFlow):
-        return objective.training_losses(model, x, model_kwargs=model_kwargs)["loss"].mean()
-    t = torch.randint(0, objective.num_timesteps, (x.shape[0],), device=x.device)
-    return objective.training_losses(model, x, t, model_kwargs=model_kwargs)["loss"].mean()
+        t = objective.sample_time(x.shape[0], device=x.device, generator=generator)  # [B] in [0, 1]
+        return objective.training_losses(model, x, model_kwargs=model_kwargs, noise=noise, t=t)["loss"].mean()
+    u = standard_uniform((x.shape[0],), generator, x.device, torch.float64)         # [B] in [0, 1)
+    t = (u * objective.num_timesteps).long().clamp_(max=objective.num_timesteps - 1)  # [B] integer steps
+    return objective.training_losses(model, x, t, model_kwargs=model_kwargs, noise=noise)["loss"].mean()
 
 
 def load_vae_from_config(cfg: TrainConfig, device) -> Optional[nn.Module]:

@@ -177,12 +177,13 @@ class ResumableBatches:
 
 def run_steps(cfg, info, log: MetricsLogger, booster: Booster, plugin: OpenDiTPlugin,
               ema_plugin: Optional[OpenDiTPlugin], model, optimizer, lr_scheduler, batches: ResumableBatches,
-              step: int, batch_loss: Callable[[object], torch.Tensor], run_id: Optional[str] = None,
+              step: int, batch_loss: Callable[[object, int], torch.Tensor], run_id: Optional[str] = None,
               after_save: Optional[Callable[[int, str], None]] = None,
               flops_per_step: Optional[float] = None) -> str:
     """Train from ``step`` to ``cfg.max_steps``; returns the final checkpoint's path.
 
-    ``batch_loss(batch)`` maps one micro-batch to its mean loss (the trainer's only own part). Each
+    ``batch_loss(batch, step)`` maps one micro-batch of optimizer step ``step`` (0-based) to its mean
+    loss (the trainer's only own part; the step keys the samples' random draws). Each
     optimizer step accumulates ``grad_accum_steps`` micro-batches, steps, advances the LR schedule
     and updates the EMA. Losses stay on the device and are averaged over ranks only every
     ``log_every`` steps (the one host sync); checkpoints every ``ckpt_every`` steps and at the end
@@ -212,7 +213,7 @@ def run_steps(cfg, info, log: MetricsLogger, booster: Booster, plugin: OpenDiTPl
         # Gradients are reduced once, with the last micro-batch, where the strategy can defer it.
         defer = not last and plugin.support_no_sync()
         with booster.no_sync(model, optimizer) if defer else contextlib.nullcontext():
-            loss = batch_loss(next(batches))
+            loss = batch_loss(next(batches), step)
             booster.backward(loss / cfg.grad_accum_steps, optimizer)
         return loss.detach()
 

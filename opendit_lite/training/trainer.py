@@ -16,10 +16,12 @@ from ..checkpoint.layout import checkpoint_root, wants_resume
 from ..checkpoint.weights import load_weights
 from ..config import ConfigError, parse_cli, to_dict, validate_world
 from ..data.buckets import BucketBatches
+from ..data.indexed import IndexedDataset
+from ..diffusion.sampling_utils import SampleGenerators
 from ..distributed.launch import cleanup_distributed, init_distributed
 from ..distributed.seed import seed_everything
 from ..models import MODELS, registered_class
-from ..models.capabilities import check_sp_mode
+from ..models.capabilities import check_sp_mode, condition_dropout_kwarg
 from ..parallelize import parallelize
 from .factory import build_training_objective, objective_loss
 from .loop import (
@@ -50,6 +52,7 @@ def train(spec: TrainerSpec, cfg, info) -> str:
 
     data = spec.prepare_data(cfg, info.device, plugin.sp_group)
     model = spec.build_model(cfg)
+    drop_kwarg = condition_dropout_kwarg(model) if cfg.model.class_dropout_prob > 0 else None
     if cfg.init_from and not wants_resume(cfg):
         load_weights(model, cfg.init_from, use_ema=False)
         log.write(f"initialised weights from {cfg.init_from}")
@@ -72,10 +75,12 @@ def train(spec: TrainerSpec, cfg, info) -> str:
     batch_sampler = None
     if data.batch_sampler is not None:  # e.g. buckets of clip shapes
         batch_sampler = data.batch_sampler(model, plugin.dp_rank, plugin.dp_size, info.world_size, log)
+    # Batches are [dataset indices, loader batch]: a sample's draws are keyed by its index (see batch_loss).
     model, optimizer, lr_scheduler, dataloader, micro_batch = boost_training(cfg, plugin, booster, model,
-                                                                             data.dataset, batch_sampler)
-    # One random stream per data-parallel rank: the ranks of a sequence-parallel group must draw the
-    # same noise, timesteps and condition dropout for the sample they share.
+                                                                             IndexedDataset(data.dataset),
+                                                                             batch_sampler)
+    # Anything else random (data augmentation) draws from one stream per data-parallel rank, which
+    # the ranks of a sequence-parallel group share.
     seed_everything(cfg.global_seed, plugin.dp_rank, plugin.dp_size)
     ema_plugin = enable_ema(cfg, plugin, model, optimizer)
     step, position, run_id, flops_per_step = restore_training(cfg, booster, plugin, ema_plugin, model, optimizer,
@@ -86,9 +91,17 @@ def train(spec: TrainerSpec, cfg, info) -> str:
     else:
         batches = ResumableBatches(dataloader, micro_batch, position["epoch"], position["batch_in_epoch"])
 
-    def batch_loss(batch) -> torch.Tensor:
+    def batch_loss(indexed_batch, step: int) -> torch.Tensor:
+        # Each sample's noise, time and condition dropout come from its own stream, seeded by
+        # (global_seed, dataset index, step): the run is the same on 1 process or many ranks, and
+        # the ranks of a sequence-parallel group (same samples) draw alike.
+        indices, batch = indexed_batch                                    # indices [B]
+        draws = SampleGenerators(cfg.global_seed, indices.tolist(), stream=(step,))
         x, model_kwargs = data.model_inputs(batch)
-        loss = objective_loss(objective, model, x, model_kwargs)
+        if drop_kwarg is not None:
+            u = draws.uniform((len(draws),), x.device, torch.float32)      # [B]
+            model_kwargs[drop_kwarg] = u < cfg.model.class_dropout_prob
+        loss = objective_loss(objective, model, x, model_kwargs, draws)
         return loss * data.loss_weight(batch) if data.loss_weight is not None else loss
 
     path = run_steps(cfg, info, log, booster, plugin, ema_plugin, model, optimizer, lr_scheduler, batches, step,

@@ -1,8 +1,8 @@
 """A multi-node dry run on one machine: two torchrun agents ("nodes") of 2 gloo ranks each meet at a
-c10d rendezvous on localhost and train the demo model; the run equals one node of 4 ranks (same
-global batch, same ranks, so bit-identical loss and weights). One process is not the reference:
-each data-parallel rank draws its own noise and timesteps, so a different rank count is a
-different (equally valid) random stream. Also checks the Slurm launcher's command line."""
+c10d rendezvous on localhost and train the demo model; the run equals one process on the whole
+global batch. Each sample's noise, time and label dropout are drawn from its own stream (seeded by
+the dataset index and step), so the rank layout changes only the order of floating-point sums.
+Also checks the Slurm launcher's command line."""
 
 import json
 import os
@@ -38,21 +38,21 @@ def run_all(commands, timeout=240):
 
 
 @pytest.mark.slow
-def test_two_nodes_of_two_ranks_equal_one_node_of_four(tmp_path):
-    two, one = str(tmp_path / "two_nodes"), str(tmp_path / "one_node")
+def test_two_nodes_of_two_ranks_equal_one_process(tmp_path):
+    two, one = str(tmp_path / "two_nodes"), str(tmp_path / "one_process")
     endpoint = f"127.0.0.1:{free_port()}"
     node = torchrun("--nnodes", "2", "--nproc_per_node", "2", "--rdzv_backend", "c10d", "--rdzv_endpoint", endpoint,
                     "--rdzv_id", "dry_run", "train.py", *TINY, f"results_dir={two}", "exp_name=mn")
     run_all([node, node])  # the two "nodes"
-    run_all([torchrun("--standalone", "--nproc_per_node", "4", "train.py", *TINY, f"results_dir={one}",
-                      "exp_name=mn")])
-    losses = [json.loads(open(os.path.join(d, "mn", "metrics.jsonl")).read().splitlines()[-1])["loss"]
-              for d in (two, one)]
-    assert losses[0] == losses[1]
+    run_all([[sys.executable, "train.py", *TINY, f"results_dir={one}", "exp_name=mn"]])
+    records = [[json.loads(line) for line in open(os.path.join(d, "mn", "metrics.jsonl"))] for d in (two, one)]
+    assert records[0][-1]["step"] == records[1][-1]["step"] == 3
+    # 4 ranks average their 2-sample means, one process its 8-sample mean: equal up to rounding
+    assert records[0][-1]["loss"] == pytest.approx(records[1][-1]["loss"], rel=1e-5)
     wa, wb = (model_weights(os.path.join(d, "mn", "checkpoints", "mn_step3")) for d in (two, one))
     assert wa.keys() == wb.keys()
     for k in wa:
-        torch.testing.assert_close(wa[k], wb[k], rtol=0, atol=0, msg=k)
+        torch.testing.assert_close(wa[k], wb[k], rtol=1e-4, atol=1e-6, msg=k)
 
 
 def test_slurm_launcher_command():

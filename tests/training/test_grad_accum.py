@@ -55,7 +55,7 @@ def _train(rank, world_size, results_dir):
     info = SimpleNamespace(device=torch.device("cpu"), world_size=world_size, is_main=rank == 0)
     log = MetricsLogger(os.path.join(results_dir, "accum"), enabled=rank == 0, loggers=[])
     run_steps(cfg, info, log, booster, plugin, None, model, optimizer, scheduler,
-              MicroBatches(plugin.dp_rank, plugin.dp_size), 0, batch_loss=lambda b: loss_fn(model, b))
+              MicroBatches(plugin.dp_rank, plugin.dp_size), 0, batch_loss=lambda b, step: loss_fn(model, b))
     return {n: p.detach().clone() for n, p in model.unwrap().named_parameters()}
 
 
