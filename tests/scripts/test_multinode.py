@@ -15,7 +15,8 @@ import torch
 from tests.distributed import free_port
 from tests.scripts.test_train_sample import ROOT, model_weights
 
-TINY = ["--config", "configs/demo.yaml", "model.name=DiT-T/2", "data.image_size=16", "data.num_samples=64",
+# The demo's model and data (DiT-Mini/2, 16x16 shapes), a few steps of a small global batch.
+TINY = ["--config", "configs/demo.yaml", "data.num_samples=64",
         "global_batch_size=8", "max_steps=3", "log_every=3", "logger=[]", "ema.enable=false"]
 
 
