@@ -57,7 +57,10 @@ class SampleGenerators:
         if n == 0 or shape[0] % n != 0:
             raise ValueError(f"a draw of {shape[0]} rows does not split over {n} per-sample generators")
         rows = [draw(tuple(shape[1:]), generator=self.generators[r % n], dtype=dtype) for r in range(shape[0])]
-        return torch.stack(rows).to(device)  # [N, ...]
+        out = torch.stack(rows)  # [N, ...]
+        if torch.device(device).type == "cuda":  # pinned + non_blocking: the host does not wait for the GPU
+            return out.pin_memory().to(device, non_blocking=True)
+        return out.to(device)
 
 Device = Union[str, torch.device, None]
 

@@ -23,6 +23,7 @@ the ops only where the kernels run (``triton_dispatch.triton_runs_on``).
 from typing import Optional, Tuple
 
 import torch
+from torch import library as torch_ops
 
 from .triton_dispatch import norm_affine_triton
 
@@ -41,7 +42,7 @@ def _stats_like(x: Tensor) -> Tuple[Tensor, Tensor]:
 
 # ----------------------------------------------------------------------------- LayerNorm + affine
 
-@torch.library.custom_op("opendit_lite::norm_affine_fwd", mutates_args=())
+@torch_ops.custom_op("opendit_lite::norm_affine_fwd", mutates_args=())
 def norm_affine_fwd(x: Tensor, shift: Tensor, scale: Tensor, eps: float, scale_plus_one: bool,
                     out_dtype: torch.dtype) -> Tuple[Tensor, Tensor, Tensor]:
     return norm_affine_triton.norm_affine_forward(
@@ -54,7 +55,7 @@ def _(x, shift, scale, eps, scale_plus_one, out_dtype):
     return (x.new_empty(x.shape, dtype=out_dtype), *_stats_like(x))
 
 
-@torch.library.custom_op("opendit_lite::norm_affine_bwd", mutates_args=())
+@torch_ops.custom_op("opendit_lite::norm_affine_bwd", mutates_args=())
 def norm_affine_bwd(dy: Tensor, x: Tensor, scale: Tensor, mean: Tensor, rstd: Tensor, scale_plus_one: bool,
                     shift_dtype: torch.dtype) -> Tuple[Tensor, Tensor, Tensor]:
     return norm_affine_triton.norm_affine_backward(
@@ -88,7 +89,7 @@ norm_affine_fwd.register_autograd(_norm_affine_backward, setup_context=_norm_aff
 
 # ----------------------------------------------------------------------------- gated residual + AdaLN
 
-@torch.library.custom_op("opendit_lite::gated_residual_norm_fwd", mutates_args=())
+@torch_ops.custom_op("opendit_lite::gated_residual_norm_fwd", mutates_args=())
 def gated_residual_norm_fwd(x: Tensor, h: Tensor, gate: Tensor, shift: Tensor, scale: Tensor,
                             eps: float) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     xn_dtype = torch.promote_types(x.dtype, torch.promote_types(h.dtype, gate.dtype))
@@ -106,7 +107,7 @@ def _(x, h, gate, shift, scale, eps):
     return (x.new_empty(x.shape, dtype=xn_dtype), x.new_empty(x.shape, dtype=out_dtype), *_stats_like(x))
 
 
-@torch.library.custom_op("opendit_lite::gated_residual_norm_bwd", mutates_args=())
+@torch_ops.custom_op("opendit_lite::gated_residual_norm_bwd", mutates_args=())
 def gated_residual_norm_bwd(dy: Tensor, dx_new: Optional[Tensor], x_new: Tensor, h: Tensor, gate: Tensor,
                             scale: Tensor, mean: Tensor, rstd: Tensor, x_dtype: torch.dtype,
                             shift_dtype: torch.dtype) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:

@@ -92,11 +92,6 @@ def objective_loss(objective, model, x: torch.Tensor, model_kwargs: dict,
 
     ``generator``: one stream per sample (``SampleGenerators``) for its noise and time, so that a
     sample's draws do not depend on the rank or micro-batch it lands in; None: the global RNG."""
-    if generator is None:
-        if isinstance(objective, RectifiedFlow):
-            return objective.training_losses(model, x, model_kwargs=model_kwargs)["loss"].mean()
-        t = torch.randint(0, objective.num_timesteps, (x.shape[0],), device=x.device)
-        return objective.training_losses(model, x, t, model_kwargs=model_kwargs)["loss"].mean()
     noise = standard_normal_like(x, generator)                                    # [B, ...]
     if isinstance(objective, RectifiedFlow):
         t = objective.sample_time(x.shape[0], device=x.device, generator=generator)  # [B] in [0, 1]

@@ -1,4 +1,4 @@
-"""The norm kernels as torch custom ops: ``torch.library.opcheck`` (schema, fake tensors, autograd
+"""The norm kernels as torch custom ops: torch's ``opcheck`` (schema, fake tensors, autograd
 registration, AOT dispatch) on small inputs, and a DiT block compiled with ``fullgraph=True``
 (no graph break around the kernels) that equals the eager block."""
 
@@ -6,6 +6,7 @@ import copy
 
 import pytest
 import torch
+from torch import library as torch_ops
 
 from opendit_lite.converter import ModuleConverter
 from opendit_lite.kernels import ops, triton_runs_on
@@ -25,9 +26,9 @@ def test_opcheck_norm_affine(mod_rows):
     torch.manual_seed(0)
     x = _randn(2, 5, 24, grad=True)
     shift, scale = _randn(2, mod_rows, 24, grad=True), _randn(2, mod_rows, 24, grad=True)
-    torch.library.opcheck(ops.norm_affine_fwd, (x, shift, scale, 1e-6, True, torch.float32))
+    torch_ops.opcheck(ops.norm_affine_fwd, (x, shift, scale, 1e-6, True, torch.float32))
     y, mean, rstd = ops.norm_affine_fwd(x.detach(), shift.detach(), scale.detach(), 1e-6, True, torch.float32)
-    torch.library.opcheck(ops.norm_affine_bwd, (torch.randn_like(y), x.detach(), scale.detach(), mean, rstd, True,
+    torch_ops.opcheck(ops.norm_affine_bwd, (torch.randn_like(y), x.detach(), scale.detach(), mean, rstd, True,
                                                 torch.float32))
 
 
@@ -36,10 +37,10 @@ def test_opcheck_gated_residual(mod_rows):
     torch.manual_seed(0)
     x, h = _randn(2, 5, 24, grad=True), _randn(2, 5, 24, grad=True)
     gate, shift, scale = (_randn(2, mod_rows, 24, grad=True) for _ in range(3))
-    torch.library.opcheck(ops.gated_residual_norm_fwd, (x, h, gate, shift, scale, 1e-6))
+    torch_ops.opcheck(ops.gated_residual_norm_fwd, (x, h, gate, shift, scale, 1e-6))
     x_new, y, mean, rstd = ops.gated_residual_norm_fwd(*(t.detach() for t in (x, h, gate, shift, scale)), 1e-6)
     for dx_new in (torch.randn_like(x_new), None):
-        torch.library.opcheck(ops.gated_residual_norm_bwd, (torch.randn_like(y), dx_new, x_new, h.detach(),
+        torch_ops.opcheck(ops.gated_residual_norm_bwd, (torch.randn_like(y), dx_new, x_new, h.detach(),
                                                             gate.detach(), scale.detach(), mean, rstd,
                                                             torch.float32, torch.float32))
 
