@@ -40,15 +40,10 @@ from opendit_lite.utils.exit_codes import script_main
 from opendit_lite.checkpoint.layout import resolve_sample_checkpoint, saved_config
 from opendit_lite.sampling import gather_on_main, sampling_ranks
 from opendit_lite.sampling.checks import check_sample_settings
-from opendit_lite.sampling.denoiser import parallelize_denoiser
-from opendit_lite.training.video import (
-    build_video_model,
-    load_caption_encoder,
-    load_video_vae,
-    sample_clip_shape,
-    validate_video_config,
-)
-from opendit_lite.training.lora import load_merged
+from opendit_lite.build.denoiser import parallelize_denoiser
+from opendit_lite.build.lora import load_merged
+from opendit_lite.build.video import build_video_model, load_caption_encoder, load_video_vae, sample_clip_shape
+from opendit_lite.training.video import validate_video_config
 
 # Captions of the embedded moving-shapes data, used when no prompts are given for it.
 SHAPES_PROMPTS = ["a red square moving right", "a blue disc moving down", "a green disc moving left",
@@ -192,7 +187,7 @@ def main(argv) -> List[str]:
         device = ranks.device
         model = build_video_model(cfg)
         load_merged(model, ckpt, use_ema=cfg.sample.use_ema, lora=saved_config(ckpt).get("lora"))  # LoRA: merged
-        report = parallelize_denoiser(model, cfg, ranks)  # the training machinery: Ulysses / DSP, compile
+        report = parallelize_denoiser(model, cfg, ranks.sp_group)  # the training machinery: Ulysses / DSP, compile
         if ranks.is_main and (ranks.sp_size > 1 or cfg.sample.compile):
             print(report)
         model.to(device).eval()

@@ -72,7 +72,7 @@ def measure(zero_degree: int, batch: int) -> Dict:
     torch.cuda.synchronize()
     row = {"zero_degree": zero_degree, "ranks": 1, "batch": batch,
            "peak_gib": round(torch.cuda.max_memory_allocated() / GiB, 2),
-           "ema_gib": round(plugin.ema_numel_local() * 4 / GiB, 2), "source": "measured",
+           "ema_gib": round(plugin.ema.numel_local() * 4 / GiB, 2), "source": "measured",
            "device": torch.cuda.get_device_name()}
     del model, optimizer, booster, plugin
     return row

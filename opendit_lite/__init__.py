@@ -11,8 +11,8 @@ import importlib
 __version__ = "0.1.0"
 
 _LAZY = {
-    "parallelize": "opendit_lite.parallelize",
-    "ParallelizeReport": "opendit_lite.parallelize",
+    "parallelize": "opendit_lite.transforms",
+    "ParallelizeReport": "opendit_lite.transforms",
     "ModuleConverter": "opendit_lite.converter",
     "OpenDiTPlugin": "opendit_lite.plugins",
     "LiteGen": "opendit_lite.litegen",

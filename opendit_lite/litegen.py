@@ -16,14 +16,14 @@ A thin facade over the pieces the scripts use: the config is read once into the 
 an unknown key is a ConfigError naming the nearest field, or with ``LiteGen(config,
 strict=False)`` a warning listing the keys it ignores); the plugin and booster come from
 ``training.loop.build_booster`` (precision ``auto``: bf16 on CUDA, fp32 on CPU; tf32; ``grad_precision``
-check); the model is prepared by ``opendit_lite.parallelize``, whose report is printed on rank 0; checkpoints follow ``checkpoint.layout`` and resuming is
+check); the model is prepared by ``opendit_lite.transforms.parallelize``, whose report is printed on rank 0; checkpoints follow ``checkpoint.layout`` and resuming is
 ``checkpoint.resume.restore_run``, as in train.py. Without ``torchrun`` the one-rank process group
 is created here (``distributed.launch.init_distributed``).
 
 ``initialize(*components)`` returns the components in the order given, each prepared by kind:
 
 - the one trainable ``nn.Module`` (any parameter with ``requires_grad``; zero or several are an
-  error): ``opendit_lite.parallelize`` with the config's settings (fused kernels, attention
+  error): ``opendit_lite.transforms.parallelize`` with the config's settings (fused kernels, attention
   backend, Ulysses/DSP sequence parallelism when ``sp_size > 1``, activation checkpointing/offload
   from ``selective_ratio``, the fraction of blocks NOT checkpointed, and ``ac_offload``, per-block
   ``compile``, in that order; see ``parallelize.py`` for why), then boosted with its optimizer and
@@ -74,9 +74,10 @@ from torch.utils.data import Dataset
 
 from .checkpoint.layout import checkpoint_root, companion_path, litegen_path, pick_resume_checkpoint
 from .checkpoint.resume import restore_run
-from .checkpoint.state import atomic_path, load_model_weights, save_checkpoint
+from .checkpoint.files import atomic_path
+from .checkpoint.state import load_model_weights, save_checkpoint
 from .config import from_object, to_dict, validate_world
-from .parallelize import parallelize
+from .transforms import parallelize
 from .distributed.launch import init_distributed
 from .distributed.mesh import node_group
 from .training.loop import build_booster
@@ -276,9 +277,10 @@ class LiteGen:
                   f"starting {'from init_from' if cfg.init_from else 'fresh'}")
         if resume is None and cfg.init_from:
             load_model_weights(self.booster, self.model, cfg.init_from)
+        create_ema = (lambda: self.plugin.create_ema(self.model, self.optimizer)) if self.ema_enabled else None
         self.resume_state = restore_run(
-            self.booster, self.plugin, self.model, self.optimizer, self.lr_scheduler, resume=resume,
-            auto=not cfg.resume_from, ema_resume_from=cfg.ema.resume_from, ema=self.ema_enabled)
+            self.booster, self.model, self.optimizer, self.lr_scheduler, resume=resume,
+            auto=not cfg.resume_from, ema_resume_from=cfg.ema.resume_from, create_ema=create_ema)
 
     # ------------------------------------------------------------------ training-time API
 
@@ -324,7 +326,7 @@ class LiteGen:
         self._require("save_ema", ema=True)
         path = self._target("ema", output_folder, filename, step)
         with atomic_path(path) as tmp:
-            state = self.plugin.ema_state_dict(only_rank_0=True)
+            state = self.plugin.ema.state_dict(only_rank_0=True)
             if dist.get_rank() == 0:
                 torch.save(state, tmp)
         return path
@@ -338,7 +340,7 @@ class LiteGen:
         keep_last = self.config.keep_last if keep_last is None else keep_last
         return save_checkpoint(
             self.booster, output_folder or self.checkpoint_folder, step, self.model, self.optimizer,
-            self.lr_scheduler, plugin=self.plugin if self.ema_enabled else None,
+            self.lr_scheduler, ema=self.plugin.ema if self.ema_enabled else None,
             extra_state=dict(extra_state or {}, config=to_dict(self.config)), keep_last=keep_last or None,
             exp_name=self.exp_name,
         )

@@ -1,94 +1,18 @@
-"""Which modules of a model are its repeated blocks, and which of them to checkpoint.
-
-A diffusion transformer spends nearly all of its activation memory inside a stack of identical
-blocks, so the blocks are the unit of activation checkpointing and offload (as they are of FSDP
-wrapping, hence the method name a model may define to declare them: ``get_fsdp_wrap_module_list``).
-Models that do not declare their blocks get them detected: the repeated structure is the
-``nn.ModuleList``/``nn.Sequential`` containers whose children all share one class, and the class
-whose containers hold the most parameters wins. That finds DiT's ``blocks``, blocks nested in a
-submodule (``model.transformer.blocks``), spatial and temporal lists of one block class (both are
-returned), and blocks kept in an ``nn.Sequential``.
+"""Which of a model's repeated blocks to checkpoint. The blocks themselves come from
+``opendit_lite.models.blocks.find_blocks`` (declared by the model or detected), re-exported here as
+``find_checkpoint_blocks``.
 """
 
 import math
-from typing import Dict, List, Type
+from typing import List
 
-import torch.nn as nn
+from ..models.blocks import find_blocks as find_checkpoint_blocks
+
+__all__ = ["find_checkpoint_blocks", "select_blocks"]
 
 # Ratios written in decimal are not exact in binary (0.29 * 100 = 28.999...); this tolerance
 # makes such a product count the number of blocks it was written to mean.
 _RATIO_TOLERANCE = 1e-9
-
-
-def _is_callable_block(module: nn.Module) -> bool:
-    """True for modules with a forward of their own; containers such as ModuleList have none."""
-    return type(module).forward is not nn.Module.forward
-
-
-def _declared_blocks(model: nn.Module) -> List[nn.Module]:
-    """The blocks ``model.get_fsdp_wrap_module_list()`` returns, checked to be usable blocks."""
-    owner = f"{type(model).__name__}.get_fsdp_wrap_module_list()"
-    blocks = list(model.get_fsdp_wrap_module_list())
-    if not blocks:
-        raise ValueError(f"{owner} returned no modules; return the model's repeated blocks, or remove "
-                         "the method so that the blocks are detected automatically.")
-    submodules = {id(m) for m in model.modules()}
-    seen = set()
-    for i, block in enumerate(blocks):
-        if not isinstance(block, nn.Module):
-            raise TypeError(f"{owner} must return a flat list of nn.Module blocks; item {i} is a "
-                            f"{type(block).__name__}.")
-        if not _is_callable_block(block):
-            raise TypeError(f"{owner} must return a flat list of blocks; item {i} is a "
-                            f"{type(block).__name__}, which is never called itself. Return its elements.")
-        if id(block) not in submodules:
-            raise ValueError(f"{owner}: item {i} ({type(block).__name__}) is not a submodule of the model.")
-        if id(block) in seen:
-            raise ValueError(f"{owner}: item {i} ({type(block).__name__}) is listed twice.")
-        seen.add(id(block))
-    return blocks
-
-
-def _detected_blocks(model: nn.Module) -> List[nn.Module]:
-    """Children of the same-class containers that hold the most parameters, in module order."""
-    by_class: Dict[Type[nn.Module], Dict[int, nn.Module]] = {}  # block class -> blocks by id, ordered
-    for container in model.modules():
-        if not isinstance(container, (nn.ModuleList, nn.Sequential)):
-            continue
-        children = list(container.children())
-        if len(children) < 2:
-            continue
-        kind = type(children[0])
-        if _is_callable_block(children[0]) and all(type(child) is kind for child in children):
-            by_class.setdefault(kind, {}).update((id(child), child) for child in children)
-    if not by_class:
-        raise ValueError(
-            f"{type(model).__name__} has no repeated blocks to checkpoint: no nn.ModuleList or nn.Sequential "
-            "in it holds two or more modules of one class. Define get_fsdp_wrap_module_list() on the model "
-            "to return its blocks, or leave activation checkpointing off."
-        )
-
-    def size(blocks: Dict[int, nn.Module]):
-        # Parameter count first: a list of 28 transformer blocks must beat a list of 40 small
-        # embedders. On a tie (blocks that merely wrap a list of inner blocks) prefer the finer split.
-        params = {id(p): p.numel() for block in blocks.values() for p in block.parameters()}
-        return sum(params.values()), len(blocks)
-
-    return list(max(by_class.values(), key=size).values())
-
-
-def find_checkpoint_blocks(model: nn.Module) -> List[nn.Module]:
-    """The model's repeated blocks in order: ``model.get_fsdp_wrap_module_list()`` when the model
-    defines it, otherwise detected (see the module docstring). Raises ``ValueError`` when the
-    model has no repeated structure and declares none.
-
-    Detected blocks come in module order: for interleaved spatial and temporal lists, all spatial
-    blocks then all temporal ones, so that ``select_blocks`` spreads the blocks it leaves out over
-    both lists alike. A model that wants another order declares its blocks.
-    """
-    if callable(getattr(model, "get_fsdp_wrap_module_list", None)):
-        return _declared_blocks(model)
-    return _detected_blocks(model)
 
 
 def select_blocks(num_blocks: int, selective_ratio: float) -> List[int]:

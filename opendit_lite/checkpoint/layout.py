@@ -17,9 +17,9 @@ import os
 import re
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from ..config import ConfigError
-from .state import (CheckpointError, _from_rank0, _rank, checkpoint_name, list_checkpoints,
-                    verify_checkpoint)
+from ..distributed.ranks import from_rank0, global_rank
+from ..errors import CheckpointError, ConfigError
+from .catalog import checkpoint_name, list_checkpoints, verify_checkpoint
 
 # LiteGen's file suffixes, by what the file holds.
 SUFFIXES = {"model": ".pth", "optimizer": ".optim_state.pth", "ema": ".ema.pth"}
@@ -34,7 +34,7 @@ def newest_verified_checkpoint(root: str, exp_name: str, report: Callable[[str],
     (present, sizes, CRC-32), walking back from the newest; each one skipped is reported with the
     reason. Rank 0 reads the files and every rank gets its answer; None when none verifies."""
     chosen, skipped = None, []
-    if _rank() == 0:
+    if global_rank() == 0:
         for _, path in reversed(list_checkpoints(root, exp_name)):
             try:
                 verify_checkpoint(path)
@@ -43,8 +43,8 @@ def newest_verified_checkpoint(root: str, exp_name: str, report: Callable[[str],
                 continue
             chosen = path
             break
-    chosen, skipped = _from_rank0((chosen, skipped))
-    if _rank() == 0:
+    chosen, skipped = from_rank0((chosen, skipped))
+    if global_rank() == 0:
         for line in skipped:
             report(line)
     return chosen

@@ -6,18 +6,12 @@ where the EMA comes from.
 
 import logging
 import os
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional
 
+from ..errors import CheckpointError
+from .catalog import EMA_FILE, is_checkpoint_dir
 from .layout import companion_path, step_of
-from .state import (
-    EMA_FILE,
-    CheckpointError,
-    is_checkpoint_dir,
-    load_checkpoint,
-    load_ema_file,
-    load_model_weights,
-    load_optimizer_state,
-)
+from .state import EMAState, load_checkpoint, load_ema_file, load_model_weights, load_optimizer_state
 
 logger = logging.getLogger(__name__)
 
@@ -38,11 +32,12 @@ def _restore_litegen_files(booster, model_path: str, model, optimizer, lr_schedu
     return {} if step is None else {"step": step}
 
 
-def restore_run(booster, plugin, model, optimizer=None, lr_scheduler=None, *, resume: Optional[str] = None,
-                auto: bool = False, ema_resume_from: Optional[str] = None, ema: bool = False) -> Dict[str, Any]:
+def restore_run(booster, model, optimizer=None, lr_scheduler=None, *, resume: Optional[str] = None,
+                auto: bool = False, ema_resume_from: Optional[str] = None,
+                create_ema: Optional[Callable[[], EMAState]] = None) -> Dict[str, Any]:
     """Collective: load ``resume`` (None: nothing) into the boosted ``model``, ``optimizer`` and
-    ``lr_scheduler``, then, with ``ema``, (re)create the plugin's EMA from the loaded weights and
-    load the first EMA source there is: ``ema_resume_from``, unless ``auto`` (``resume`` was found by
+    ``lr_scheduler``, then, with ``create_ema`` (e.g. ``lambda: plugin.create_ema(model, optimizer)``),
+    create the EMA from the loaded weights and load the first EMA source there is: ``ema_resume_from``, unless ``auto`` (``resume`` was found by
     auto_resume, so the EMA comes with it: a restarted job does not go back to the first launch's
     EMA); the EMA of a resumed checkpoint folder; the ``.ema.pth`` beside an auto-resumed LiteGen
     model file (an explicit LiteGen ``resume_from`` takes its EMA from ``ema.resume_from`` only, as
@@ -62,10 +57,10 @@ def restore_run(booster, plugin, model, optimizer=None, lr_scheduler=None, *, re
             file_ema = companion_path(resume, "ema")
             if auto and not ema_from and os.path.isfile(file_ema):
                 ema_from = file_ema
-    if ema:
-        plugin.create_ema(model, optimizer)  # equal to the weights just loaded
+    if create_ema is not None:
+        ema = create_ema()  # equal to the weights just loaded
         if ema_from:
-            load_ema_file(plugin, ema_from)
+            load_ema_file(ema, ema_from)
         elif resume:
             logger.warning("no EMA to resume (set ema.resume_from): the EMA restarts from the resumed weights")
     return state

@@ -1,27 +1,19 @@
 """Distributed training checkpoints: one call saves everything a run needs to continue, one call
 restores it (at the same or another world size), and a save killed midway never looks complete.
 
-Layout of one checkpoint, ``<root>/<exp_name>_step<N>/``::
-
-    model/               Colossal-AI sharded safetensors (index + shards) of the full model
-    optimizer/           Colossal-AI sharded optimizer state (full, un-partitioned; torch files; optional)
-    ema.safetensors      full fp32 EMA weights, gathered from the plugin's sharded EMA (optional)
-    lr_scheduler.pt      the LR scheduler's state_dict (optional)
-    rng/rank<r>.pt       generator states of rank r (see ``rng.py``)
-    master/rank<r>.safetensors  ZeRO's fp32 master shards of rank r (bf16/fp16 ZeRO-1/2 only)
-    meta.json            step, caller's extra state (epoch, sampler position, config), world,
-                         data- and sequence-parallel sizes, format version, and a manifest
-                         (size and CRC-32 of every other file). Written last: it marks completion.
+What a checkpoint folder holds and how it is verified is in ``catalog.py``; how it is published
+atomically and read without unpickling anything but tensors, in ``files.py``.
 
 Model and optimizer go through the booster, so each strategy (DDP, ZeRO-1/2, Gemini) gathers its
 partitioned state into the same strategy-independent files; that is what makes a checkpoint saved
-at 2 ranks load at 1 and the reverse.
+at 2 ranks load at 1 and the reverse. The EMA and the booster plugin are reached through two small
+interfaces (``EMAState``, ``MasterWeightShards``), so any EMA or plugin with those methods works.
 
 Atomicity. Everything is written under ``<name>.tmp-<uid>``; after a barrier (all ranks finished
 writing) rank 0 writes ``meta.json`` and renames the folder to its final name. A process killed
-before the rename leaves only the ``*.tmp-*`` folder, which :func:`find_latest_checkpoint` never
-returns; a folder without ``meta.json`` (e.g. a partial copy) is ignored as well. Leftover
-``*.tmp-*`` folders can be deleted by hand. The root must be a file system every rank sees.
+before the rename leaves only the ``*.tmp-*`` folder, which ``catalog.find_latest_checkpoint`` never
+returns. Leftover ``*.tmp-*`` folders can be deleted by hand. The root must be a file system every
+rank sees.
 
 Safety and integrity. Loading never unpickles arbitrary objects: weights are safetensors, and the
 torch files (optimizer shards, LR scheduler, RNG) are read with ``weights_only`` forced on, also
@@ -43,265 +35,65 @@ import dataclasses
 import json
 import logging
 import os
-import re
 import shutil
-import uuid
-import zlib
 from contextlib import contextmanager
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, Optional, Protocol, runtime_checkable
 
 import torch
 import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 
+from ..distributed.ranks import barrier, from_rank0, global_rank, global_world_size
 from ..distributed.rng import get_rng_state, set_rng_state
+from ..errors import CheckpointError
+from .catalog import (
+    DEFAULT_EXP_NAME,
+    EMA_FILE,
+    FORMAT_VERSION,
+    LR_SCHEDULER_FILE,
+    MASTER_DIR,
+    META_FILE,
+    MODEL_DIR,
+    OPTIMIZER_DIR,
+    RNG_DIR,
+    checkpoint_name,
+    is_checkpoint_dir,
+    list_checkpoints,
+    manifest,
+    read_meta,
+    verify_checkpoint,
+)
+from .files import atomic_path, load_torch_file, weights_only_loads
 
 logger = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
-DEFAULT_EXP_NAME = "checkpoint"
-META_FILE = "meta.json"
-MODEL_DIR = "model"
-OPTIMIZER_DIR = "optimizer"
-EMA_FILE = "ema.safetensors"
-LR_SCHEDULER_FILE = "lr_scheduler.pt"
-RNG_DIR = "rng"
-TMP_TAG = ".tmp-"
-OLD_TAG = ".old-"  # a complete checkpoint moved aside while a re-save of its step is published
-MASTER_DIR = "master"
-_CHUNK = 16 << 20  # bytes read at a time when checksumming
+
+class EMAState(Protocol):
+    """The EMA a checkpoint saves and restores (``opendit_lite.ema.ShardedEMA``)."""
+
+    def state_dict(self, only_rank_0: bool = False) -> Dict[str, torch.Tensor]:
+        """The full EMA as a state dict (a collective; with ``only_rank_0`` other ranks get {})."""
+
+    def load_state_dict(self, state_dict: Dict[str, torch.Tensor]) -> None:
+        """Load a full EMA state dict saved at any world size."""
 
 
-class CheckpointError(RuntimeError):
-    """A checkpoint is missing, incomplete, truncated or corrupted; the message names the file."""
+@runtime_checkable
+class MasterWeightShards(Protocol):
+    """A booster plugin that keeps fp32 master weights apart from the working weights
+    (``OpenDiTPlugin`` under ZeRO in bf16/fp16); a checkpoint saves and restores them."""
 
+    def master_weight_shards(self, model, optimizer) -> Optional[Dict[str, torch.Tensor]]:
+        """This rank's fp32 master shards by parameter name, or None when there are none apart."""
 
-# --------------------------------------------------------------------------------------------------
-# Process-group helpers (they also work without an initialised group: a world of one)
-# --------------------------------------------------------------------------------------------------
+    def load_master_weight_shards(self, model, optimizer, shards: Dict[str, torch.Tensor]) -> None:
+        """Put shards of the same world size back."""
 
-def _rank() -> int:
-    return dist.get_rank() if dist.is_initialized() else 0
-
-
-def _world_size() -> int:
-    return dist.get_world_size() if dist.is_initialized() else 1
-
-
-def _barrier() -> None:
-    if dist.is_initialized():
-        dist.barrier()
-
-
-def _from_rank0(value: Any) -> Any:
-    """Rank 0's ``value`` on every rank."""
-    if _world_size() == 1:
-        return value
-    box = [value]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
-
-
-# --------------------------------------------------------------------------------------------------
-# Atomic publication and safe loading (also used by the LiteGen facade)
-# --------------------------------------------------------------------------------------------------
-
-def _remove(path: str) -> None:
-    if os.path.isdir(path) and not os.path.islink(path):
-        shutil.rmtree(path)
-    elif os.path.lexists(path):
-        os.remove(path)
-
-
-@contextmanager
-def atomic_path(final_path: str) -> Iterator[str]:
-    """Collective: yields the same temporary sibling of ``final_path`` on every rank; when the block
-    has completed on every rank, rank 0 renames it to ``final_path`` (file or folder), replacing an
-    older one, and every rank waits for the rename.
-
-    A file replaces a file in one atomic ``os.replace``. A folder (which POSIX cannot replace
-    atomically) that already exists is first renamed to ``<final>.old-<uid>``, the new one is moved
-    in, and only then is the old copy deleted. A kill between the two renames leaves the complete
-    old copy under ``*.old-*``, which :func:`list_checkpoints` considers when the final name is
-    missing, so there is never a moment without a complete object for this name.
-    """
-    uid = _from_rank0(uuid.uuid4().hex[:12])
-    tmp = f"{final_path}{TMP_TAG}{uid}"
-    if _rank() == 0:
-        os.makedirs(os.path.dirname(os.path.abspath(final_path)), exist_ok=True)
-    _barrier()
-    yield tmp
-    _barrier()
-    if _rank() == 0:
-        if not os.path.lexists(tmp):
-            raise CheckpointError(f"nothing was written to {tmp}; cannot publish {final_path}")
-        old = None
-        if os.path.isdir(final_path) or (os.path.lexists(final_path) and os.path.isdir(tmp)):
-            old = f"{final_path}{OLD_TAG}{uid}"
-            os.rename(final_path, old)
-        os.replace(tmp, final_path)
-        if old is not None:
-            _remove(old)
-    _barrier()
-
-
-@contextmanager
-def weights_only_loads() -> Iterator[None]:
-    """Force ``torch.load(weights_only=True)`` in this block, including in library code we do not
-    own (Colossal-AI's optimizer and scheduler loaders), whatever the environment says otherwise.
-
-    torch reads ``TORCH_FORCE_WEIGHTS_ONLY_LOAD`` at every ``torch.load`` call and lets it override
-    an explicit ``weights_only=False``; ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` must be unset meanwhile
-    because torch refuses both at once.
-    """
-    saved = {k: os.environ.get(k) for k in ("TORCH_FORCE_WEIGHTS_ONLY_LOAD", "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD")}
-    os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = "1"
-    os.environ.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
-def load_torch_file(path: str) -> Any:
-    """``torch.load`` of tensors/containers only, onto the CPU; a bad file raises naming it."""
-    try:
-        with weights_only_loads():
-            return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:
-        raise CheckpointError(f"cannot read {path}: {type(e).__name__}: {e}") from e
-
-
-# --------------------------------------------------------------------------------------------------
-# Names, discovery and verification
-# --------------------------------------------------------------------------------------------------
-
-def checkpoint_name(exp_name: str, step: int) -> str:
-    """``<exp_name>_step<N>``, LiteGen's prefix for step ``N``."""
-    return f"{exp_name}_step{int(step)}"
-
-
-def _read_meta(ckpt_dir: str) -> Dict[str, Any]:
-    path = os.path.join(ckpt_dir, META_FILE)
-    if not os.path.isfile(path):
-        raise CheckpointError(
-            f"{path} is missing: {ckpt_dir} is not a complete checkpoint (its save was interrupted, "
-            f"or the folder was not written by save_checkpoint)"
-        )
-    try:
-        with open(path) as f:
-            meta = json.load(f)
-    except (OSError, ValueError) as e:
-        raise CheckpointError(f"cannot read {path}: {e}") from e
-    if not isinstance(meta, dict) or "version" not in meta or "files" not in meta:
-        raise CheckpointError(f"{path} is not checkpoint metadata (no 'version'/'files' entries)")
-    if meta["version"] > FORMAT_VERSION:
-        raise CheckpointError(
-            f"{path} has format version {meta['version']}, newer than this opendit_lite's "
-            f"{FORMAT_VERSION}; upgrade opendit_lite to load it"
-        )
-    return meta
-
-
-def is_checkpoint_dir(path: str) -> bool:
-    """Whether ``path`` is a complete folder written by :func:`save_checkpoint` (has its marker)."""
-    return os.path.isfile(os.path.join(path, META_FILE))
-
-
-def list_checkpoints(root: str, exp_name: str = DEFAULT_EXP_NAME) -> List[Tuple[int, str]]:
-    """Complete checkpoints ``<root>/<exp_name>_step<N>`` as ``(N, path)``, oldest first.
-
-    Complete means: a folder with this exact name (so never ``*.tmp-*``) holding a readable
-    ``meta.json`` for the same step. When that folder is missing or incomplete but a re-save of
-    step N was killed between its two renames, the moved-aside ``<name>.old-<uid>`` copy stands in.
-    Contents are not checksummed here (see ``verify_checkpoint``).
-    """
-    if not os.path.isdir(root):
-        return []
-    pattern = re.compile(rf"{re.escape(exp_name)}_step(\d+)(?:{re.escape(OLD_TAG)}[0-9a-f]+)?")
-    found: Dict[int, str] = {}
-    for name in sorted(os.listdir(root), key=lambda n: OLD_TAG in n):  # final names first
-        match = pattern.fullmatch(name)
-        path = os.path.join(root, name)
-        if match is None or not os.path.isdir(path):
-            continue
-        step = int(match.group(1))
-        if step in found:
-            continue
-        try:
-            meta = _read_meta(path)
-        except CheckpointError as e:
-            logger.warning("skipping %s: %s", path, e)
-            continue
-        if meta.get("step") != step:
-            logger.warning("skipping %s: its meta.json says step %s", path, meta.get("step"))
-            continue
-        found[step] = path
-    return sorted(found.items())
-
-
-def find_latest_checkpoint(root: str, exp_name: str = DEFAULT_EXP_NAME) -> Optional[str]:
-    """The newest (by step) complete checkpoint of ``exp_name`` under ``root``, or None."""
-    found = list_checkpoints(root, exp_name)
-    return found[-1][1] if found else None
-
-
-def _crc32(path: str, fsync: bool = False) -> int:
-    crc = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            crc = zlib.crc32(chunk, crc)
-        if fsync:
-            os.fsync(f.fileno())
-    return crc
-
-
-def _manifest(ckpt_dir: str) -> Dict[str, Dict[str, int]]:
-    """Size and CRC-32 of every file under ``ckpt_dir`` (relative POSIX paths), fsyncing each."""
-    files = {}
-    for dirpath, _, names in os.walk(ckpt_dir):
-        for name in names:
-            path = os.path.join(dirpath, name)
-            rel = os.path.relpath(path, ckpt_dir).replace(os.sep, "/")
-            files[rel] = {"size": os.path.getsize(path), "crc32": _crc32(path, fsync=True)}
-    return files
-
-
-def verify_checkpoint(ckpt_dir: str, check_content: bool = True) -> Dict[str, Any]:
-    """Check a checkpoint against its manifest and return its metadata.
-
-    Raises :class:`CheckpointError` naming the first file that is missing, has the wrong size
-    (truncated) or, with ``check_content``, the wrong CRC-32 (corrupted).
-    """
-    meta = _read_meta(ckpt_dir)
-    for rel, record in sorted(meta["files"].items()):
-        path = os.path.join(ckpt_dir, *rel.split("/"))
-        if not os.path.isfile(path):
-            raise CheckpointError(f"{path} is missing from checkpoint {ckpt_dir}")
-        size = os.path.getsize(path)
-        if size != record["size"]:
-            raise CheckpointError(
-                f"{path} is truncated or altered: {size} bytes, the checkpoint recorded {record['size']}"
-            )
-        if check_content and _crc32(path) != record["crc32"]:
-            raise CheckpointError(f"{path} is corrupted: its CRC-32 differs from the one recorded at save time")
-    return meta
-
-
-# --------------------------------------------------------------------------------------------------
-# Save
-# --------------------------------------------------------------------------------------------------
 
 def _master_shards(booster, model, optimizer) -> Optional[Dict[str, torch.Tensor]]:
     """This rank's fp32 master-weight shards when the booster's plugin keeps them apart from the
     working weights (ZeRO in bf16/fp16), keyed by parameter name; None otherwise."""
-    from ..plugins import OpenDiTPlugin
-
-    if optimizer is None or not isinstance(getattr(booster, "plugin", None), OpenDiTPlugin):
+    if optimizer is None or not isinstance(getattr(booster, "plugin", None), MasterWeightShards):
         return None
     shards = booster.plugin.master_weight_shards(model, optimizer)
     return None if shards is None else {k: v.detach().cpu().contiguous() for k, v in shards.items()}
@@ -327,7 +119,7 @@ def _prune(root: str, exp_name: str, keep_last: int, newest: str, run_id: Option
     """Delete all but the ``keep_last`` newest checkpoints, touching only those that are older than
     the complete checkpoint ``newest`` just published, belong to the same run (``run_id``, when
     given) and only when ``newest`` holds finite weights (so the last finite one always stays)."""
-    newest_meta = _read_meta(newest)
+    newest_meta = read_meta(newest)
     if not newest_meta.get("finite", True):
         logger.warning("keep_last=%d: nothing pruned, %s holds non-finite weights", keep_last, newest)
         return
@@ -336,7 +128,7 @@ def _prune(root: str, exp_name: str, keep_last: int, newest: str, run_id: Option
         if step >= newest_meta["step"]:
             continue
         try:
-            if run_id is not None and _read_meta(path).get("run_id") != run_id:
+            if run_id is not None and read_meta(path).get("run_id") != run_id:
                 continue
         except CheckpointError:
             continue
@@ -359,7 +151,7 @@ def all_finite(model) -> bool:
     bad = torch.zeros((), device=device)
     for p in params:
         bad += (~torch.isfinite(p)).any().float()
-    if dist.is_initialized() and _world_size() > 1:
+    if dist.is_initialized() and global_world_size() > 1:
         dist.all_reduce(bad)
     return bad.item() == 0
 
@@ -371,7 +163,7 @@ def save_checkpoint(
     model,
     optimizer,
     lr_scheduler=None,
-    plugin=None,
+    ema: Optional[EMAState] = None,
     extra_state: Optional[Dict[str, Any]] = None,
     keep_last: Optional[int] = None,
     exp_name: str = DEFAULT_EXP_NAME,
@@ -381,9 +173,8 @@ def save_checkpoint(
     and return its path.
 
     ``model``/``optimizer``/``lr_scheduler`` are the objects ``booster.boost`` returned (optimizer
-    and scheduler may be None); ``plugin`` is the plugin owning the EMA (its
-    ``ema_state_dict(only_rank_0=True)`` is called on every rank, rank 0 writes the result), None
-    when there is no EMA. ``extra_state`` (epoch, sampler position, the config as a dict, ...)
+    and scheduler may be None); ``ema`` is the EMA to save (its ``state_dict(only_rank_0=True)``
+    is called on every rank, rank 0 writes the result), None when there is none. ``extra_state`` (epoch, sampler position, the config as a dict, ...)
     must be JSON-serialisable; :func:`load_checkpoint` returns it with ``step`` added.
     ``keep_last`` > 0 then deletes all but the newest ``keep_last`` complete checkpoints of
     ``exp_name`` (this one included), only older ones, only those saved with the same ``run_id``
@@ -400,7 +191,7 @@ def save_checkpoint(
         raise ValueError(f"save_checkpoint: extra_state['step']={extra['step']} contradicts step={step}")
     extra.pop("step", None)
     extra = json.loads(json.dumps(extra, default=_json_value))  # fail before writing anything
-    rank, world = _rank(), _world_size()
+    rank, world = global_rank(), global_world_size()
     final = os.path.join(ckpt_dir_root, checkpoint_name(exp_name, step))
     finite = all_finite(model)
     masters = _master_shards(booster, model, optimizer)
@@ -408,23 +199,24 @@ def save_checkpoint(
     with atomic_path(final) as tmp:
         if rank == 0:
             os.makedirs(os.path.join(tmp, RNG_DIR))
-        _barrier()
+        barrier()
         booster.save_model(model, os.path.join(tmp, MODEL_DIR), shard=True, use_safetensors=True)
         if optimizer is not None:
             booster.save_optimizer(optimizer, os.path.join(tmp, OPTIMIZER_DIR), shard=True)
         if lr_scheduler is not None:
             booster.save_lr_scheduler(lr_scheduler, os.path.join(tmp, LR_SCHEDULER_FILE))
-        if plugin is not None:
-            ema = plugin.ema_state_dict(only_rank_0=True)  # collective; only rank 0 holds the result
+        if ema is not None:
+            ema_state = ema.state_dict(only_rank_0=True)  # collective; only rank 0 holds the result
             if rank == 0:
-                save_file({k: v.detach().cpu().contiguous() for k, v in ema.items()}, os.path.join(tmp, EMA_FILE))
+                save_file({k: v.detach().cpu().contiguous() for k, v in ema_state.items()},
+                          os.path.join(tmp, EMA_FILE))
         torch.save(get_rng_state(), os.path.join(tmp, RNG_DIR, f"rank{rank:05d}.pt"))
         if masters is not None:
             if rank == 0:
                 os.makedirs(os.path.join(tmp, MASTER_DIR))
-            _barrier()
+            barrier()
             save_file(masters, os.path.join(tmp, MASTER_DIR, f"rank{rank:05d}.safetensors"))
-        _barrier()  # every rank's files are on disk before rank 0 lists them
+        barrier()  # every rank's files are on disk before rank 0 lists them
         if rank == 0:
             meta = {
                 "format": "opendit_lite.checkpoint",
@@ -436,14 +228,14 @@ def save_checkpoint(
                 "sp_size": getattr(booster.plugin, "sp_size", 1),
                 "zero_degree": getattr(booster.plugin, "zero_degree", None),
                 "has_optimizer": optimizer is not None,
-                "has_ema": plugin is not None,
+                "has_ema": ema is not None,
                 "has_lr_scheduler": lr_scheduler is not None,
                 "has_master_shards": masters is not None,
                 "finite": finite,
                 "run_id": run_id,
                 "torch_version": torch.__version__,
                 "extra_state": extra,
-                "files": _manifest(tmp),
+                "files": manifest(tmp),
             }
             with open(os.path.join(tmp, META_FILE), "w") as f:
                 json.dump(meta, f, indent=1)
@@ -452,7 +244,7 @@ def save_checkpoint(
 
     if keep_last and rank == 0:
         _prune(ckpt_dir_root, exp_name, keep_last, final, run_id)
-    _barrier()
+    barrier()
     return final
 
 
@@ -463,12 +255,12 @@ def save_checkpoint(
 def _verified_meta(ckpt_dir: str, check_content: bool) -> Dict[str, Any]:
     """Rank 0 verifies; every rank gets the metadata or raises the same error (no rank hangs)."""
     result = None
-    if _rank() == 0:
+    if global_rank() == 0:
         try:
             result = ("ok", verify_checkpoint(ckpt_dir, check_content))
         except (CheckpointError, OSError) as e:
             result = ("error", str(e))
-    status, value = _from_rank0(result)
+    status, value = from_rank0(result)
     if status == "error":
         raise CheckpointError(value)
     return value
@@ -485,8 +277,8 @@ def _loading(what: str, path: str) -> Iterator[None]:
         raise CheckpointError(f"cannot load the {what} from {path}: {type(e).__name__}: {e}") from e
 
 
-def load_ema_file(plugin, path: str) -> None:
-    """Load a full EMA state dict (safetensors, or a torch file read weights-only) into ``plugin``."""
+def load_ema_file(ema: EMAState, path: str) -> None:
+    """Load a full EMA state dict (safetensors, or a torch file read weights-only) into ``ema``."""
     if path.endswith(".safetensors"):
         try:
             state = load_file(path)
@@ -495,7 +287,7 @@ def load_ema_file(plugin, path: str) -> None:
     else:
         state = load_torch_file(path)
     with _loading("EMA", path):
-        plugin.load_ema_state_dict(state)
+        ema.load_state_dict(state)
 
 
 def load_model_weights(booster, model, path: str, strict: bool = True) -> None:
@@ -522,16 +314,14 @@ def _load_master_shards(booster, model, optimizer, ckpt_dir: str, meta: Dict[str
     """Put the saved fp32 master shards back (same world size only; elsewhere they are rebuilt from
     the working weights by the booster, and a warning says the run continues close to, not
     exactly as, the uninterrupted one)."""
-    from ..plugins import OpenDiTPlugin
-
-    if not meta.get("has_master_shards") or not isinstance(getattr(booster, "plugin", None), OpenDiTPlugin):
+    if not meta.get("has_master_shards") or not isinstance(getattr(booster, "plugin", None), MasterWeightShards):
         return
-    if meta["world_size"] != _world_size():
-        if _rank() == 0:
+    if meta["world_size"] != global_world_size():
+        if global_rank() == 0:
             logger.warning("%s: fp32 master weights were saved by %d ranks and cannot be split for %d; they are "
-                           "rebuilt from the working weights", ckpt_dir, meta["world_size"], _world_size())
+                           "rebuilt from the working weights", ckpt_dir, meta["world_size"], global_world_size())
         return
-    path = os.path.join(ckpt_dir, MASTER_DIR, f"rank{_rank():05d}.safetensors")
+    path = os.path.join(ckpt_dir, MASTER_DIR, f"rank{global_rank():05d}.safetensors")
     try:
         shards = load_file(path)
     except Exception as e:
@@ -546,7 +336,7 @@ def load_checkpoint(
     model,
     optimizer=None,
     lr_scheduler=None,
-    plugin=None,
+    ema: Optional[EMAState] = None,
     load_rng: bool = True,
     verify: bool = True,
     strict: bool = True,
@@ -573,17 +363,17 @@ def load_checkpoint(
             raise CheckpointError(f"{path} does not exist: the checkpoint was saved without an LR scheduler")
         with _loading("LR scheduler", path):
             booster.load_lr_scheduler(lr_scheduler, path)
-    if plugin is not None:
+    if ema is not None:
         path = os.path.join(ckpt_dir, EMA_FILE)
         if not meta["has_ema"]:
             raise CheckpointError(f"{path} does not exist: the checkpoint was saved without an EMA")
-        load_ema_file(plugin, path)
+        load_ema_file(ema, path)
     if load_rng:
-        if meta["world_size"] == _world_size():
-            set_rng_state(load_torch_file(os.path.join(ckpt_dir, RNG_DIR, f"rank{_rank():05d}.pt")))
-        elif _rank() == 0:
+        if meta["world_size"] == global_world_size():
+            set_rng_state(load_torch_file(os.path.join(ckpt_dir, RNG_DIR, f"rank{global_rank():05d}.pt")))
+        elif global_rank() == 0:
             logger.warning(
                 "%s was saved by %d ranks and is loaded by %d: RNG states are not restored "
-                "(random streams continue from the current seeds)", ckpt_dir, meta["world_size"], _world_size(),
+                "(random streams continue from the current seeds)", ckpt_dir, meta["world_size"], global_world_size(),
             )
     return dict(meta["extra_state"], step=meta["step"])

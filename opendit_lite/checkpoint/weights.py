@@ -17,11 +17,9 @@ import torch
 import torch.nn as nn
 from safetensors.torch import load_file
 
+from .catalog import EMA_FILE, MODEL_DIR
 from .layout import companion_path
 from .original_dit import load_original_dit_checkpoint
-
-EMA_FILE = "ema.safetensors"
-MODEL_DIR = "model"
 
 
 def _read_sharded_safetensors(folder: str) -> Dict[str, torch.Tensor]:

@@ -26,11 +26,8 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 import yaml
 
+from ..errors import ConfigError
 from .schema import ALIASES, HINTS, LOGGERS, TrainConfig
-
-
-class ConfigError(ValueError):
-    """A configuration problem explained in one paragraph for the user."""
 
 
 # --------------------------------------------------------------------------------------------------

@@ -11,13 +11,12 @@ the loader resolves them (``opendit_lite.config.loader.resolve_aliases``) and ``
 from dataclasses import dataclass, field
 from typing import List, Optional
 
-from ..training.lr_schedule import SCHEDULES
-
-
 LOGGERS = ("tensorboard", "wandb")  # metric sinks the ``logger`` field may list
 
-
 SP_MODES = ("ulysses", "dsp")  # sequence-parallel modes (a model declares which it supports)
+
+# Learning-rate shapes after warm-up; the formulas are in opendit_lite/optim/lr_schedule.py.
+LR_SCHEDULES = ("constant", "linear", "cosine")
 
 
 def _f(default, help: str, choices=None, **kw):
@@ -157,7 +156,7 @@ class TrainConfig:
     fused_optimizer_ema: bool = _f(False, "AdamW and the EMA update in one optimizer step, multi-tensor ops "
                                           "(zero_degree 0, 1, 2; replaces fused_optimizer's choice)")
     lr_schedule: str = _f("constant", "learning rate after warm-up: constant, or linear/cosine decay to "
-                                      "min_lr_ratio x lr at max_steps", choices=SCHEDULES)
+                                      "min_lr_ratio x lr at max_steps", choices=LR_SCHEDULES)
     warmup_steps: int = _f(0, "linear learning-rate warm-up steps")
     min_lr_ratio: float = _f(0.0, "linear/cosine: the final learning rate as a fraction of lr")
     grad_clip: float = _f(1.0, "clip the global gradient norm to this value (0 disables)")

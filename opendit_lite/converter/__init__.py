@@ -11,7 +11,7 @@ built-in conversions (``builtin.py``), fused AdaLN for blocks of Meta's DiT and 
 blocks following the ``adaln_norms`` protocol (``adaln_protocol.py``, ``meta_dit.py``,
 ``diffusers_blocks.py``), and the adapters giving timm's and diffusers' attention an ``attn_op``
 (``attention_adapters.py``, using ``opendit_lite.parallel.foreign``). Sequence parallelism is not a conversion:
-``opendit_lite.parallelize`` applies it with ``opendit_lite.parallel``.
+``opendit_lite.transforms.parallelize`` applies it with ``opendit_lite.parallel``.
 """
 
 from .converter import ConversionReport, ConversionSection, ModuleConverter, Replacement

@@ -13,15 +13,11 @@ from typing import Set
 
 from torch.utils.data import Dataset
 
-from ..config import ConfigError
+from ..errors import BadDataError
 
 # What decoders raise on a bad file: PIL (OSError, SyntaxError), PyAV (OSError/ValueError
 # subclasses), and our datasets' own checks (ValueError, e.g. a video with too few frames).
 DECODE_ERRORS = (OSError, ValueError, SyntaxError)
-
-
-class BadDataError(ConfigError):
-    """Too many samples failed to decode."""
 
 
 class SkipBadSamples(Dataset):

@@ -1,72 +1,31 @@
-"""Classifier-free guidance (Ho & Salimans 2022): the one implementation the samplers and the
-models' ``forward_with_cfg`` use.
-
-The model runs once on a batch of 2B (conditional inputs first, unconditional second) and its
-prediction is pushed away from the unconditional one: ``guided = uncond + cfg_scale * (cond -
-uncond)`` on the leading ``channels`` output channels; ``cfg_scale = 1`` is plain conditional
-sampling. How the guidance batch is laid out is a capability the model declares in its class
-attribute ``guidance_layout`` (read by ``models.capabilities.guidance_layout``):
-
-``"concat"`` (DiT; also any plain function without the attribute)
-    The caller doubles the batch: the sampler's state ``x`` is ``[2B, ...]`` and ``model_kwargs``
-    hold the 2B conditions (e.g. ``y = cat([labels, null_labels])``). Only the first half of ``x``
-    is read and the guided prediction is returned for both halves, so the first half follows the
-    guided trajectory whatever the second half holds (a stochastic sampler adds different noise to
-    it); the samples are ``samples[:B]``. Channels past ``channels`` (a learned variance) are each
-    half's own output. [2B] -> [2B].
-
-``"paired"`` (STDiT, the Vchitect-style model)
-    The caller passes B samples with their captions ``y`` [B, M, Cy] (and ``mask`` [B, M]); the
-    unconditional half uses the model's learned null caption ``model.null_caption(B)`` with a full
-    mask. Channels past ``channels`` are the conditional output. [B] -> [B].
+"""Classifier-free guidance for the samplers: ``cfg_model_fn`` wraps a model into its guided version
+following the batch layout the model declares (``guidance_layout``, read by
+``opendit_lite.models.capabilities``); the arithmetic of each layout is in
+``opendit_lite.models.guidance``, which the models' ``forward_with_cfg`` use too.
 """
 
-from typing import Callable, Optional, Tuple
+import functools
+from typing import Callable, Optional
 
 import torch
 
+from ..models.capabilities import guidance_layout
+from ..models.guidance import concat_guided, guide, paired_guided
 
-def guide(out: torch.Tensor, cfg_scale: float, channels: int) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Split the model output ``out`` [2B, C_out, ...] (conditional half first) into the guided
-    prediction [B, channels, ...] and the unguided channels [2B, C_out - channels, ...]."""
-    if not 0 < channels <= out.shape[1]:
-        raise ValueError(f"guidance channels must be in [1, {out.shape[1]}] (the output channels), got {channels}")
-    cond, uncond = out[:, :channels].chunk(2)           # [B, channels, ...] each
-    return uncond + cfg_scale * (cond - uncond), out[:, channels:]
+__all__ = ["cfg_model_fn", "guide"]
 
 
 def cfg_model_fn(model: Callable[..., torch.Tensor], cfg_scale: float, channels: Optional[int] = None):
     """Wrap ``model(x, t, **model_kwargs)`` into its classifier-free-guided version for a sampler,
-    following the model's ``guidance_layout`` (see the module docstring).
+    following the model's ``guidance_layout``: "concat" (also a plain function, which declares
+    nothing: DiT's convention) takes and returns a doubled batch [2B]; "paired" takes B samples
+    with their captions and adds the null caption inside (``opendit_lite.models.guidance``).
 
     ``channels`` is how many leading output channels are guided; ``None`` guides as many as ``x``
     has: the noise / velocity prediction, leaving a learned-variance block untouched. DiT's
     reference guides exactly 3 channels even for 4-channel latents; pass ``channels=3`` to
     reproduce its samples.
     """
-    # Imported here: the models import this module for their forward_with_cfg.
-    from ..models.capabilities import guidance_layout
-
-    layout = guidance_layout(model) or "concat"  # a plain function declares nothing: DiT's convention
-
-    def concat(x: torch.Tensor, t: torch.Tensor, **model_kwargs) -> torch.Tensor:
-        if x.shape[0] % 2 != 0:
-            raise ValueError(
-                f"classifier-free guidance needs a doubled batch (conditional then unconditional halves), "
-                f"got an odd batch of {x.shape[0]}"
-            )
-        half = x[: x.shape[0] // 2]                                            # [B, C, ...]
-        out = model(torch.cat([half, half]), t, **model_kwargs)                # [2B, C_out, ...]
-        guided, rest = guide(out, cfg_scale, x.shape[1] if channels is None else channels)
-        return torch.cat([torch.cat([guided, guided]), rest], dim=1)           # [2B, C_out, ...]
-
-    def paired(x: torch.Tensor, t: torch.Tensor, y: torch.Tensor, mask: Optional[torch.Tensor] = None,
-               **model_kwargs) -> torch.Tensor:
-        B = x.shape[0]
-        y_all = torch.cat([y, model.null_caption(B).to(y.dtype)])              # [2B, M, Cy]
-        mask_all = None if mask is None else torch.cat([mask, torch.ones_like(mask)])  # [2B, M]
-        out = model(torch.cat([x, x]), torch.cat([t, t]), y_all, mask_all, **model_kwargs)  # [2B, C_out, ...]
-        guided, rest = guide(out, cfg_scale, x.shape[1] if channels is None else channels)
-        return torch.cat([guided, rest[:B]], dim=1)                            # [B, C_out, ...]
-
-    return concat if layout == "concat" else paired
+    layout = guidance_layout(model) or "concat"
+    guided = concat_guided if layout == "concat" else paired_guided
+    return functools.partial(guided, model, cfg_scale=cfg_scale, channels=channels)

@@ -43,7 +43,7 @@ from typing import Dict
 import torch
 import torch.nn as nn
 
-from opendit_lite.config import ConfigError
+from opendit_lite.errors import ConfigError
 from opendit_lite.models.layers.embeddings import get_2d_sincos_pos_embed
 
 TIMESTEP_CHANNELS = 256  # Meta's frequency_embedding_size

@@ -1,44 +1,50 @@
-"""Fused kernels and the attention backend, each a drop-in replacement of a model module.
+"""Fused kernels and the attention backends, each behind a small interface of its own; the module
+converter (``opendit_lite.converter``) maps the models' modules onto them.
 
-* ``fused_adaln`` / ``FusedLayerNormModulate``: Triton LayerNorm + adaLN modulation (replaces
-  ``LayerNormModulate``);
+* ``AttentionOp`` / ``SDPAAttentionOp`` (``attention.py``): the attention op interface the models
+  call their attention core through, and torch's SDPA behind it;
+* ``FlashAttentionOp``: flash-attn (replaces ``SDPAAttentionOp``);
+* ``fused_adaln`` / ``FusedLayerNormModulate``: Triton LayerNorm + adaLN modulation (replaces the
+  models' ``LayerNormModulate``);
 * ``gated_residual_adaln`` / ``FusedGatedResidualNorm``: adaLN-Zero's gated residual fused with the
   next LayerNorm + modulation (replaces ``GatedResidualNorm``);
 * ``triton_layer_norm`` / ``TritonLayerNorm``: Triton LayerNorm with affine (replaces
   ``nn.LayerNorm``; apex's ``FusedLayerNorm`` is preferred when installed, see
-  ``to_fused_layernorm``);
-* ``FlashAttentionOp``: flash-attn (replaces ``SDPAAttentionOp``).
+  ``to_fused_layernorm``).
 
 The norm kernels are torch custom ops (``ops.py``, namespace ``opendit_lite``) so that
-``torch.compile(fullgraph=True)`` traces through them. The module converter (``opendit_lite.converter``) swaps them in from config keys. Importing this
-package imports Triton and decorates the kernels; set ``TRITON_INTERPRET=1`` before that to run
-them on CPU tensors.
+``torch.compile(fullgraph=True)`` traces through them. The names below load on first use: the
+models import ``attention.py`` (torch only), while the first use of a norm kernel imports Triton and
+decorates the kernels; set ``TRITON_INTERPRET=1`` before that to run them on CPU tensors.
 """
 
-from .flash_attention import ATTENTION_BACKENDS, FlashAttentionOp, flash_attn_version, resolve_attention_backend
-from .adaln import FusedLayerNormModulate, fused_adaln
-from .gated_residual import FusedGatedResidualNorm, gated_residual_adaln
-from .layernorm import (
-    TritonLayerNorm,
-    fused_layernorm_provider,
-    to_fused_layernorm,
-    triton_layer_norm,
-)
-from .triton_dispatch import triton_runs_on, triton_unavailable_reason
+import importlib
 
-__all__ = [
-    "ATTENTION_BACKENDS",
-    "FlashAttentionOp",
-    "flash_attn_version",
-    "resolve_attention_backend",
-    "FusedLayerNormModulate",
-    "fused_adaln",
-    "FusedGatedResidualNorm",
-    "gated_residual_adaln",
-    "TritonLayerNorm",
-    "fused_layernorm_provider",
-    "to_fused_layernorm",
-    "triton_layer_norm",
-    "triton_runs_on",
-    "triton_unavailable_reason",
-]
+# name -> the submodule defining it
+_LAZY = {
+    "AttentionOp": "attention",
+    "SDPAAttentionOp": "attention",
+    "ATTENTION_BACKENDS": "flash_attention",
+    "FlashAttentionOp": "flash_attention",
+    "flash_attn_version": "flash_attention",
+    "resolve_attention_backend": "flash_attention",
+    "FusedLayerNormModulate": "adaln",
+    "fused_adaln": "adaln",
+    "FusedGatedResidualNorm": "gated_residual",
+    "gated_residual_adaln": "gated_residual",
+    "TritonLayerNorm": "layernorm",
+    "fused_layernorm_provider": "layernorm",
+    "to_fused_layernorm": "layernorm",
+    "triton_layer_norm": "layernorm",
+    "triton_runs_on": "triton_dispatch",
+    "triton_unavailable_reason": "triton_dispatch",
+}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = list(_LAZY)

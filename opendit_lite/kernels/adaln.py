@@ -20,9 +20,8 @@ statistics and arithmetic, one rounding at the end.
 """
 
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
-
-from opendit_lite.models.layers.modulate import LayerNormModulate
 
 from . import ops
 from .triton_dispatch import triton_runs_on
@@ -86,18 +85,36 @@ def fused_adaln(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: 
     return adaln_torch(x, shift, scale, eps)
 
 
-class FusedLayerNormModulate(LayerNormModulate):
-    """Drop-in replacement of ``LayerNormModulate`` running the fused AdaLN kernel.
+class FusedNormModule(nn.Module):
+    """What the fused norm modules share: an affine-free LayerNorm over ``hidden_size`` features
+    (no parameters, so swapping one in leaves the state dict unchanged) and ``from_module``, by
+    which the module converter maps a model's norm module onto it."""
 
-    Same constructor, attributes and (empty) state dict as the module it replaces; only the
-    forward differs. x: [B, N, D]; shift, scale: [B, D] or [B, N, D]; returns [B, N, D].
+    def __init__(self, hidden_size: int, eps: float = 1e-6):
+        super().__init__()
+        self.hidden_size = hidden_size
+        self.eps = eps
+
+    @classmethod
+    def from_module(cls, module: nn.Module) -> "FusedNormModule":
+        """The fused module for a module with the same ``hidden_size`` and ``eps``."""
+        return cls(module.hidden_size, eps=module.eps)
+
+    def _check_width(self, x: torch.Tensor) -> None:
+        if x.size(-1) != self.hidden_size:
+            raise ValueError(f"{type(self).__name__}({self.hidden_size}) got x with {x.size(-1)} features")
+
+    def extra_repr(self) -> str:
+        return f"{self.hidden_size}, eps={self.eps}"
+
+
+class FusedLayerNormModulate(FusedNormModule):
+    """Affine-free LayerNorm then modulate on the fused AdaLN kernel: a drop-in replacement of the
+    models' ``LayerNormModulate`` (same constructor, attributes and empty state dict).
+
+    x: [B, N, D]; shift, scale: [B, D] or [B, N, D]; returns [B, N, D].
     """
 
     def forward(self, x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-        if x.size(-1) != self.hidden_size:
-            raise ValueError(f"{type(self).__name__}({self.hidden_size}) got x with {x.size(-1)} features")
+        self._check_width(x)
         return fused_adaln(x, shift, scale, self.eps)
-
-    @classmethod
-    def from_module(cls, module: LayerNormModulate) -> "FusedLayerNormModulate":
-        return cls(module.hidden_size, eps=module.eps)

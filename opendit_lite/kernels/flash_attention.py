@@ -12,7 +12,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from opendit_lite.models.layers.attention import SDPAAttentionOp
+from .attention import SDPAAttentionOp
 
 ATTENTION_BACKENDS = ("sdpa", "flash", "auto")
 

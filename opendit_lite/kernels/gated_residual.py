@@ -22,10 +22,8 @@ from typing import Tuple
 import torch
 import torch.nn.functional as F
 
-from opendit_lite.models.layers.modulate import GatedResidualNorm
-
 from . import ops
-from .adaln import _as_modulation, _check_inputs
+from .adaln import FusedNormModule, _as_modulation, _check_inputs
 from .triton_dispatch import triton_runs_on
 
 
@@ -72,15 +70,11 @@ def gated_residual_adaln(x: torch.Tensor, h: torch.Tensor, gate: torch.Tensor, s
     return gated_residual_adaln_torch(x, h, gate, shift, scale, eps)
 
 
-class FusedGatedResidualNorm(GatedResidualNorm):
-    """Drop-in replacement of ``GatedResidualNorm`` running the fused kernel (same constructor,
-    attributes and empty state dict). Returns (x_new, y), both [B, N, D]."""
+class FusedGatedResidualNorm(FusedNormModule):
+    """adaLN-Zero's gated residual and the next LayerNorm + modulate on the fused kernel: a drop-in
+    replacement of the models' ``GatedResidualNorm`` (same constructor, attributes and empty state
+    dict). Returns (x_new, y), both [B, N, D]."""
 
     def forward(self, x, h, gate, shift, scale):
-        if x.size(-1) != self.hidden_size:
-            raise ValueError(f"{type(self).__name__}({self.hidden_size}) got x with {x.size(-1)} features")
+        self._check_width(x)
         return gated_residual_adaln(x, h, gate, shift, scale, self.eps)
-
-    @classmethod
-    def from_module(cls, module: GatedResidualNorm) -> "FusedGatedResidualNorm":
-        return cls(module.hidden_size, eps=module.eps)

@@ -16,7 +16,7 @@ below for models that do not declare them (a model we did not write):
   marks the samples whose condition (class label, caption) is replaced by the null condition. The
   trainers then draw each sample's dropout from that sample's own stream, so a run does not depend
   on the rank layout; None: the model drops conditions itself, from each rank's global RNG.
-* ``get_fsdp_wrap_module_list()`` (default: detected, see ``activation_checkpointing.blocks``):
+* ``get_fsdp_wrap_module_list()`` (default: detected, see ``blocks.py``):
   its repeated blocks, the unit of activation checkpointing, offload and per-block compile.
 
 Each reader takes a model instance or its class, so a capability can be checked from the
@@ -27,8 +27,9 @@ from typing import Optional, Tuple, Union
 
 import torch.nn as nn
 
-from ..config.loader import ConfigError
 from ..config.schema import SP_MODES
+from ..errors import ConfigError
+
 GUIDANCE_LAYOUTS = ("concat", "paired")
 
 ModelOrClass = Union[nn.Module, type]

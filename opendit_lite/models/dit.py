@@ -25,7 +25,7 @@ import torch
 import torch.nn as nn
 from timm.layers import Mlp
 
-from ..diffusion.guidance import cfg_model_fn
+from .guidance import concat_guided
 from .layers.attention import Attention
 from .layers.embeddings import (
     LabelEmbedder,
@@ -236,7 +236,7 @@ class DiT(nn.Module):
         kept so published samples and FID numbers are reproduced exactly; pass
         ``guidance_channels=self.in_channels`` for the standard guidance on all noise channels.
         """
-        return cfg_model_fn(self, cfg_scale, channels=guidance_channels)(x, t, y=y)  # [2B, C_out, H, W]
+        return concat_guided(self, x, t, cfg_scale=cfg_scale, channels=guidance_channels, y=y)  # [2B, C_out, H, W]
 
 
 #################################################################################

@@ -33,7 +33,7 @@ import torch
 import torch.nn as nn
 from timm.layers import Mlp
 
-from ..diffusion.guidance import cfg_model_fn
+from .guidance import paired_guided
 from .layers.axis_attention import SpatialAttention, TemporalAttention
 from .layers.cross_attention import CrossAttention
 from .layers.embeddings import (
@@ -217,7 +217,7 @@ class STDiT(nn.Module):
         """Guided prediction for x, t [B]: runs [captions; null caption] as one batch of 2B and
         returns ``uncond + cfg_scale * (cond - uncond)`` on the noise channels (the learned variance,
         if any, is the conditional one). Returns [B, C_out, T, H, W]."""
-        return cfg_model_fn(self, cfg_scale)(x, t, y, mask)
+        return paired_guided(self, x, t, y, mask, cfg_scale=cfg_scale)  # [B, C_out, T, H, W]
 
 
 #################################################################################

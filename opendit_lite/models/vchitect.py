@@ -33,7 +33,7 @@ import torch
 import torch.nn as nn
 from timm.layers import Mlp
 
-from ..diffusion.guidance import cfg_model_fn
+from .guidance import paired_guided
 from .layers.axis_attention import TemporalAttention
 from .layers.embeddings import TimestepEmbedder
 from .layers.init import init_linears_xavier, init_patch_embed
@@ -219,7 +219,7 @@ class VchitectXL(nn.Module):
     def forward_with_cfg(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor, cfg_scale: float,
                          mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Guided prediction with the null caption; see ``STDiT.forward_with_cfg``."""
-        return cfg_model_fn(self, cfg_scale)(x, t, y, mask)
+        return paired_guided(self, x, t, y, mask, cfg_scale=cfg_scale)  # [B, C_out, T, H, W]
 
 
 def _register_vchitect(name: str, **config) -> Callable[..., VchitectXL]:

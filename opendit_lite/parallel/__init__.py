@@ -1,6 +1,6 @@
 """Sequence parallelism: differentiable collectives, the Ulysses attention ops and the split/gather
 boundaries, applied to a serial model from outside with ``apply_sequence_parallel``; DSP for
-spatial-temporal models with ``apply_dsp`` (``dsp.py``). ``opendit_lite.parallelize`` calls one of
+spatial-temporal models with ``apply_dsp`` (``dsp.py``). ``opendit_lite.transforms.parallelize`` calls one of
 the two. Importing the package registers every attention module type of the model zoo, and the
 roles attention modules declare (``foreign.py``; the protocol is documented with the adapters
 in ``opendit_lite.converter.attention_adapters``); a model without split/gather markers is sharded at its

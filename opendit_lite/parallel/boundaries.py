@@ -15,7 +15,7 @@ sequence parallelism shards:
   tuple) back to ``[B, N, D]`` (``SequenceParallelGather``, padding dropped).
 
 Other block arguments (timestep/class conditioning ``[B, D]``, text context ``[B, M, Dc]``) are
-per sample or replicated and pass unchanged. The blocks come from ``find_checkpoint_blocks``: the
+per sample or replicated and pass unchanged. The blocks come from ``opendit_lite.models.blocks.find_blocks``: the
 model's ``get_fsdp_wrap_module_list()`` when it declares one, else its repeated
 ``ModuleList``/``Sequential`` of one class. Blocks must run in list order, once each per forward.
 

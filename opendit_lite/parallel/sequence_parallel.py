@@ -22,7 +22,7 @@ gathered at its last block's output (``boundaries.py``), and then every block mu
 attention op this module can run.
 
 Run it after the backend conversion (the Ulysses op wraps whatever op it finds) and before
-activation checkpointing and data-parallel wrapping, which only see the finished modules. ``opendit_lite.parallelize`` calls it
+activation checkpointing and data-parallel wrapping, which only see the finished modules. ``opendit_lite.transforms.parallelize`` calls it
 (``sp_mode="ulysses"``) in that place of its order. See ``comm.py`` for the gradient convention: DDP/ZeRO's world mean of gradients
 is exact; docs/sequence_parallel.md for usage and communication volume.
 """
@@ -32,10 +32,9 @@ from typing import Callable, Dict, Optional
 import torch.distributed as dist
 import torch.nn as nn
 
+from opendit_lite.models.blocks import find_blocks
 from opendit_lite.models.layers.attention import Attention, AttentionOp
 from opendit_lite.models.layers.sequence import SequenceGather, SequenceSplit
-
-from opendit_lite.activation_checkpointing.blocks import find_checkpoint_blocks
 
 from .boundaries import place_sequence_boundaries
 from .foreign import PROTOCOL, adapt_foreign_attention, declared_role
@@ -166,7 +165,7 @@ def apply_sequence_parallel(model: nn.Module, sp_group: Optional[dist.ProcessGro
     blocks = None
     if not markers:
         try:
-            blocks = find_checkpoint_blocks(model)
+            blocks = find_blocks(model)
         except ValueError as e:
             raise ValueError(
                 f"{type(model).__qualname__} has no SequenceSplit/SequenceGather markers and no block list to "

@@ -38,12 +38,12 @@ def model_shape_of_config(cfg) -> ModelShape:
     m.in_channels = m.in_channels or (4 if latent else 3)
     with torch.device("meta"):
         if is_video_config(cfg):
-            from ..training.video import build_video_model
+            from ..build.video import build_video_model
 
             m.caption_channels = m.caption_channels or CAPTION_WIDTHS[cfg.text_encoder.kind]
             model = build_video_model(cfg)
         else:
-            from ..training.factory import build_model_from_config
+            from ..build.image import build_model_from_config
 
             size = cfg.data.image_size // config_downsample(cfg)
             m.input_size = m.input_size or [size, size]
@@ -57,7 +57,7 @@ def latent_buckets(cfg, buckets=None, downsample: Optional[int] = None) -> List[
     down = downsample or config_downsample(cfg)
     if is_video_config(cfg):
         if buckets is None and cfg.data.buckets:
-            from ..training.video import video_buckets
+            from ..build.video import video_buckets
 
             buckets = video_buckets(dataclasses.replace(cfg, bucket_batch="auto"))
         if buckets:

@@ -15,7 +15,7 @@ with a data x sequence mesh and a sharded EMA.
         optimizer.step()
         optimizer.zero_grad()
         plugin.update_ema(model, decay=0.9999)
-    torch.save(plugin.ema_state_dict(only_rank_0=True), "ema.pt")  # on rank 0
+    torch.save(plugin.ema.state_dict(only_rank_0=True), "ema.pt")  # on rank 0
 
 Decisions:
 
@@ -36,14 +36,15 @@ Decisions:
   (``node_size`` consecutive ranks) and every node keeps a replica; gradient shards are averaged
   across nodes once per step. Colossal-AI's ``extra_dp_size`` does not shard per node (see
   ``zero.py``), so the groups are built here.
-- **EMA.** The plugin owns one fp32 EMA of the trainable parameters of the model it boosted with
+- **EMA.** The plugin keeps one fp32 EMA of the trainable parameters of the model it boosted with
   an optimizer, sharded over the ZeRO group with the partition of the fp32 master weights and
   updated from the master shard (no communication per step); under DDP it is a flat partition of
-  all parameters over the world (``ema.py``). ``ema_state_dict()`` gathers the full state dict on
-  every rank (``only_rank_0=True``: on global rank 0 only); ``load_ema_state_dict`` takes a full
-  state dict saved at any world size. With ``build_optimizer(..., fused_ema=True)`` (DDP, ZeRO-1/2)
-  the optimizer advances the EMA inside its step (``opendit_lite.optim.AdamWEMA``) and
-  ``update_ema`` only checks that it did.
+  all parameters over the world. The EMA itself is ``opendit_lite.ema`` (``create_ema``/``update_ema``
+  delegate to it): ``plugin.ema.state_dict()`` gathers the full state dict on every rank
+  (``only_rank_0=True``: on global rank 0 only); ``plugin.ema.load_state_dict`` takes a full state
+  dict saved at any world size. With ``build_optimizer(..., fused_ema=True)`` (DDP, ZeRO-1/2) the
+  optimizer advances the EMA inside its step (``opendit_lite.optim.AdamWEMA``) and ``update_ema``
+  only checks that it did.
 - **Gradient accumulation.** DDP and ZeRO-1: ``with booster.no_sync(model, optimizer):`` around the
   backward passes before the last one (no communication). ZeRO-2 cannot skip its reduce-scatter
   (the gradient is sharded as it is produced), and Gemini has no ``no_sync``: call backward several
@@ -73,15 +74,15 @@ from torch.optim import Optimizer
 from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler
 
+from ..distributed.launch import init_distributed
+from ..distributed.mesh import block_groups, build_data_seq_mesh, default_node_size
+from ..ema import ShardedEMA, create_sharded_ema, update_sharded_ema
 from ..optim import AdamWEMA
+from . import zero as _zero
 from .ddp import apply_ddp
 from .ddp_checkpoint_io import DDPCheckpointIO
-from ..ema.sharded import ShardedEMA, flat_layout, gemini_layout, zero_layout
 from .gemini import apply_gemini
-from ..distributed.mesh import block_groups, build_data_seq_mesh, default_node_size
-from . import zero as _zero
 from .precision import AUTO, PRECISIONS, resolve_precision, usable_zero_degrees, zero_degree_hint
-from ..distributed.launch import init_distributed
 from .zero import ZeroCheckpointIO, apply_low_level_zero
 
 ZERO_DEGREES = (0, 1, 2, 3)
@@ -214,7 +215,7 @@ class OpenDiTPlugin(DPPluginBase):
                     bnb_quantization_config=None) -> nn.Module:
         """``Booster.enable_lora``: inject the adapters of a ``peft.LoraConfig`` into ``model`` in place,
         before boosting; the base is frozen. Build the optimizer from the trainable parameters only."""
-        from ..training.lora import apply_lora
+        from ..models.lora import apply_lora
 
         if not self.support_lora():
             raise NotImplementedError(f"LoRA needs zero_degree 0, 1 or 2; this plugin has "
@@ -364,74 +365,36 @@ class OpenDiTPlugin(DPPluginBase):
 
     # ------------------------------------------------------------------ EMA
 
+    # The EMA's logic is in opendit_lite.ema; the plugin keeps the EMA of the model it boosted and
+    # these two entry points, which the Booster snippet of the README and LiteGen users call.
+
     def create_ema(self, model: ModelWrapper, optimizer: Optional[OptimizerWrapper] = None) -> ShardedEMA:
-        """Create the sharded fp32 EMA of ``model`` (boosted by this plugin), equal to its current weights.
+        """Create the sharded fp32 EMA of ``model`` (boosted by this plugin), equal to its current
+        weights (``opendit_lite.ema.create_sharded_ema`` with this plugin's ZeRO partition).
 
         ``optimizer`` defaults to the one boosted with ``model``; ZeRO and Gemini read their fp32
         master shards from it.
         """
-        if not isinstance(model, ModelWrapper):
-            raise ValueError("create the EMA after Booster.boost, from the boosted model it returned")
-        optimizer = optimizer if optimizer is not None else self._optimizer
-        if optimizer is None and self.zero_degree in (1, 2):
-            raise ValueError("the ZeRO EMA follows the optimizer's master weights; boost the model with its optimizer first")
-        module = model.unwrap()
-        if self.zero_degree == 0:
-            params = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
-            layout = flat_layout(params, self.world_size, self.rank)
-            group = dist.group.WORLD
-        elif self.zero_degree in (1, 2):
-            masters = optimizer.get_working_to_master_map()
-            params = [(n, p) for n, p in module.named_parameters() if id(p) in masters]
-            layout = zero_layout(params, optimizer, dist.get_world_size(self.zero_group))
-            group = self.zero_group
-        else:
-            layout = gemini_layout(model, dist.get_world_size(self.zero_group), dist.get_rank(self.zero_group))
-            group = self.zero_group
-        self._ema = ShardedEMA(layout, group, module)
-        fused = self._fused_ema_optimizer(optimizer)
-        if fused is not None:
-            fused.attach_ema(*self._ema.pieces_and_sources())
+        self._ema = create_sharded_ema(model, optimizer if optimizer is not None else self._optimizer, self)
         return self._ema
 
-    @staticmethod
-    def _fused_ema_optimizer(optimizer: Optional[OptimizerWrapper]) -> Optional[AdamWEMA]:
-        """The ``AdamWEMA`` inside a boosted optimizer (DDP's or LowLevelZero's wrapper), else None."""
-        inner = getattr(optimizer, "optim", None)
-        return inner if isinstance(inner, AdamWEMA) else None
-
     def update_ema(self, model: ModelWrapper, optimizer: Optional[OptimizerWrapper] = None, decay: float = 0.9999) -> None:
-        """``ema = decay * ema + (1 - decay) * weights`` after ``optimizer.step()``; creates the EMA on first use."""
+        """``ema = decay * ema + (1 - decay) * weights`` after ``optimizer.step()``; creates the EMA on
+        first use (``opendit_lite.ema.update_sharded_ema``)."""
         if self._ema is None:
             self.create_ema(model, optimizer)
         elif self._ema.module is not model.unwrap():
             raise ValueError("update_ema got a different model from the one the EMA was created for")
-        fused = self._fused_ema_optimizer(optimizer if optimizer is not None else self._optimizer)
-        if fused is not None and fused.take_ema_update(decay):
-            return  # the optimizer's step already advanced the EMA with this decay
-        self._ema.update(decay)
+        update_sharded_ema(self._ema, optimizer if optimizer is not None else self._optimizer, decay)
 
-    def _require_ema(self) -> ShardedEMA:
+    @property
+    def ema(self) -> ShardedEMA:
+        """The EMA of the boosted model (created from its current weights on first access): its
+        ``state_dict(only_rank_0=...)`` gathers the full fp32 EMA with the model's own key names (a
+        collective), ``load_state_dict`` takes one saved at any world size or zero_degree, and
+        ``numel_local()`` counts the elements this rank holds."""
         if self._ema is None:
             if self._model is None:
                 raise ValueError("no EMA yet: boost a model with an optimizer (and call create_ema or update_ema) first")
             self.create_ema(self._model)
         return self._ema
-
-    def ema_state_dict(self, only_rank_0: bool = False) -> Dict[str, torch.Tensor]:
-        """The full fp32 EMA as a CPU state dict with the model's own key names (a collective).
-
-        Every rank gets it unless ``only_rank_0`` (then other ranks get ``{}`` and never hold a
-        full copy, which is what a rank-0 checkpoint writer wants for large models). Frozen
-        parameters and buffers are included as they are in the model, so the dict loads into a
-        fresh model with ``strict=True``.
-        """
-        return self._require_ema().state_dict(only_rank_0=only_rank_0)
-
-    def load_ema_state_dict(self, state_dict: Dict[str, torch.Tensor]) -> None:
-        """Load a full EMA state dict (saved at any world size or zero_degree) into this rank's shard."""
-        self._require_ema().load_state_dict(state_dict)
-
-    def ema_numel_local(self) -> int:
-        """Elements of EMA stored on this rank: about params / group size, plus padding."""
-        return self._require_ema().numel_local()

@@ -22,7 +22,7 @@ from typing import Callable, List, Set, Tuple
 import torch
 import torch.nn as nn
 
-from ..config import ConfigError
+from ..errors import ConfigError
 
 # FP8 tensor cores: Ada (8.9) and Hopper (9.0) and later.
 FP8_MIN_CAPABILITY: Tuple[int, int] = (8, 9)

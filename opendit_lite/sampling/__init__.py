@@ -7,8 +7,8 @@
   (``opendit_lite.diffusion.SampleGenerators``), so the output does not depend on the rank layout
   or batch size: ``torchrun --nproc_per_node 8 sample.py`` writes the one-process grid.
 * ``gather_on_main``: the finished samples, in index order, on rank 0 (which writes the files).
-* ``denoiser.parallelize_denoiser``: ``opendit_lite.parallelize`` for sampling (kernels, Ulysses/DSP
-  over the sampling mesh, ``sample.compile``).
+* ``opendit_lite.build.denoiser.parallelize_denoiser``: ``parallelize`` for sampling (kernels,
+  Ulysses/DSP over the sampling mesh, ``sample.compile``).
 * ``image.py``: class-conditional image generation with batched classifier-free guidance.
 """
 

@@ -6,21 +6,21 @@ from typing import Iterator, List, Optional, Sequence, Tuple
 import torch
 import torch.nn as nn
 
-from ..checkpoint.layout import resolve_sample_checkpoint, saved_config
-from ..config import ConfigError, DiffusionConfig, ModelConfig, from_dict
-from ..diffusion import RectifiedFlow, cfg_model_fn, create_diffusion
-from ..diffusion.sampling_utils import SampleGenerators
-from ..encoders import vae_decode
-from ..training.factory import (
+from ..build.denoiser import parallelize_denoiser
+from ..build.image import (
     build_dataset_from_config,
     build_model_from_config,
     load_vae_from_config,
     model_input_hw,
     resolve_model_geometry,
 )
-from ..training.lora import load_merged
+from ..build.lora import load_merged
+from ..checkpoint.layout import resolve_sample_checkpoint, saved_config
+from ..config import ConfigError, DiffusionConfig, ModelConfig, from_dict
+from ..diffusion import RectifiedFlow, cfg_model_fn, create_diffusion
+from ..diffusion.sampling_utils import SampleGenerators
+from ..encoders import vae_decode
 from .checks import check_sample_settings
-from .denoiser import parallelize_denoiser
 from .ranks import SamplingRanks
 
 
@@ -48,7 +48,7 @@ def load_image_model(cfg, ranks: SamplingRanks) -> Tuple[nn.Module, str, Optiona
     check_sample_settings(cfg.sample.seed, cfg.sample.batch_size)
     model = build_model_from_config(cfg)
     load_merged(model, ckpt, use_ema=cfg.sample.use_ema, lora=saved.get("lora"))  # LoRA runs: adapters merged
-    report = parallelize_denoiser(model, cfg, ranks)
+    report = parallelize_denoiser(model, cfg, ranks.sp_group)
     if ranks.is_main and (ranks.sp_size > 1 or cfg.sample.compile):
         print(report)
     model.to(ranks.device).eval()

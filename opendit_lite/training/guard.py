@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from ..checkpoint.state import all_finite
-from ..utils.exit_codes import NonFiniteError
+from ..errors import NonFiniteError
 
 MAX_CONSECUTIVE_SKIPS = 10  # skip_step gives up when the weights themselves have gone bad
 

@@ -1,16 +1,16 @@
 """The image trainer's declarations (``IMAGE_TRAINER``): class-conditional image data, optionally
 encoded by a VAE, and a DiT-style model; train.py runs it with the shared loop."""
 
-from ..config import ConfigError, TrainConfig
-from ..encoders import vae_encode
-from ..models import MODELS, registered_class
-from ..models.capabilities import is_video_model
-from .factory import (
+from ..build.image import (
     build_dataset_from_config,
     build_model_from_config,
     load_vae_from_config,
     resolve_model_geometry,
 )
+from ..config import ConfigError, TrainConfig
+from ..encoders import vae_encode
+from ..models import MODELS, registered_class
+from ..models.capabilities import is_video_model
 from .spec import TrainerSpec, TrainingData
 
 

@@ -14,22 +14,23 @@ import torch.distributed as dist
 import yaml
 from colossalai.booster import Booster
 
+from ..checkpoint.layout import checkpoint_root, pick_resume_checkpoint
+from ..checkpoint.resume import restore_run
+from ..checkpoint.state import save_checkpoint
 from ..config import ConfigError, to_dict
 from ..data.sampler import ResumableDistributedSampler
+from ..distributed.ranks import from_rank0
+from ..errors import RunInterrupted
+from ..optim.lr_schedule import build_lr_scheduler
 from ..plugins import OpenDiTPlugin
 from ..plugins.precision import resolve_precision
 from ..precision import apply_fp8_training, check_fp8_supported
-from ..checkpoint.resume import restore_run
-from ..checkpoint.state import save_checkpoint
 from .cuda_graphs import check_cuda_graphs
-from .lr_schedule import build_lr_scheduler
-from .metrics import MetricsLogger, peak_memory_gib
-from .mfu import counted_flops, current_device_peak_tflops
-from ..checkpoint.layout import checkpoint_root, pick_resume_checkpoint
 from .guard import NonFiniteGuard
 from .hyperparams import apply_configured_hyperparams
+from .metrics import MetricsLogger, peak_memory_gib
+from .mfu import counted_flops, current_device_peak_tflops
 from .stop import StopRequest
-from ..utils.exit_codes import RunInterrupted
 
 
 def build_booster(cfg, info) -> Tuple[OpenDiTPlugin, Booster]:
@@ -115,8 +116,9 @@ def restore_training(cfg, booster: Booster, plugin: OpenDiTPlugin, ema_plugin: O
     run's first step (None: not yet). A resumed run applies the configured lr/weight_decay (and
     says so when they changed)."""
     resume = pick_resume_checkpoint(cfg, report=log.write)
-    state = restore_run(booster, plugin, model, optimizer, lr_scheduler, resume=resume,
-                        auto=not cfg.resume_from, ema_resume_from=cfg.ema.resume_from, ema=ema_plugin is not None)
+    create_ema = (lambda: plugin.create_ema(model, optimizer)) if ema_plugin is not None else None
+    state = restore_run(booster, model, optimizer, lr_scheduler, resume=resume, auto=not cfg.resume_from,
+                        ema_resume_from=cfg.ema.resume_from, create_ema=create_ema)
     step, run_id = state.get("step", 0), state.get("run_id") or uuid.uuid4().hex
     position = {"epoch": 0, "batch_in_epoch": 0}
     position.update({k: v for k, v in state.items() if k not in ("step", "config", "run_id", "flops_per_step")})
@@ -124,10 +126,7 @@ def restore_training(cfg, booster: Booster, plugin: OpenDiTPlugin, ema_plugin: O
         log.write(f"resumed from {resume} at step {step}")
         for change in apply_configured_hyperparams(optimizer, lr_scheduler, lr=cfg.lr, weight_decay=cfg.weight_decay):
             log.write(change)
-    if dist.is_initialized() and dist.get_world_size() > 1:  # the fresh id of rank 0 on every rank
-        box = [run_id]
-        dist.broadcast_object_list(box, src=0)
-        run_id = box[0]
+    run_id = from_rank0(run_id)  # a fresh run: rank 0's new id on every rank
     return Restored(step, position, run_id, state.get("flops_per_step"))
 
 
@@ -202,7 +201,8 @@ def run_steps(cfg, info, log: MetricsLogger, booster: Booster, plugin: OpenDiTPl
         if flops_per_step is not None:
             extra["flops_per_step"] = flops_per_step
         path = save_checkpoint(booster, checkpoint_root(cfg), at_step, model, optimizer, lr_scheduler,
-                               plugin=ema_plugin, extra_state=extra, keep_last=cfg.keep_last or None,
+                               ema=ema_plugin.ema if ema_plugin is not None else None, extra_state=extra,
+                               keep_last=cfg.keep_last or None,
                                exp_name=cfg.exp_name, run_id=run_id)
         log.write(f"saved checkpoint {path}")
         if after_save is not None:

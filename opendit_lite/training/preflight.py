@@ -16,7 +16,7 @@ import sys
 import uuid
 
 from ..checkpoint.layout import checkpoint_root, wants_resume
-from ..checkpoint.state import META_FILE, list_checkpoints
+from ..checkpoint.catalog import META_FILE, list_checkpoints
 from ..config import ConfigError
 from ..models import MODELS
 from ..models.capabilities import model_family

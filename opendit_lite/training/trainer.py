@@ -12,18 +12,22 @@ from typing import Optional, Sequence
 
 import torch
 
+from ..build.lora import export_merged
+from ..build.objective import build_training_objective
 from ..checkpoint.layout import checkpoint_root, wants_resume
 from ..checkpoint.weights import load_weights
 from ..config import ConfigError, parse_cli, to_dict, validate_world
 from ..data.buckets import BucketBatches
 from ..data.indexed import IndexedDataset
+from ..diffusion.loss import objective_loss
 from ..diffusion.sampling_utils import SampleGenerators
 from ..distributed.launch import cleanup_distributed, init_distributed
 from ..distributed.seed import seed_everything
 from ..models import MODELS, registered_class
 from ..models.capabilities import check_sp_mode, condition_dropout_kwarg
-from ..parallelize import parallelize
-from .factory import build_training_objective, objective_loss
+from ..models.lora import apply_lora
+from ..transforms import parallelize
+from ..utils.exit_codes import script_main
 from .loop import (
     ResumableBatches,
     boost_training,
@@ -33,11 +37,9 @@ from .loop import (
     run_steps,
     write_run_config,
 )
-from .lora import apply_lora, export_merged
 from .metrics import MetricsLogger
 from .preflight import check_disk_space, check_training_inputs
 from .spec import TrainerSpec
-from ..utils.exit_codes import script_main
 
 
 def train(spec: TrainerSpec, cfg, info) -> str:

@@ -1,10 +1,5 @@
 """How the scripts end: one paragraph and a documented exit code, never a traceback for a user's
-mistake.
-
-    0    done
-    2    bad input: a setting, a path, the data or a checkpoint (one paragraph says what and what to do)
-    3    a non-finite loss or weights: the run stopped, no checkpoint was written after the first bad step
-    130  interrupted (Ctrl-C / SIGTERM); the checkpoint written at the stop lets auto_resume continue
+mistake. The errors and their codes are listed in ``opendit_lite.errors``.
 
 Under torchrun every rank raises the same error; only global rank 0 prints it. ``--debug`` on the
 command line (or ``OPENDIT_DEBUG=1`` in the environment) shows the traceback as well.
@@ -16,25 +11,10 @@ import sys
 import traceback
 from typing import Callable, Optional, Sequence
 
-from ..checkpoint.state import CheckpointError
-from ..config import ConfigError
+from ..errors import EXIT_INTERRUPTED, EXIT_NON_FINITE, USER_ERRORS, CheckpointError
+from ..errors import NonFiniteError, RunInterrupted  # noqa: F401  (their former home; raised by the trainers)
 
-EXIT_DONE, EXIT_BAD_INPUT, EXIT_NON_FINITE, EXIT_INTERRUPTED = 0, 2, 3, 130
 DEBUG_FLAG, DEBUG_ENV = "--debug", "OPENDIT_DEBUG"
-
-
-class NonFiniteError(RuntimeError):
-    """The loss (or the weights) became NaN/inf; the message names the step."""
-
-
-class RunInterrupted(Exception):
-    """A stop signal was honoured: the run saved a checkpoint and ended before max_steps."""
-
-
-# Exceptions a user can act on, and the exit code each maps to (checked in this order).
-USER_ERRORS = ((ConfigError, EXIT_BAD_INPUT), (CheckpointError, EXIT_BAD_INPUT),
-               (NonFiniteError, EXIT_NON_FINITE), (RunInterrupted, EXIT_INTERRUPTED),
-               (KeyboardInterrupt, EXIT_INTERRUPTED))
 
 
 def _is_rank0() -> bool:

@@ -23,16 +23,10 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from opendit_lite.checkpoint.state import (
-    CheckpointError,
-    atomic_path,
-    find_latest_checkpoint,
-    list_checkpoints,
-    load_checkpoint,
-    load_torch_file,
-    save_checkpoint,
-    verify_checkpoint,
-)
+from opendit_lite.checkpoint import CheckpointError
+from opendit_lite.checkpoint.catalog import find_latest_checkpoint, list_checkpoints, verify_checkpoint
+from opendit_lite.checkpoint.files import atomic_path, load_torch_file
+from opendit_lite.checkpoint.state import load_checkpoint, save_checkpoint
 from opendit_lite.distributed.rng import get_rng_state, set_rng_state
 from tests.distributed import run_distributed
 from tests.zero_cpu_shim import install as install_zero_cpu_shim
@@ -103,7 +97,7 @@ def _snapshot(parts):
         "params": {k: v.clone() for k, v in model.unwrap().state_dict().items()},
         "exp_avg_sq": [opt_state[i]["exp_avg_sq"].clone() for i in sorted(opt_state)],
         "lr": scheduler.get_last_lr()[0],
-        "ema": plugin.ema_state_dict(),
+        "ema": plugin.ema.state_dict(),
     }
 
 
@@ -123,12 +117,12 @@ def _draws():
 
 def _save(parts, root, step, exp_name, **kw):
     booster, model, optimizer, scheduler, plugin = parts
-    return save_checkpoint(booster, root, step, model, optimizer, scheduler, plugin=plugin, exp_name=exp_name, **kw)
+    return save_checkpoint(booster, root, step, model, optimizer, scheduler, ema=plugin.ema, exp_name=exp_name, **kw)
 
 
 def _resume(parts, ckpt):
     booster, model, optimizer, scheduler, plugin = parts
-    return load_checkpoint(booster, ckpt, model, optimizer, scheduler, plugin=plugin)
+    return load_checkpoint(booster, ckpt, model, optimizer, scheduler, ema=plugin.ema)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -162,7 +162,7 @@ def test_attention_adapters_run_as_a_conversion_when_flash_is_swapped_in(capsys)
 def test_parallelize_converts_meta_dit_without_warnings():
     import warnings
 
-    from opendit_lite.parallelize import parallelize
+    from opendit_lite.transforms import parallelize
 
     model = fm.meta_dit()
     converted = copy.deepcopy(model)

@@ -50,7 +50,7 @@ def _mesh_checks(rank, world_size, sp_sizes, train_grouped):
         plugin = OpenDiTPlugin(zero_degree=2, sp_size=2, precision="fp32", group_zero=True, node_size=2)
         model, _ = boosted_run(plugin, steps=2)
         ref_params, ref_ema = reference_run(steps=2)
-        ema = plugin.ema_state_dict()
+        ema = plugin.ema.state_dict()
         out["grouped"] = dict(
             params=max_diff({n: p.detach() for n, p in model.unwrap().named_parameters()}, ref_params),
             ema=max_diff({k: ema[k] for k in ref_ema}, ref_ema),

@@ -146,7 +146,7 @@ def test_module_is_a_drop_in_for_layer_norm_modulate():
     torch.manual_seed(0)
     ref = LayerNormModulate(40, eps=1e-6)
     fused = FusedLayerNormModulate.from_module(ref)
-    assert isinstance(fused, LayerNormModulate) and fused.eps == ref.eps
+    assert (fused.hidden_size, fused.eps) == (ref.hidden_size, ref.eps)  # same attributes, no model import
     assert fused.state_dict().keys() == ref.state_dict().keys() == set()
     x, shift, scale, dy = make_inputs(3, 7, 40, "sample", torch.float32)
     got, expected = run(fused, x, shift, scale, dy), run(ref, x, shift, scale, dy)

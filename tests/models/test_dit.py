@@ -14,7 +14,8 @@ import pytest
 import torch
 from timm.layers import PatchEmbed as TimmPatchEmbed
 
-from opendit_lite.models import MODELS, DiT, DiT_models, build_model, load_original_dit_checkpoint
+from opendit_lite.checkpoint.original_dit import load_original_dit_checkpoint
+from opendit_lite.models import MODELS, DiT, DiT_models, build_model
 from opendit_lite.models.layers import (
     LabelEmbedder,
     PatchEmbed,

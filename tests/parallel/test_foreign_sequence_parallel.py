@@ -18,7 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from opendit_lite.config import ConfigError
-from opendit_lite.parallelize import parallelize
+from opendit_lite.transforms import parallelize
 from opendit_lite.parallel import UlyssesAttentionOp, apply_sequence_parallel
 from opendit_lite.parallel.ulysses import SequenceParallelCrossAttentionOp
 from tests import foreign_models as fm

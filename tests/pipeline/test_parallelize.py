@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from opendit_lite.config import ConfigError
 from opendit_lite.models import DiT, build_model
 from opendit_lite.models.capabilities import guidance_layout, is_video_model, supported_sp_modes
-from opendit_lite.parallelize import ParallelizeReport, apply_compile, parallelize
+from opendit_lite.transforms import ParallelizeReport, apply_compile, parallelize
 
 
 def tiny_dit() -> nn.Module:
@@ -149,11 +149,29 @@ def test_lazy_import_from_the_package():
     assert isinstance(opendit_lite.parallelize(tiny_dit()), ParallelizeReport)
 
 
+def test_package_parallelize_is_the_function_with_its_signature():
+    """``from opendit_lite import parallelize`` is the function itself, so help() and editors show
+    its keyword arguments, not a module's ``(model, **kwargs)``."""
+    import inspect
+    import types
+
+    import opendit_lite
+    from opendit_lite import parallelize as from_package
+
+    assert isinstance(from_package, types.FunctionType) and from_package is parallelize
+    assert opendit_lite.parallelize is parallelize
+    params = inspect.signature(from_package).parameters
+    assert list(params) == ["model", "sp_group", "sp_mode", "fused_adaln", "fused_layernorm", "attention_backend",
+                            "selective_ratio", "ac_offload", "compile", "compile_backend", "cuda_graphs"]
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for name, p in params.items() if name != "model")
+    assert inspect.signature(from_package).return_annotation is ParallelizeReport
+
+
 def test_trainers_read_is_video():
     from opendit_lite.config import load_config
     from opendit_lite.config.video_schema import VideoTrainConfig
     from opendit_lite.training.image import build_image_model
-    from opendit_lite.training.video import build_video_model
+    from opendit_lite.build.video import build_video_model
 
     with pytest.raises(ConfigError, match="declares is_video = True"):
         build_image_model(load_config(None, ["model.name=STDiT-tiny"]))

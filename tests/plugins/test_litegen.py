@@ -165,7 +165,7 @@ def _snapshot(gen, model, optimizer):
     return {
         "params": {k: v.clone() for k, v in model.unwrap().state_dict().items()},
         "exp_avg": [state[i]["exp_avg"].clone() for i in sorted(state)],
-        "ema": gen.plugin.ema_state_dict(),
+        "ema": gen.plugin.ema.state_dict(),
     }
 
 

@@ -51,9 +51,9 @@ def test_trains_on_one_gpu_with_ema(nccl_world_of_one, name):
     assert max_diff(weights, ref_params) < BF16_TOL
     assert max_diff(weights, reference_run(0)[0]) > 1e-4, "the weights did not move"
 
-    ema = plugin.ema_state_dict()
+    ema = plugin.ema.state_dict()
     assert list(ema) == list(model.unwrap().state_dict())
     assert all(v.dtype == torch.float32 and v.device.type == "cpu" for v in ema.values())
     assert max_diff({k: ema[k] for k in ref_ema}, ref_ema) < BF16_TOL
     total = sum(v.numel() for v in ref_ema.values())
-    assert total <= plugin.ema_numel_local() <= 1.5 * total  # world of one: all of it (+ chunk tails)
+    assert total <= plugin.ema.numel_local() <= 1.5 * total  # world of one: all of it (+ chunk tails)

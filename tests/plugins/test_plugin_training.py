@@ -56,7 +56,7 @@ def _train_all(rank, world_size, ckpt_dir):
         model, optimizer = boosted_run(plugin, STEPS, accum=accum, lazy_ema=lazy_ema, fused_ema=fused_ema)
         ref_params, ref_ema = reference_run(STEPS, grad_clip=kwargs.get("grad_clip", 0.0), lazy_ema=lazy_ema)
         params = {n: p.detach() for n, p in model.unwrap().named_parameters()}
-        ema_sd = plugin.ema_state_dict()
+        ema_sd = plugin.ema.state_dict()
         trainable = {n for n, p in model.unwrap().named_parameters() if p.requires_grad}
         ema_total = sum(p.numel() for n, p in model.unwrap().named_parameters() if n in trainable)
         out[name] = dict(
@@ -65,14 +65,14 @@ def _train_all(rank, world_size, ckpt_dir):
             frozen_in_ema=max_diff({k: ema_sd[k] for k in ema_sd if k not in trainable},
                                    {k: v for k, v in ref_params.items() if k not in trainable}),
             ema_keys=list(ema_sd) == list(model.unwrap().state_dict()),
-            ema_numel=plugin.ema_numel_local(), ema_total=ema_total,
+            ema_numel=plugin.ema.numel_local(), ema_total=ema_total,
             num_tracked=len(trainable),
         )
         if name == "zero1":
             # Load a full EMA from elsewhere (the reference, i.e. another world size and strategy).
-            plugin.load_ema_state_dict(ref_ema)
-            out["ema_load"] = max_diff({k: plugin.ema_state_dict()[k] for k in trainable}, ref_ema)
-            rank0_only = plugin.ema_state_dict(only_rank_0=True)  # a collective: every rank calls it
+            plugin.ema.load_state_dict(ref_ema)
+            out["ema_load"] = max_diff({k: plugin.ema.state_dict()[k] for k in trainable}, ref_ema)
+            rank0_only = plugin.ema.state_dict(only_rank_0=True)  # a collective: every rank calls it
             out["rank0_only"] = (max_diff({k: rank0_only[k] for k in trainable}, ref_ema) if rank == 0
                                  else rank0_only == {})
         if name == "zero1_grouped_clip":

@@ -3,7 +3,7 @@
 import torch
 
 from opendit_lite.training.hyperparams import apply_configured_hyperparams
-from opendit_lite.training.lr_schedule import build_lr_scheduler
+from opendit_lite.optim.lr_schedule import build_lr_scheduler
 
 
 def _optimizer_as_saved(lr, weight_decay, steps):

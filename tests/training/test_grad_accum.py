@@ -40,7 +40,7 @@ def _train(rank, world_size, results_dir):
     from opendit_lite.config import TrainConfig
     from opendit_lite.plugins import OpenDiTPlugin
     from opendit_lite.training.loop import run_steps
-    from opendit_lite.training.lr_schedule import build_lr_scheduler
+    from opendit_lite.optim.lr_schedule import build_lr_scheduler
     from opendit_lite.training.metrics import MetricsLogger
 
     cfg = TrainConfig(exp_name="accum", results_dir=results_dir, max_steps=STEPS, grad_accum_steps=ACCUM,

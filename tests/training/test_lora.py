@@ -12,7 +12,7 @@ from peft import LoraConfig
 from safetensors.torch import save_file
 
 from opendit_lite.models import DiT
-from opendit_lite.training.lora import apply_lora, lora_target_names, merge_lora
+from opendit_lite.models.lora import apply_lora, lora_target_names, merge_lora
 from tests.distributed import run_distributed
 from tests.plugins.common import LR, local_slice, loss_fn, make_batches, max_diff
 
@@ -102,7 +102,7 @@ def _train_boosted(rank, world_size):
             plugin.update_ema(model, decay=0.0)  # decay 0: the EMA is the current weights
         adapters = sum(p.numel() for p in model.unwrap().parameters() if p.requires_grad)
         out[zero_degree] = dict(params={n: p.detach().clone() for n, p in model.unwrap().named_parameters()},
-                                ema=plugin.ema_state_dict(), ema_numel=plugin.ema_numel_local(), adapters=adapters)
+                                ema=plugin.ema.state_dict(), ema_numel=plugin.ema.numel_local(), adapters=adapters)
     return out
 
 

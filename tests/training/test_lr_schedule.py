@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from opendit_lite.training.lr_schedule import build_lr_scheduler
+from opendit_lite.optim.lr_schedule import build_lr_scheduler
 
 LR, WARMUP, TOTAL, MIN_RATIO = 2e-3, 5, 40, 0.1
 
@@ -65,3 +65,10 @@ def test_unknown_schedule_is_refused():
     with pytest.raises(ValueError, match="constant, linear, cosine"):
         build_lr_scheduler(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0), schedule="step",
                            warmup_steps=0, total_steps=10)
+
+
+def test_every_configured_schedule_is_implemented():
+    from opendit_lite.config.schema import LR_SCHEDULES
+    from opendit_lite.optim.lr_schedule import SCHEDULE_SHAPES
+
+    assert tuple(SCHEDULE_SHAPES) == LR_SCHEDULES

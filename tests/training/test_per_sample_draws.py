@@ -9,7 +9,7 @@ from opendit_lite.diffusion import RectifiedFlow, build_scheduler
 from opendit_lite.diffusion.sampling_utils import SampleGenerators, sample_seed
 from opendit_lite.models import build_model
 from opendit_lite.models.capabilities import condition_dropout_kwarg
-from opendit_lite.training.factory import objective_loss
+from opendit_lite.diffusion.loss import objective_loss
 
 
 def tiny_dit():

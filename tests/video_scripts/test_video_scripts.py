@@ -131,7 +131,7 @@ def test_config_errors_exit_2(tmp_path, capsys, override, expected):
 def test_image_model_name_is_refused():
     from opendit_lite.config import ConfigError, load_config
     from opendit_lite.config.video_schema import VideoTrainConfig
-    from opendit_lite.training.video import build_video_model
+    from opendit_lite.build.video import build_video_model
 
     cfg = load_config(None, ["model.name=DiT-S/2", "model.in_channels=3", "model.caption_channels=32"],
                       schema=VideoTrainConfig)

@@ -2,48 +2,20 @@
 
 ``Attention`` owns the projections (state-dict keys ``qkv.*`` and ``proj.*``, as in timm's
 ``Attention`` that Meta's DiT uses) and delegates the softmax(QK^T)V core to ``self.attn_op``,
-a parameter-free submodule. The module converter swaps ``attn_op`` for another backend
+a parameter-free submodule: an ``AttentionOp`` (``opendit_lite.kernels.attention``, re-exported
+here), ``SDPAAttentionOp`` by default. The module converter swaps ``attn_op`` for another backend
 (flash-attn) and the sequence-parallel conversion wraps it (Ulysses all-to-all), so model code is
 the same for every backend and for serial and sequence-parallel runs.
-
-Every attention op takes and returns the ``[B, N, H, Dh]`` layout (flash-attn's layout).
 """
 
 from typing import Optional
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
+from ...kernels.attention import AttentionOp, SDPAAttentionOp
 
-class AttentionOp(nn.Module):
-    """Base class of the inner attention computation: ``(q, k, v) -> out``.
-
-    q: [B, Nq, H, Dh]; k, v: [B, Nk, H, Dh]; attn_mask: optional boolean ``[B, 1|H, Nq, Nk]``
-    (True = may attend) or additive float mask; returns [B, Nq, H, Dh].
-    """
-
-    backend = "base"
-
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                attn_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        raise NotImplementedError
-
-    def extra_repr(self) -> str:
-        return f"backend={self.backend}"
-
-
-class SDPAAttentionOp(AttentionOp):
-    """torch.nn.functional.scaled_dot_product_attention (picks flash/mem-efficient/math itself)."""
-
-    backend = "sdpa"
-
-    def forward(self, q, k, v, attn_mask=None):
-        # [B, N, H, Dh] -> [B, H, N, Dh] for SDPA, and back.
-        out = F.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=attn_mask
-        )
-        return out.transpose(1, 2)
+__all__ = ["Attention", "AttentionOp", "SDPAAttentionOp"]
 
 
 class Attention(nn.Module):

@@ -9,8 +9,9 @@ still holds the whole model (base weights under ``<layer>.base_layer.*``, adapte
 
 ``merge_lora`` folds each adapter into its base weight, ``W + (alpha / rank) B A``, and puts the
 plain ``nn.Linear`` back: the result has the original model's keys and computes what the adapted
-model computes. ``load_merged`` does both for a checkpoint and ``export_merged`` writes the merged
-weights as one ``.safetensors`` file that ``sample.py`` (``sample.ckpt``) and ``init_from`` load.
+model computes. Reading a checkpoint into an adapted model and merging it (``load_merged``), and
+writing the merged weights as one ``.safetensors`` file (``export_merged``), are in
+``opendit_lite.build.lora``.
 
     model = build_model_from_config(cfg)
     load_weights(model, "pretrained.pt")
@@ -21,11 +22,11 @@ weights as one ``.safetensors`` file that ``sample.py`` (``sample.ckpt``) and ``
 
 import re
 from dataclasses import dataclass
-from typing import List, Optional, Sequence
+from typing import List, Sequence
 
 import torch.nn as nn
 
-from ..config import ConfigError
+from ..errors import ConfigError
 
 
 def lora_target_names(model: nn.Module, targets: Sequence[str]) -> List[str]:
@@ -98,26 +99,3 @@ def merge_lora(model: nn.Module) -> nn.Module:
     for p in model.parameters():
         p.requires_grad_(True)
     return model
-
-
-def load_merged(model: nn.Module, path: str, *, use_ema: bool, lora: Optional[dict]) -> nn.Module:
-    """Load checkpoint ``path`` into a freshly built base ``model``; when ``lora`` (the run's saved
-    ``lora`` section, ``rank`` > 0) says the run trained adapters, add them first and merge them after.
-    Samplers call this for every checkpoint; without adapters it is ``load_weights``."""
-    from ..checkpoint.weights import load_weights
-
-    if not lora or not lora.get("rank"):
-        return load_weights(model, path, use_ema=use_ema)
-    apply_lora(model, rank=lora["rank"], alpha=lora["alpha"], dropout=lora["dropout"], targets=lora["targets"])
-    load_weights(model, path, use_ema=use_ema)
-    return merge_lora(model)
-
-
-def export_merged(model: nn.Module, checkpoint: str, out: str, *, use_ema: bool, lora: dict) -> str:
-    """Write ``checkpoint``'s merged weights (the EMA where kept and ``use_ema``) to the
-    ``.safetensors`` file ``out``, for a freshly built base ``model``; returns ``out``."""
-    from safetensors.torch import save_file
-
-    load_merged(model, checkpoint, use_ema=use_ema, lora=lora)
-    save_file({k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}, out)
-    return out

@@ -1,16 +1,14 @@
-"""Config -> objects shared by train.py and sample.py: the dataset, the model (with its input
-geometry resolved from the data), the diffusion objective and the VAE."""
+"""Config -> objects of the image trainer and sampler (train.py, sample.py, the planner): the
+dataset, the model (with its input geometry resolved from the data) and the VAE."""
 
 from typing import Optional, Tuple
 
-import torch
 import torch.nn as nn
 
-from ..config import ConfigError, TrainConfig
+from ..config import TrainConfig
 from ..data import build_dataset
 from ..data.skip_bad import SkipBadSamples
-from ..diffusion import RectifiedFlow, build_scheduler
-from ..diffusion.sampling_utils import SampleGenerators, standard_normal_like, standard_uniform
+from ..errors import ConfigError
 from ..models import build_model
 
 
@@ -74,31 +72,6 @@ def build_model_from_config(cfg: TrainConfig) -> nn.Module:
         raise ConfigError(f"{m.name} cannot take a model input of {model_input_hw(cfg)} (from data.image_size="
                           f"{cfg.data.image_size}{' and the VAE' if cfg.vae.path else ''}): {e}. Choose "
                           f"data.image_size so that image size / VAE factor is a multiple of the patch size.") from None
-
-
-def build_training_objective(cfg: TrainConfig):
-    """IDDPM or rectified flow from the ``diffusion`` section (image and video configs alike)."""
-    d = cfg.diffusion
-    if d.objective == "rflow":
-        return build_scheduler("rflow", num_timesteps=d.diffusion_steps, sample_method=d.timestep_sampling)
-    return build_scheduler("iddpm", noise_schedule=d.noise_schedule, learn_sigma=cfg.model.learn_sigma,
-                           diffusion_steps=d.diffusion_steps)
-
-
-def objective_loss(objective, model, x: torch.Tensor, model_kwargs: dict,
-                   generator: Optional[SampleGenerators] = None) -> torch.Tensor:
-    """Mean training loss of a batch x [B, ...] (clean latents or pixels, images or clips) under
-    rectified flow (a time in [0, 1] per sample) or IDDPM (a uniform integer timestep per sample).
-
-    ``generator``: one stream per sample (``SampleGenerators``) for its noise and time, so that a
-    sample's draws do not depend on the rank or micro-batch it lands in; None: the global RNG."""
-    noise = standard_normal_like(x, generator)                                    # [B, ...]
-    if isinstance(objective, RectifiedFlow):
-        t = objective.sample_time(x.shape[0], device=x.device, generator=generator)  # [B] in [0, 1]
-        return objective.training_losses(model, x, model_kwargs=model_kwargs, noise=noise, t=t)["loss"].mean()
-    u = standard_uniform((x.shape[0],), generator, x.device, torch.float64)         # [B] in [0, 1)
-    t = (u * objective.num_timesteps).long().clamp_(max=objective.num_timesteps - 1)  # [B] integer steps
-    return objective.training_losses(model, x, t, model_kwargs=model_kwargs, noise=noise)["loss"].mean()
 
 
 def load_vae_from_config(cfg: TrainConfig, device) -> Optional[nn.Module]:

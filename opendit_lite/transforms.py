@@ -1,4 +1,5 @@
-"""``parallelize(model, ...)``: every training-time transformation of a model, in one place.
+"""``parallelize(model, ...)``: every training-time transformation of a model, in one place (also
+importable as ``from opendit_lite import parallelize``).
 
     report = parallelize(model, sp_group=plugin.sp_group, sp_mode="ulysses", fused_adaln=True,
                          attention_backend="auto", selective_ratio=0.5, ac_offload=False, compile=True)
@@ -27,8 +28,6 @@ error (every rank would compute the full sequence); a requested kernel swap that
 warns on stderr.
 """
 
-import sys
-import types
 import warnings
 from collections import Counter
 from dataclasses import dataclass, field
@@ -37,16 +36,12 @@ from typing import List, Optional
 import torch.distributed as dist
 import torch.nn as nn
 
-from .activation_checkpointing import CheckpointReport, find_checkpoint_blocks
+from .activation_checkpointing import CheckpointReport
 from .activation_checkpointing import apply_activation_checkpointing as checkpoint_blocks
-from .config.loader import ConfigError
 from .converter import ConversionReport, ModuleConverter
+from .errors import ConfigError, SequenceParallelError
+from .models.blocks import find_blocks
 from .models.capabilities import check_sp_mode, supports_gradient_checkpointing
-
-
-class SequenceParallelError(ConfigError):
-    """Sequence parallelism was asked for (a group of more than one rank) but cannot apply."""
-
 
 @dataclass(frozen=True)
 class StepRow:
@@ -204,7 +199,7 @@ def apply_compile(model: nn.Module, *, enabled: bool = True, backend: Optional[s
     fixed shapes; ``opendit_lite.training.cuda_graphs`` checks a config asking for it)."""
     if not enabled:
         return [StepRow("compile", "off", 0, "compile=false")]
-    blocks = find_checkpoint_blocks(model)
+    blocks = find_blocks(model)
     options = {} if backend is None else {"backend": backend}
     if cuda_graphs:
         options["mode"] = "reduce-overhead"
@@ -243,17 +238,6 @@ def parallelize(model: nn.Module, *, sp_group: Optional[dist.ProcessGroup] = Non
     report.rows += apply_compile(model, enabled=compile, backend=compile_backend, cuda_graphs=cuda_graphs)
     return report
 
-
-class _CallableModule(types.ModuleType):
-    """``opendit_lite.parallelize`` names both this module and its function: once the module is
-    imported, Python binds the package attribute to the module, so calling the module calls the
-    function and ``from opendit_lite import parallelize`` works either way."""
-
-    def __call__(self, model: nn.Module, **kwargs) -> ParallelizeReport:
-        return parallelize(model, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
 
 __all__ = [
     "ParallelizeReport",

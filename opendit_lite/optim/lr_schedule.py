@@ -15,27 +15,32 @@ the config, so changing ``max_steps`` on resume stretches the rest of the decay)
 """
 
 import math
-from typing import Callable
+from typing import Callable, Dict
 
 import torch
 
-SCHEDULES = ("constant", "linear", "cosine")
+from ..config.schema import LR_SCHEDULES
+
+# Schedule name -> the multiplier after warm-up at decay progress p in [0, 1], with m = min_lr_ratio.
+# The config offers the names (``LR_SCHEDULES``); tests/training/test_lr_schedule.py checks both agree.
+SCHEDULE_SHAPES: Dict[str, Callable[[float, float], float]] = {
+    "constant": lambda p, m: 1.0,
+    "linear": lambda p, m: m + (1.0 - m) * (1.0 - p),
+    "cosine": lambda p, m: m + (1.0 - m) * (0.5 * (1.0 + math.cos(math.pi * p))),
+}
 
 
 def lr_factor(schedule: str, warmup_steps: int, total_steps: int, min_lr_ratio: float) -> Callable[[int], float]:
     """The multiplier of the base LR as a function of the 0-based optimizer step (formulas above)."""
-    if schedule not in SCHEDULES:
-        raise ValueError(f"lr_schedule={schedule!r}: choose one of {', '.join(SCHEDULES)}")
+    if schedule not in SCHEDULE_SHAPES:
+        raise ValueError(f"lr_schedule={schedule!r}: choose one of {', '.join(LR_SCHEDULES)}")
+    shape = SCHEDULE_SHAPES[schedule]
     decay_steps = max(1, total_steps - warmup_steps)
 
     def factor(step: int) -> float:
         if step < warmup_steps:
             return (step + 1) / warmup_steps
-        if schedule == "constant":
-            return 1.0
-        progress = min(1.0, (step - warmup_steps) / decay_steps)
-        remaining = 1.0 - progress if schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
-        return min_lr_ratio + (1.0 - min_lr_ratio) * remaining
+        return shape(min(1.0, (step - warmup_steps) / decay_steps), min_lr_ratio)
 
     return factor
 

@@ -1,0 +1,13 @@
+"""Config -> objects: the builders the trainers, the samplers, the planner and the scripts share.
+
+* ``image.py``: the image dataset, the model with its input geometry resolved from the data, the VAE;
+* ``video.py``: the clip dataset and its buckets, the caption encoder, the per-frame VAE, the
+  text-to-video model and its geometry;
+* ``objective.py``: IDDPM or rectified flow from the ``diffusion`` section;
+* ``lora.py``: a LoRA run's checkpoint loaded with its adapters merged (samplers, export);
+* ``denoiser.py``: the config's ``parallelize`` settings for sampling.
+
+This floor sits above the models, data, encoders, diffusion, plugins and checkpoints it builds,
+and below the trainers, samplers and planner that call it; it imports none of those (the planner's
+``bucket_batch: auto`` is called by the video trainer).
+"""

@@ -1,0 +1,203 @@
+"""Config -> objects for train_video.py, sample_video.py and the planner: the clip dataset and its
+buckets, the caption encoder, the per-frame VAE and the text-to-video model (its geometry resolved
+from the data). The video trainer's own declarations are ``opendit_lite.training.video``.
+
+Three data sources, one batch layout: every batch becomes ``(x [B, C, T, H, W], states [B, M,
+Cy], mask [B, M])``. The moving-shapes default and precomputed latents carry their caption states;
+CSV videos carry captions that the text encoder turns into states on the fly.
+"""
+
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from ..data.buckets import Bucket, BucketBatchSampler, parse_buckets
+from ..data.video_csv import VideoCSVDataset
+from ..data.video_latents import VideoLatentDataset
+from ..data.video_shapes import MovingShapesDataset, caption_states
+from ..distributed.mesh import node_group
+from ..encoders.video_vae import VideoVAE
+from ..errors import ConfigError
+from ..models import MODELS, build_model, registered_class
+from ..models.capabilities import is_video_model
+from .image import with_bad_sample_skipping
+
+# Width of the moving-shapes word vectors when model.caption_channels does not say (the tiny models').
+SHAPES_CAPTION_WIDTH = 32
+
+
+def video_buckets(cfg) -> Optional[List[Bucket]]:
+    """The parsed ``data.buckets``, or None for one fixed clip shape."""
+    if not cfg.data.buckets:
+        return None
+    if cfg.data.type == "latents":
+        raise ConfigError("data.buckets needs each sample's own size and reads clips at the bucket's: use "
+                          "data.type=shapes or csv (precomputed latents have one fixed size).")
+    try:
+        buckets = parse_buckets(cfg.data.buckets)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if cfg.bucket_batch == "config" and any(b.batch_size is None for b in buckets):
+        raise ConfigError("every entry of data.buckets needs a batch_size, or set bucket_batch=auto to let the "
+                          "planner size them.")
+    return buckets
+
+
+def build_video_dataset(cfg, buckets: Optional[Sequence[Bucket]] = None):
+    """The clip dataset; with ``buckets`` the generated shapes data draws its samples at the bucket shapes."""
+    return with_bad_sample_skipping(lambda: _video_dataset(cfg, buckets), cfg)
+
+
+def _video_dataset(cfg, buckets: Optional[Sequence[Bucket]] = None):
+    d = cfg.data
+    if d.type == "shapes":
+        try:
+            return MovingShapesDataset(num_samples=d.num_samples, num_frames=d.num_frames, image_size=d.image_size,
+                                       max_tokens=cfg.text_encoder.max_length,
+                                       caption_channels=cfg.model.caption_channels or SHAPES_CAPTION_WIDTH,
+                                       seed=cfg.global_seed, shapes=[b.shape for b in buckets] if buckets else None)
+        except ValueError as e:
+            raise ConfigError(f"data.type=shapes: {e}.") from None
+    if d.type == "csv":
+        return VideoCSVDataset(d.path, num_frames=d.num_frames, frame_interval=d.frame_interval,
+                               image_size=d.image_size)
+    return VideoLatentDataset(d.path)
+
+
+class CaptionEncoder:
+    """Prompts -> (states [B, M, width], bool mask [B, M]) for any ``text_encoder.kind``: the
+    moving-shapes word vectors need no model, T5/CLIP wrap a loaded ``TextEncoder``."""
+
+    def __init__(self, kind: str, max_length: int, width: int, text_encoder=None):
+        self.kind, self.max_length, self.width, self.text_encoder = kind, max_length, width, text_encoder
+
+    def encode(self, prompts: Sequence[str], device) -> Tuple[torch.Tensor, torch.Tensor]:
+        if self.text_encoder is not None:
+            states, mask = self.text_encoder.encode(list(prompts))
+            return states.float().to(device), mask.to(device)
+        pairs = [caption_states(p, self.max_length, self.width) for p in prompts]
+        return torch.stack([s for s, _ in pairs]).to(device), torch.stack([m for _, m in pairs]).to(device)
+
+
+def load_caption_encoder(cfg, device) -> CaptionEncoder:
+    t = cfg.text_encoder
+    if t.kind == "shapes":
+        return CaptionEncoder("shapes", t.max_length, cfg.model.caption_channels or SHAPES_CAPTION_WIDTH)
+    if not t.path:
+        raise ConfigError(f"'text_encoder.path' is required to encode captions with text_encoder.kind={t.kind!r}: "
+                          f"point it at a local folder holding the model and its tokenizer (nothing is downloaded).")
+    from ..encoders.text import load_text_encoder, shard_text_encoder
+
+    try:
+        encoder = load_text_encoder(t.kind, t.path, t.max_length, device=device)
+    except (FileNotFoundError, OSError) as e:
+        raise ConfigError(f"Cannot load the {t.kind} text encoder from 'text_encoder.path' {t.path!r}: {e}") from None
+    if cfg.encoder.fsdp and dist.is_initialized():  # every rank encodes its own captions in step: the gathers line up
+        shard_text_encoder(encoder, node_group() if cfg.encoder.group else None)
+    return CaptionEncoder(t.kind, t.max_length, encoder.width, encoder)
+
+
+def load_video_vae(cfg, device, sp_group=None) -> Optional[VideoVAE]:
+    """The per-frame VAE when ``vae.path`` is set; under sequence parallelism the ranks of a group
+    share the frames to encode (DP VAE)."""
+    if not cfg.vae.path:
+        return None
+    from ..encoders import load_vae
+
+    return VideoVAE(load_vae(cfg.vae.path, device=device), scale_factor=cfg.vae.scale_factor, sp_group=sp_group)
+
+
+def resolve_video_geometry(cfg, dataset, vae: Optional[VideoVAE], caption_width: Optional[int],
+                           buckets: Optional[Sequence[Bucket]] = None) -> None:
+    """Fill the model's ``in_channels``/``num_frames``/``input_size``/``caption_channels`` left as None,
+    in place, so the config saved with a checkpoint alone rebuilds the model (sample_video.py relies on it).
+    With buckets the recorded clip shape is the first bucket's (the models take any shape)."""
+    m = cfg.model
+    if buckets:
+        first, down = buckets[0], (vae.downsample if vae is not None else 1)
+        cfg.data.num_frames, cfg.data.image_size = first.frames, first.height
+        m.input_size = m.input_size or [first.height // down, first.width // down]
+    if cfg.data.type == "latents":  # precomputed clips describe themselves
+        latents, states, _, _ = dataset[0]
+        channels, frames, size, caption_width = latents.shape[0], latents.shape[1], list(latents.shape[2:]), states.shape[-1]
+        if states.shape[0] != cfg.text_encoder.max_length:
+            raise ConfigError(f"The latents in {cfg.data.path!r} hold {states.shape[0]} caption tokens per clip but "
+                              f"text_encoder.max_length={cfg.text_encoder.max_length}; set it to {states.shape[0]}.")
+    elif vae is not None:
+        channels, frames, size = vae.latent_channels, cfg.data.num_frames, [cfg.data.image_size // vae.downsample] * 2
+    else:
+        channels, frames, size = 3, cfg.data.num_frames, [cfg.data.image_size] * 2
+    caption_width = caption_width or getattr(dataset, "caption_channels", None)  # shapes: its word vectors
+    m.in_channels = m.in_channels or channels
+    m.num_frames = m.num_frames or frames
+    m.input_size = m.input_size or size
+    m.caption_channels = m.caption_channels or caption_width
+
+
+def check_bucket_shapes(buckets: Sequence[Bucket], patch_size: Tuple[int, int, int], downsample: int) -> None:
+    """Every bucket's latent clip must split into whole patches."""
+    pt, ph, pw = patch_size
+    for b in buckets:
+        if b.frames % pt or b.height % (ph * downsample) or b.width % (pw * downsample):
+            raise ConfigError(f"bucket {b.name} ({b.frames}x{b.height}x{b.width} pixels) does not split into "
+                              f"{pt}x{ph * downsample}x{pw * downsample}-pixel patches (patch size {patch_size}, VAE "
+                              f"downsampling {downsample}); change its size.")
+
+
+def build_bucket_sampler(buckets: Sequence[Bucket], dataset, dp_rank: int, dp_size: int,
+                         seed: int) -> BucketBatchSampler:
+    """The data-parallel rank's bucket sampler over ``dataset.sample_shapes``; refuses an empty epoch."""
+    sampler = BucketBatchSampler(buckets, dataset.sample_shapes, dp_rank=dp_rank, dp_size=dp_size, seed=seed)
+    if len(sampler) == 0:
+        raise ConfigError(f"No bucket holds one global batch (batch_size x {dp_size} data-parallel ranks) of "
+                          f"samples:\n{sampler.describe()}\nLower the batch sizes or add data.")
+    return sampler
+
+
+def bucket_loss_weights(buckets: Sequence[Bucket]) -> Dict[Tuple[int, int, int], float]:
+    """Pixel clip shape (T, H, W) -> loss weight of its bucket."""
+    return {b.shape: b.loss_weight for b in buckets}
+
+
+def model_clip_shape(cfg) -> Tuple[int, int, int, int]:
+    """(C, T, H, W) of one model input clip."""
+    m = cfg.model
+    h, w = (m.input_size[0], m.input_size[0]) if len(m.input_size) == 1 else m.input_size
+    return m.in_channels, m.num_frames, h, w
+
+
+def sample_clip_shape(cfg, downsample: int = 1, patch_size: Tuple[int, int, int] = (1, 1, 1)
+                      ) -> Tuple[int, int, int, int]:
+    """(C, T, H, W) of the clips to sample: ``sample.num_frames/height/width`` (pixels) where set,
+    else the trained clip's; a size that does not split into whole patches is a ConfigError."""
+    C, T, H, W = model_clip_shape(cfg)
+    s = cfg.sample
+    T = s.num_frames or T
+    H = s.height // downsample if s.height else H
+    W = s.width // downsample if s.width else W
+    pt, ph, pw = patch_size
+    if (any(v % downsample for v in (s.height or 0, s.width or 0)) or min(T, H, W) < 1
+            or T % pt or H % ph or W % pw):
+        raise ConfigError(f"sample.num_frames/height/width ({s.num_frames}, {s.height}, {s.width}) must split into "
+                          f"whole {pt}x{ph * downsample}x{pw * downsample}-pixel patches (frames x height x width).")
+    return C, T, H, W
+
+
+def _declares_video(name: str) -> bool:
+    cls = registered_class(name)
+    return cls is not None and is_video_model(cls)
+
+
+def build_video_model(cfg) -> nn.Module:
+    """The registered model ``model.name``, which must declare ``is_video = True``."""
+    m = cfg.model
+    if not _declares_video(m.name):
+        video = sorted(n for n in MODELS if _declares_video(n))
+        what = "is not a registered model" if m.name not in MODELS else "is not a text-to-video model"
+        raise ConfigError(f"'model.name' {m.name!r} {what} (a video model declares is_video = True); "
+                          f"video models: {', '.join(video)}.")
+    return build_model(m.name, in_channels=m.in_channels, caption_channels=m.caption_channels,
+                        model_max_length=cfg.text_encoder.max_length, class_dropout_prob=m.class_dropout_prob,
+                        learn_sigma=m.learn_sigma)

@@ -1,0 +1,91 @@
+"""Atomic publication of files and folders, and loading that never unpickles arbitrary objects.
+
+A checkpoint (or a LiteGen ``save_*`` file) is written under ``<name>.tmp-<uid>`` and renamed to its
+final name by rank 0 once every rank has written its part, so a process killed midway leaves only
+the ``*.tmp-*`` name, which no reader takes for a checkpoint. Torch files are read with
+``weights_only`` forced on, also inside library loaders we do not own (Colossal-AI's).
+"""
+
+import os
+import shutil
+import uuid
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+import torch
+
+from ..distributed.ranks import barrier, from_rank0, global_rank
+from ..errors import CheckpointError
+
+TMP_TAG = ".tmp-"
+OLD_TAG = ".old-"  # a complete checkpoint moved aside while a re-save of its step is published
+
+
+def _remove(path: str) -> None:
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+    elif os.path.lexists(path):
+        os.remove(path)
+
+
+@contextmanager
+def atomic_path(final_path: str) -> Iterator[str]:
+    """Collective: yields the same temporary sibling of ``final_path`` on every rank; when the block
+    has completed on every rank, rank 0 renames it to ``final_path`` (file or folder), replacing an
+    older one, and every rank waits for the rename.
+
+    A file replaces a file in one atomic ``os.replace``. A folder (which POSIX cannot replace
+    atomically) that already exists is first renamed to ``<final>.old-<uid>``, the new one is moved
+    in, and only then is the old copy deleted. A kill between the two renames leaves the complete
+    old copy under ``*.old-*``, which ``catalog.list_checkpoints`` considers when the final name is
+    missing, so there is never a moment without a complete object for this name.
+    """
+    uid = from_rank0(uuid.uuid4().hex[:12])
+    tmp = f"{final_path}{TMP_TAG}{uid}"
+    if global_rank() == 0:
+        os.makedirs(os.path.dirname(os.path.abspath(final_path)), exist_ok=True)
+    barrier()
+    yield tmp
+    barrier()
+    if global_rank() == 0:
+        if not os.path.lexists(tmp):
+            raise CheckpointError(f"nothing was written to {tmp}; cannot publish {final_path}")
+        old = None
+        if os.path.isdir(final_path) or (os.path.lexists(final_path) and os.path.isdir(tmp)):
+            old = f"{final_path}{OLD_TAG}{uid}"
+            os.rename(final_path, old)
+        os.replace(tmp, final_path)
+        if old is not None:
+            _remove(old)
+    barrier()
+
+
+@contextmanager
+def weights_only_loads() -> Iterator[None]:
+    """Force ``torch.load(weights_only=True)`` in this block, including in library code we do not
+    own (Colossal-AI's optimizer and scheduler loaders), whatever the environment says otherwise.
+
+    torch reads ``TORCH_FORCE_WEIGHTS_ONLY_LOAD`` at every ``torch.load`` call and lets it override
+    an explicit ``weights_only=False``; ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` must be unset meanwhile
+    because torch refuses both at once.
+    """
+    saved = {k: os.environ.get(k) for k in ("TORCH_FORCE_WEIGHTS_ONLY_LOAD", "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD")}
+    os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = "1"
+    os.environ.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def load_torch_file(path: str) -> Any:
+    """``torch.load`` of tensors/containers only, onto the CPU; a bad file raises naming it."""
+    try:
+        with weights_only_loads():
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise CheckpointError(f"cannot read {path}: {type(e).__name__}: {e}") from e

@@ -1,0 +1,28 @@
+"""This process's place in the default process group, and the two collectives every rank-0-decides
+step needs. All of them also work without an initialised group (a world of one)."""
+
+from typing import Any
+
+import torch.distributed as dist
+
+
+def global_rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def global_world_size() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def from_rank0(value: Any) -> Any:
+    """Rank 0's ``value`` (any picklable object) on every rank."""
+    if global_world_size() == 1:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
