@@ -28,9 +28,10 @@ demo-video: $(STAMP)
 	$(PY) train_video.py --config configs/video_stdit_demo.yaml
 	$(PY) sample_video.py --config configs/video_stdit_demo.yaml
 
-# The layers contract (pyproject.toml, README "Architecture"), then the suite.
+# The layers contract (pyproject.toml, README "Architecture"), lint and import order, then the suite.
 test: $(STAMP)
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 test-gpu: $(STAMP)

@@ -32,18 +32,18 @@ from opendit_lite.utils.quiet import quiet_third_party_startup
 
 quiet_third_party_startup()  # before colossalai is imported
 
+from opendit_lite.build.denoiser import parallelize_denoiser
+from opendit_lite.build.lora import load_merged
+from opendit_lite.build.video import build_video_model, load_caption_encoder, load_video_vae, sample_clip_shape
+from opendit_lite.checkpoint.layout import resolve_sample_checkpoint, saved_config
 from opendit_lite.config import ConfigError, from_dict, parse_cli
 from opendit_lite.config.video_schema import TextEncoderConfig, VideoDiffusionConfig, VideoModelConfig, VideoTrainConfig
 from opendit_lite.diffusion import RectifiedFlow, cfg_model_fn, create_diffusion
 from opendit_lite.diffusion.sampling_utils import SampleGenerators
-from opendit_lite.utils.exit_codes import script_main
-from opendit_lite.checkpoint.layout import resolve_sample_checkpoint, saved_config
 from opendit_lite.sampling import gather_on_main, sampling_ranks
 from opendit_lite.sampling.checks import check_sample_settings
-from opendit_lite.build.denoiser import parallelize_denoiser
-from opendit_lite.build.lora import load_merged
-from opendit_lite.build.video import build_video_model, load_caption_encoder, load_video_vae, sample_clip_shape
 from opendit_lite.training.video import validate_video_config
+from opendit_lite.utils.exit_codes import script_main
 
 # Captions of the embedded moving-shapes data, used when no prompts are given for it.
 SHAPES_PROMPTS = ["a red square moving right", "a blue disc moving down", "a green disc moving left",

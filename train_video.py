@@ -28,8 +28,8 @@ from opendit_lite.utils.quiet import quiet_third_party_startup
 
 quiet_third_party_startup()  # before colossalai is imported
 
-from opendit_lite.training.video import VIDEO_TRAINER  # noqa: E402
 from opendit_lite.training.trainer import run_trainer  # noqa: E402
+from opendit_lite.training.video import VIDEO_TRAINER  # noqa: E402
 
 
 def main(argv=None) -> str:

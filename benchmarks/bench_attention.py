@@ -29,11 +29,10 @@ import sys
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+import common
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
-
-import common
 
 HEADS = 16
 DEFAULT_HEAD_DIMS = (72,)  # DiT-XL: hidden size 1152 = 16 heads x 72

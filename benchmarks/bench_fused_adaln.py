@@ -32,9 +32,8 @@ compiled, with a gradient flowing into both outputs. Bytes counted:
 
 from typing import Tuple
 
-import torch
-
 import common
+import torch
 
 # (B, N, D): DiT-XL/2 at 256px (N = 16 x 16 patches), then video latents with 8k..64k tokens.
 DIT_SHAPES = [(b, 256, 1152) for b in (32, 64, 128, 256)]

@@ -19,9 +19,8 @@ Target (issue 4, bf16): Triton at least as fast as eager torch on every shape.
 
 from typing import Tuple
 
-import torch
-
 import common
+import torch
 from bench_fused_adaln import DIT_SHAPES, QUICK_SHAPES, VIDEO_SHAPES
 
 EPS = 1e-5

@@ -8,6 +8,7 @@ written, and the reference bandwidth is a large device-to-device copy measured t
 import argparse
 import csv
 import dataclasses
+import functools
 import os
 import re
 import sys
@@ -125,7 +126,7 @@ def copy_bandwidth_gbps(nbytes: int = 2 * 2**30, rep: int = 200) -> float:
     ``nbytes`` (default 2 GiB, far beyond any L2) timed at its median."""
     src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
-    ms = time_ms(lambda: dst.copy_(src), rep=rep)[1]
+    ms = time_ms(functools.partial(dst.copy_, src), rep=rep)[1]
     del src, dst
     torch.cuda.empty_cache()
     return 2 * nbytes / (ms * 1e-3) / 1e9
@@ -197,7 +198,8 @@ def base_parser(doc: str) -> argparse.ArgumentParser:
     return parser
 
 
-def setup(args: argparse.Namespace, measure_copy: bool = True) -> Tuple[torch.dtype, int, Tuple[str, str, str], Optional[float]]:
+def setup(args: argparse.Namespace,
+          measure_copy: bool = True) -> Tuple[torch.dtype, int, Tuple[str, str, str], Optional[float]]:
     """(dtype, rep, (gpu, torch, triton), copy GB/s or None) for parsed ``base_parser`` arguments;
     exits without a GPU."""
     require_cuda()
@@ -225,7 +227,8 @@ def write_csv(rows: List[Row], name: str) -> str:
         writer = csv.DictWriter(f, fieldnames=[field.name for field in dataclasses.fields(Row)])
         writer.writeheader()
         for row in rows:
-            writer.writerow({k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in dataclasses.asdict(row).items()})
+            values = dataclasses.asdict(row).items()
+            writer.writerow({k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in values})
     return path
 
 
@@ -268,7 +271,8 @@ def result_name(kernel: str, gpu: str) -> str:
 
 
 def print_rows(rows: List[Row]) -> None:
-    header = f"{'provider':<10} {'mode':<9} {'shape':<24} {'p50 ms':>9} {'GB/s':>8} {'copy%':>6} {'TFLOP/s':>8} {'speedup':>7} {'MiB':>9}"
+    header = (f"{'provider':<10} {'mode':<9} {'shape':<24} {'p50 ms':>9} {'GB/s':>8} {'copy%':>6} {'TFLOP/s':>8} "
+              f"{'speedup':>7} {'MiB':>9}")
     print(header)
     for r in rows:
         fmt = lambda v, spec: format(v, spec) if v is not None else "-"  # noqa: E731

@@ -23,7 +23,6 @@ import torch.nn as nn
 # The dense bf16 peaks MFU is measured against live with the training loop's MFU.
 from opendit_lite.training.mfu import DENSE_BF16_PEAK_TFLOPS, device_peak_tflops  # noqa: E402,F401
 
-
 # ----------------------------------------------------------------------------------------------
 # DiT
 # ----------------------------------------------------------------------------------------------

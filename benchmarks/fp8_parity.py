@@ -27,10 +27,10 @@ import torch
 
 from opendit_lite.data import build_dataset
 from opendit_lite.diffusion import build_scheduler
-from opendit_lite.models import build_model
-from opendit_lite.utils.exit_codes import script_main
-from opendit_lite.precision import apply_fp8_training, check_fp8_supported
 from opendit_lite.diffusion.loss import objective_loss
+from opendit_lite.models import build_model
+from opendit_lite.precision import apply_fp8_training, check_fp8_supported
+from opendit_lite.utils.exit_codes import script_main
 
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 

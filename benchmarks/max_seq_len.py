@@ -54,7 +54,6 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
-
 from common import Deadline, largest_fitting  # benchmarks/common.py
 from flops import device_peak_tflops, dit_forward_flops, train_flops  # benchmarks/flops.py
 

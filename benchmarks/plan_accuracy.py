@@ -19,8 +19,9 @@ import sys
 from typing import Dict, List
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository root
-from opendit_lite.plan.memory_model import GiB, ModelShape, activation_bytes, step_bytes  # noqa: E402
 from zero_memory import write  # noqa: E402
+
+from opendit_lite.plan.memory_model import GiB, ModelShape, activation_bytes, step_bytes  # noqa: E402
 
 # (model, latent frames, height, width, batch): images for DiT (256 and 512 px, one non-square),
 # clips for STDiT (Open-Sora 1.0's 16x256x256 and smaller/larger buckets).

@@ -70,11 +70,10 @@ import time
 import traceback
 from typing import Callable, Dict, List, Optional, Sequence
 
+import common  # benchmarks/common.py: RESULTS_DIR, result_name, the bounded batch search
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-
-import common  # benchmarks/common.py: RESULTS_DIR, result_name, the bounded batch search
 from common import largest_fitting
 from flops import device_peak_tflops, dit_forward_flops, mfu, train_flops
 
@@ -133,7 +132,8 @@ def dit_workload(model_name: str, image_size: int, num_classes: int) -> Workload
     from opendit_lite.models import build_model
 
     if image_size % VAE_DOWNSAMPLE:
-        raise SystemExit(f"error: --image-size {image_size} must be a multiple of {VAE_DOWNSAMPLE} (the VAE's downsampling)")
+        raise SystemExit(f"error: --image-size {image_size} must be a multiple of {VAE_DOWNSAMPLE} "
+                         f"(the VAE's downsampling)")
     latent = image_size // VAE_DOWNSAMPLE
     diffusion = create_diffusion(timestep_respacing="")  # 1000 steps, linear betas, learned sigma
 
@@ -233,7 +233,8 @@ def build_baseline(config: BenchConfig, workload: Workload, device: torch.device
     ema = copy.deepcopy(model).requires_grad_(False)
     wrapped = model
     if dist.is_initialized():
-        wrapped = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+        device_ids = [device.index] if device.type == "cuda" else None
+        wrapped = nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
     if config.compile:
         wrapped = torch.compile(wrapped, backend=compile_backend)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
@@ -255,8 +256,8 @@ def build_plugin_config(config: BenchConfig, workload: Workload, device: torch.d
     """Our stack: OpenDiTPlugin + Booster, with kernels, checkpointing and compile as asked."""
     from colossalai.booster import Booster
 
-    from opendit_lite.transforms import parallelize
     from opendit_lite.plugins import OpenDiTPlugin
+    from opendit_lite.transforms import parallelize
 
     plugin = OpenDiTPlugin(zero_degree=config.zero_degree, precision=config.precision, grad_clip=grad_clip)
     booster = Booster(plugin=plugin)
@@ -469,9 +470,11 @@ def write_csv(rows: List[dict], path: str) -> None:
 
 def markdown_table(rows: List[dict], info: RunInfo) -> str:
     """The README table: one line per configuration, speed-ups as ratios over both baselines."""
-    lines = [f"{info.model}, {info.world_size} x {info.device}, {info.date}, commit {info.commit}, torch {info.torch_version}",
+    lines = [f"{info.model}, {info.world_size} x {info.device}, {info.date}, commit {info.commit}, "
+             f"torch {info.torch_version}",
              "",
-             "| configuration | batch/GPU | samples/s | vs torch-fp32 | vs torch-bf16-compile | TFLOP/s/GPU | MFU | peak GiB |",
+             "| configuration | batch/GPU | samples/s | vs torch-fp32 | vs torch-bf16-compile | TFLOP/s/GPU | MFU "
+             "| peak GiB |",
              "|---|---:|---:|---:|---:|---:|---:|---:|"]
 
     def cell(value, fmt, suffix=""):
@@ -482,7 +485,8 @@ def markdown_table(rows: List[dict], info: RunInfo) -> str:
             lines.append(f"| {r['config']} | {r['batch_per_gpu'] or '-'} | {r['status']} | | | | | |")
             continue
         lines.append(f"| {r['config']} | {r['batch_per_gpu']} | {r['samples_per_s']:.1f} | "
-                     f"{cell(r['speedup_vs_torch_fp32'], '.2f', 'x')} | {cell(r['speedup_vs_torch_bf16_compile'], '.2f', 'x')} | "
+                     f"{cell(r['speedup_vs_torch_fp32'], '.2f', 'x')} | "
+                     f"{cell(r['speedup_vs_torch_bf16_compile'], '.2f', 'x')} | "
                      f"{r['tflops_per_gpu']:.1f} | {cell('' if r['mfu'] == '' else 100 * r['mfu'], '.1f', '%')} | "
                      f"{cell(r['peak_alloc_gib'], '.1f')} |")
     return "\n".join(lines) + "\n"
@@ -575,7 +579,8 @@ def profile_table(trainer: Trainer, batch: dict, steps: int, device: torch.devic
         per_category[categorize(e.key)] = per_category.get(categorize(e.key), 0.0) + self_us(e)
     unit = "device" if on_device else "CPU"
     lines = [f"{unit} time per step {total / steps / 1e3:.2f} ms over {steps} profiled steps; by category: "
-             + ", ".join(f"{cat} {100 * us / total:.1f}%" for cat, us in sorted(per_category.items(), key=lambda kv: -kv[1])),
+             + ", ".join(f"{cat} {100 * us / total:.1f}%"
+                         for cat, us in sorted(per_category.items(), key=lambda kv: -kv[1])),
              "",
              f"| # | kernel | category | calls/step | ms/step | % of {unit} time |",
              "|---:|---|---|---:|---:|---:|"]
@@ -613,11 +618,13 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument("--model", default="DiT-XL/2", help="registered model name (default DiT-XL/2)")
     parser.add_argument("--image-size", type=int, default=256, help="image side in pixels; latents are 1/8 of it")
     parser.add_argument("--num-classes", type=int, default=1000)
-    parser.add_argument("--configs", nargs="+", default=list(DEFAULT_CONFIGS), help="configurations to measure, in order")
+    parser.add_argument("--configs", nargs="+", default=list(DEFAULT_CONFIGS),
+                        help="configurations to measure, in order")
     parser.add_argument("--precision", choices=("bf16", "fp16", "fp32"), default="bf16",
                         help="precision of the zero<D> configurations (the baselines fix their own)")
     parser.add_argument("--batch-size", type=int, default=32, help="per-GPU batch when not searching")
-    parser.add_argument("--batch-search", action="store_true", help="per configuration, the largest per-GPU batch that fits")
+    parser.add_argument("--batch-search", action="store_true",
+                        help="per configuration, the largest per-GPU batch that fits")
     parser.add_argument("--batch-multiple", type=int, default=8, help="searched batches are multiples of this")
     parser.add_argument("--max-batch", type=int, default=1024, help="largest per-GPU batch the search tries")
     parser.add_argument("--search-budget", type=float, default=420.0,
@@ -627,7 +634,8 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=20, help="timed steps per configuration")
     parser.add_argument("--grad-clip", type=float, default=0.0, help="plugin gradient clipping (0: off, as DiT)")
     parser.add_argument("--compile-backend", default="inductor", help="torch.compile backend (eager: a quick check)")
-    parser.add_argument("--peak-tflops", type=float, help="dense bf16 peak of the device for MFU (default: by device name)")
+    parser.add_argument("--peak-tflops", type=float,
+                        help="dense bf16 peak of the device for MFU (default: by device name)")
     parser.add_argument("--profile", metavar="CONFIG", help="also profile this configuration and write its top kernels")
     parser.add_argument("--profile-steps", type=int, default=3)
     parser.add_argument("--profile-top", type=int, default=25)
@@ -678,7 +686,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                    torch_version=torch.__version__)
     say = print if dist_info.is_main else (lambda *a, **k: None)
     say(f"{info.model} on {info.world_size} x {info.device} (dense bf16 peak "
-        f"{info.peak_tflops or 'unknown: MFU left blank, pass --peak-tflops'} TFLOP/s), commit {info.commit}", flush=True)
+        f"{info.peak_tflops or 'unknown: MFU left blank, pass --peak-tflops'} TFLOP/s), commit {info.commit}",
+        flush=True)
     workload = build_workload(args.model, args.image_size, args.num_classes)
 
     rows, batches, failed = [], {}, False
@@ -703,7 +712,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         except Exception as error:  # noqa: BLE001  (one broken configuration must not lose the others)
             failed = True
             traceback.print_exc()
-            rows.append(row_for(config, info, batches.get(config.name), f"error: {type(error).__name__}: {error}"[:200]))
+            status = f"error: {type(error).__name__}: {error}"[:200]
+            rows.append(row_for(config, info, batches.get(config.name), status))
             release_memory()
             continue
         rows.append(row)

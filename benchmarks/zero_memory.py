@@ -47,9 +47,9 @@ def measure(zero_degree: int, batch: int) -> Dict:
     from colossalai.booster import Booster
 
     from opendit_lite.diffusion import create_diffusion
+    from opendit_lite.distributed.launch import init_distributed
     from opendit_lite.models import build_model
     from opendit_lite.plugins import OpenDiTPlugin
-    from opendit_lite.distributed.launch import init_distributed
 
     init_distributed()
     torch.cuda.empty_cache()
@@ -113,7 +113,8 @@ def main(argv=None) -> None:
             raise SystemExit("--measure needs a CUDA GPU")
         measured = [measure(z, args.batch) for z in range(4)]
         for r in measured:
-            print(f"measured zero {r['zero_degree']}: peak {r['peak_gib']} GiB, EMA {r['ema_gib']} GiB on {r['device']}")
+            print(f"measured zero {r['zero_degree']}: peak {r['peak_gib']} GiB, EMA {r['ema_gib']} GiB "
+                  f"on {r['device']}")
         name = measured[0]["device"].replace(" ", "_")
         write(measured, args.out_dir, f"zero_memory_measured_{name}")
 

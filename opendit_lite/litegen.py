@@ -16,8 +16,9 @@ A thin facade over the pieces the scripts use: the config is read once into the 
 an unknown key is a ConfigError naming the nearest field, or with ``LiteGen(config,
 strict=False)`` a warning listing the keys it ignores); the plugin and booster come from
 ``training.loop.build_booster`` (precision ``auto``: bf16 on CUDA, fp32 on CPU; tf32; ``grad_precision``
-check); the model is prepared by ``opendit_lite.transforms.parallelize``, whose report is printed on rank 0; checkpoints follow ``checkpoint.layout`` and resuming is
-``checkpoint.resume.restore_run``, as in train.py. Without ``torchrun`` the one-rank process group
+check); the model is prepared by ``opendit_lite.transforms.parallelize``, whose report is printed
+on rank 0; checkpoints follow ``checkpoint.layout`` and resuming is ``checkpoint.resume.restore_run``,
+as in train.py. Without ``torchrun`` the one-rank process group
 is created here (``distributed.launch.init_distributed``).
 
 ``initialize(*components)`` returns the components in the order given, each prepared by kind:
@@ -72,15 +73,15 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 from torch.utils.data import Dataset
 
+from .checkpoint.files import atomic_path
 from .checkpoint.layout import checkpoint_root, companion_path, litegen_path, pick_resume_checkpoint
 from .checkpoint.resume import restore_run
-from .checkpoint.files import atomic_path
 from .checkpoint.state import load_model_weights, save_checkpoint
 from .config import from_object, to_dict, validate_world
-from .transforms import parallelize
 from .distributed.launch import init_distributed
 from .distributed.mesh import node_group
 from .training.loop import build_booster
+from .transforms import parallelize
 
 __all__ = ["LiteGen", "CompiledFunction", "classify_components", "companion_path", "litegen_path"]
 

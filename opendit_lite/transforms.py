@@ -43,6 +43,7 @@ from .errors import ConfigError, SequenceParallelError
 from .models.blocks import find_blocks
 from .models.capabilities import check_sp_mode, supports_gradient_checkpointing
 
+
 @dataclass(frozen=True)
 class StepRow:
     """One line of the report: a step, what it swapped or applied, how many, what it left and why."""

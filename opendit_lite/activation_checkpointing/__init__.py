@@ -3,8 +3,8 @@ the checkpointed blocks' inputs. Applied from outside the model, like the other 
 """
 
 from .blocks import find_checkpoint_blocks, select_blocks
-from .wrap import CheckpointReport, apply_activation_checkpointing
 from .offload import ActivationOffloader
+from .wrap import CheckpointReport, apply_activation_checkpointing
 
 __all__ = [
     "ActivationOffloader",

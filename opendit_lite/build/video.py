@@ -121,7 +121,8 @@ def resolve_video_geometry(cfg, dataset, vae: Optional[VideoVAE], caption_width:
         m.input_size = m.input_size or [first.height // down, first.width // down]
     if cfg.data.type == "latents":  # precomputed clips describe themselves
         latents, states, _, _ = dataset[0]
-        channels, frames, size, caption_width = latents.shape[0], latents.shape[1], list(latents.shape[2:]), states.shape[-1]
+        channels, frames, size = latents.shape[0], latents.shape[1], list(latents.shape[2:])
+        caption_width = states.shape[-1]
         if states.shape[0] != cfg.text_encoder.max_length:
             raise ConfigError(f"The latents in {cfg.data.path!r} hold {states.shape[0]} caption tokens per clip but "
                               f"text_encoder.max_length={cfg.text_encoder.max_length}; set it to {states.shape[0]}.")

@@ -37,11 +37,11 @@ def restore_run(booster, model, optimizer=None, lr_scheduler=None, *, resume: Op
                 create_ema: Optional[Callable[[], EMAState]] = None) -> Dict[str, Any]:
     """Collective: load ``resume`` (None: nothing) into the boosted ``model``, ``optimizer`` and
     ``lr_scheduler``, then, with ``create_ema`` (e.g. ``lambda: plugin.create_ema(model, optimizer)``),
-    create the EMA from the loaded weights and load the first EMA source there is: ``ema_resume_from``, unless ``auto`` (``resume`` was found by
-    auto_resume, so the EMA comes with it: a restarted job does not go back to the first launch's
-    EMA); the EMA of a resumed checkpoint folder; the ``.ema.pth`` beside an auto-resumed LiteGen
-    model file (an explicit LiteGen ``resume_from`` takes its EMA from ``ema.resume_from`` only, as
-    LiteGen documents).
+    create the EMA from the loaded weights and load the first EMA source there is: ``ema_resume_from``,
+    unless ``auto`` (``resume`` was found by auto_resume, so the EMA comes with it: a restarted job does
+    not go back to the first launch's EMA); the EMA of a resumed checkpoint folder; the ``.ema.pth``
+    beside an auto-resumed LiteGen model file (an explicit LiteGen ``resume_from`` takes its EMA from
+    ``ema.resume_from`` only, as LiteGen documents).
 
     Returns the saved extra state with ``step`` ({} for a fresh start; a LiteGen file: its step).
     """

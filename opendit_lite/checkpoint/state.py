@@ -172,14 +172,14 @@ def save_checkpoint(
     """Collective (every rank calls it): write ``<ckpt_dir_root>/<exp_name>_step<step>/`` atomically
     and return its path.
 
-    ``model``/``optimizer``/``lr_scheduler`` are the objects ``booster.boost`` returned (optimizer
-    and scheduler may be None); ``ema`` is the EMA to save (its ``state_dict(only_rank_0=True)``
-    is called on every rank, rank 0 writes the result), None when there is none. ``extra_state`` (epoch, sampler position, the config as a dict, ...)
-    must be JSON-serialisable; :func:`load_checkpoint` returns it with ``step`` added.
-    ``keep_last`` > 0 then deletes all but the newest ``keep_last`` complete checkpoints of
-    ``exp_name`` (this one included), only older ones, only those saved with the same ``run_id``
-    when one is given, and nothing when this checkpoint's weights are not finite; None or 0 keeps
-    all. ZeRO's fp32 master shards are saved too (``master/rank<r>.safetensors``), so that a bf16
+    ``model``/``optimizer``/``lr_scheduler`` are the objects ``booster.boost`` returned (optimizer and
+    scheduler may be None); ``ema`` is the EMA to save (its ``state_dict(only_rank_0=True)`` is called
+    on every rank, rank 0 writes the result), None when there is none. ``extra_state`` (epoch, sampler
+    position, the config as a dict, ...) must be JSON-serialisable; :func:`load_checkpoint` returns it
+    with ``step`` added. ``keep_last`` > 0 then deletes all but the newest ``keep_last`` complete
+    checkpoints of ``exp_name`` (this one included), only older ones, only those saved with the same
+    ``run_id`` when one is given, and nothing when this checkpoint's weights are not finite; None or 0
+    keeps all. ZeRO's fp32 master shards are saved too (``master/rank<r>.safetensors``), so that a bf16
     run resumed at the same world size continues exactly.
     """
     if int(step) < 0:

@@ -29,7 +29,6 @@ import yaml
 from ..errors import ConfigError
 from .schema import ALIASES, HINTS, LOGGERS, TrainConfig
 
-
 # --------------------------------------------------------------------------------------------------
 # Schema introspection
 # --------------------------------------------------------------------------------------------------
@@ -182,9 +181,6 @@ def from_dict(cls, values: Dict[str, Any], prefix: str = ""):
     if not isinstance(values, dict):
         return _build(cls, values, prefix)  # its error names the section
     return _build(cls, resolve_aliases(values, prefix), prefix)
-
-
-_SECTION_TYPES = (Mapping, types.SimpleNamespace, argparse.Namespace)
 
 
 def _plain(value: Any) -> Any:
@@ -422,7 +418,8 @@ def parse_cli(argv: Sequence[str], description: str, schema=TrainConfig):
         if arg.startswith("--config="):
             path = arg.split("=", 1)[1]
         elif arg.startswith("--"):
-            raise ConfigError(f"Unknown option '{arg}'. Options are --config FILE, --debug and --help; settings are key=value.")
+            raise ConfigError(f"Unknown option '{arg}'. Options are --config FILE, --debug and --help; settings are "
+                              f"key=value.")
         else:
             rest.append(arg)
         i += 1

@@ -101,7 +101,8 @@ class LoRAConfig:
 
 @dataclass
 class SampleConfig:
-    ckpt: Optional[str] = _f(None, "checkpoint to sample from: ours (folder) or an original DiT .pt; None: latest of this run")
+    ckpt: Optional[str] = _f(None, "checkpoint to sample from: ours (folder) or an original DiT .pt; None: latest of "
+                                   "this run")
     use_ema: bool = _f(True, "sample with the EMA weights when the checkpoint has them")
     sampler: str = _f("ddpm", "sampling method", choices=("ddpm", "ddim", "euler"))
     num_sampling_steps: int = _f(250, "respaced number of sampling steps")

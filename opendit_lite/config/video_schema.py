@@ -19,7 +19,8 @@ TEXT_ENCODER_KINDS = ("shapes", "t5", "clip")
 @dataclass
 class VideoModelConfig:
     name: str = _f("STDiT-tiny", "registered video model, e.g. STDiT-XL/2, Vchitect-XL, STDiT-tiny")
-    input_size: Optional[List[int]] = _f(None, "model input frame size [H, W] (latent or pixel); None: from data and VAE")
+    input_size: Optional[List[int]] = _f(None, "model input frame size [H, W] (latent or pixel); None: from data and "
+                                               "VAE")
     num_frames: Optional[int] = _f(None, "model input frames; None: data.num_frames (or the latents')")
     in_channels: Optional[int] = _f(None, "input channels; None: the VAE's latent channels, 3 in pixel space")
     caption_channels: Optional[int] = _f(None, "width of the caption states; None: from the text encoder or latents")

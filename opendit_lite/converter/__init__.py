@@ -14,6 +14,13 @@ blocks following the ``adaln_norms`` protocol (``adaln_protocol.py``, ``meta_dit
 ``opendit_lite.transforms.parallelize`` applies it with ``opendit_lite.parallel``.
 """
 
+# Importing these registers the conversions: the built-ins, fused AdaLN for foreign blocks (and the
+# families of Meta's DiT and diffusers), and the timm / diffusers attention adapters.
+from . import diffusers_blocks as _diffusers_blocks  # noqa: F401
+from . import meta_dit as _meta_dit  # noqa: F401
+from .adaln_protocol import AdaLNLayerNorm, norm_modulate, register_adaln_block
+from .attention_adapters import register_attention_adapters
+from .builtin import register_builtin_conversions
 from .converter import ConversionReport, ConversionSection, ModuleConverter, Replacement
 from .registry import (
     CONVERSIONS,
@@ -25,10 +32,6 @@ from .registry import (
     ConverterOptions,
     register_conversion,
 )
-from .builtin import register_builtin_conversions  # noqa: E402  (registers the built-ins)
-from .adaln_protocol import AdaLNLayerNorm, norm_modulate, register_adaln_block  # noqa: E402  (fused AdaLN, foreign blocks)
-from . import diffusers_blocks as _diffusers_blocks, meta_dit as _meta_dit  # noqa: E402,F401  (register their families)
-from .attention_adapters import register_attention_adapters  # noqa: E402  (timm and diffusers attention)
 
 __all__ = [
     "ModuleConverter",
@@ -47,4 +50,5 @@ __all__ = [
     "AdaLNLayerNorm",
     "norm_modulate",
     "register_adaln_block",
+    "register_attention_adapters",
 ]

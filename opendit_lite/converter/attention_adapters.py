@@ -28,9 +28,10 @@ Adapters for modules that cannot declare anything
   for one built with it. Other processors (IP-adapter, added KV, custom) are not adapted.
 
 Both keep parameters and state-dict keys. One conversion, ``attention_backend`` at
-``PRIORITY_ADAPTER``, adapts them when the attention backend resolves to flash-attn (the same
-switch as the op swap that follows and reaches their ops; with SDPA there is nothing to swap); ``opendit_lite.parallel.apply_sequence_parallel`` adapts them
-itself. This module does not import ``opendit_lite.parallel``.
+``PRIORITY_ADAPTER``, adapts them when the attention backend resolves to flash-attn (the same switch
+as the op swap that follows and reaches their ops; with SDPA there is nothing to swap);
+``opendit_lite.parallel.apply_sequence_parallel`` adapts them itself. This module does not import
+``opendit_lite.parallel``.
 """
 
 import dataclasses

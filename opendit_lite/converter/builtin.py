@@ -26,7 +26,6 @@ from opendit_lite.models.layers.modulate import GatedResidualNorm, LayerNormModu
 
 from .registry import CONVERSIONS, ConversionRegistry, ConverterOptions
 
-
 # ----------------------------------------------------------------------------- fused AdaLN
 
 def _fused_adaln_enabled(options: ConverterOptions) -> bool:

@@ -17,7 +17,6 @@ attention modules (and their processors) and the feed-forward are untouched. The
 modulation of both models runs in the model's own forward, once per step, and stays unfused.
 """
 
-import torch
 import torch.nn as nn
 
 from .adaln_protocol import fuse_norms, norm_modulate, register_adaln_block

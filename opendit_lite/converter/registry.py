@@ -23,10 +23,11 @@ an already imported library, so that library is never imported just to register 
 Order: conversions run one after the other, by ascending ``priority`` and, within a priority, in
 registration order; each one sees the model as the previous ones left it. Adapters that give a
 foreign module the zoo's interfaces (an ``attn_op`` child) use ``PRIORITY_ADAPTER`` (-100), so the
-backend swaps that follow see their ops. Backend swaps use ``PRIORITY_BACKEND`` (0); a conversion that wraps whatever backend is in place uses
-``PRIORITY_WRAPPER`` (100), so it wraps the final backend rather than one about to be replaced.
-Sequence parallelism is not a conversion: ``opendit_lite.transforms.parallelize`` applies it after the
-converter, with ``opendit_lite.parallel``.
+backend swaps that follow see their ops. Backend swaps use ``PRIORITY_BACKEND`` (0); a conversion
+that wraps whatever backend is in place uses ``PRIORITY_WRAPPER`` (100), so it wraps the final
+backend rather than one about to be replaced. Sequence parallelism is not a conversion:
+``opendit_lite.transforms.parallelize`` applies it after the converter, with
+``opendit_lite.parallel``.
 
 Registering with the default registry is one call::
 

@@ -39,7 +39,8 @@ class ImageFolderDataset(datasets.ImageFolder):
         try:
             super().__init__(root, transform=transform)
         except (FileNotFoundError, OSError) as e:  # no class sub-folders, or no image in them
-            raise ValueError(f"no images found under {root!r}: expected <path>/<class name>/<image files> ({e})") from None
+            raise ValueError(f"no images found under {root!r}: expected <path>/<class name>/<image files> "
+                             f"({e})") from None
         empty = [path for path, _ in self.samples if os.path.getsize(path) == 0]
         if empty:
             print(f"warning: skipping {len(empty)} empty image file(s), e.g. {empty[0]}", file=sys.stderr)

@@ -19,12 +19,12 @@ import random
 import sys
 from typing import Dict, List, Optional, Tuple
 
-IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
-SHAPE_COLUMNS = ("num_frames", "height", "width")
-
 import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
+
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
+SHAPE_COLUMNS = ("num_frames", "height", "width")
 
 
 def read_video_csv(path: str) -> List[Tuple[str, str]]:

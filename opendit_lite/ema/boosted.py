@@ -50,7 +50,8 @@ def create_sharded_ema(model: ModelWrapper, optimizer: Optional[OptimizerWrapper
         raise ValueError("create the EMA after Booster.boost, from the boosted model it returned")
     degree, group = sharding.zero_degree, sharding.zero_group
     if optimizer is None and degree in (1, 2):
-        raise ValueError("the ZeRO EMA follows the optimizer's master weights; boost the model with its optimizer first")
+        raise ValueError("the ZeRO EMA follows the optimizer's master weights; boost the model with its optimizer "
+                         "first")
     module = model.unwrap()
     if degree == 0:
         params = [(n, p) for n, p in module.named_parameters() if p.requires_grad]

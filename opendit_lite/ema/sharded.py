@@ -268,7 +268,8 @@ class ShardedEMA:
             for name, start, shape in run.params:
                 value = state_dict[name]
                 if value.shape != shape:
-                    raise ValueError(f"EMA entry {name!r} has shape {tuple(value.shape)}, the model's is {tuple(shape)}")
+                    raise ValueError(f"EMA entry {name!r} has shape {tuple(value.shape)}, the model's is "
+                                     f"{tuple(shape)}")
                 full[start:start + shape.numel()] = value.reshape(-1)
             width = run.numel // size
             self.shard[off:off + width].copy_(full[rank * width:(rank + 1) * width])

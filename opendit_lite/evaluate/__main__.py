@@ -21,10 +21,10 @@ from opendit_lite.utils.quiet import quiet_third_party_startup
 quiet_third_party_startup()  # before colossalai is imported
 
 from opendit_lite.config import parse_cli
-from opendit_lite.utils.exit_codes import script_main
 from opendit_lite.evaluate.generate import generate_samples
 from opendit_lite.evaluate.run import check_eval_config, score
 from opendit_lite.sampling import sampling_ranks
+from opendit_lite.utils.exit_codes import script_main
 
 
 @script_main

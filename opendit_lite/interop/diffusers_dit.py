@@ -46,8 +46,6 @@ import torch.nn as nn
 from opendit_lite.errors import ConfigError
 from opendit_lite.models.layers.embeddings import get_2d_sincos_pos_embed
 
-TIMESTEP_CHANNELS = 256  # Meta's frequency_embedding_size
-
 
 def _block_count(state: Dict[str, torch.Tensor], prefix: str) -> int:
     indices = {int(k[len(prefix):].split(".")[0]) for k in state if k.startswith(prefix)}

@@ -13,10 +13,10 @@ writes ``y`` once, and keeps for the backward only ``x`` and two fp32 numbers pe
   input's own dtype.
 
 The kernels are the torch custom op ``opendit_lite::norm_affine_fwd`` (``ops.py``), so
-``torch.compile`` keeps them in its graph. Dispatch: the Triton kernels run on CUDA tensors, and on any tensor when Triton's interpreter is on
-(``TRITON_INTERPRET=1`` set before this module is imported). Otherwise (CPU tensors, or Triton not
-installed) the torch path below computes the same function with the same numerics: fp32
-statistics and arithmetic, one rounding at the end.
+``torch.compile`` keeps them in its graph. Dispatch: the Triton kernels run on CUDA tensors, and on
+any tensor when Triton's interpreter is on (``TRITON_INTERPRET=1`` set before this module is
+imported). Otherwise (CPU tensors, or Triton not installed) the torch path below computes the same
+function with the same numerics: fp32 statistics and arithmetic, one rounding at the end.
 """
 
 import torch

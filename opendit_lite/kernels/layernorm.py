@@ -1,12 +1,12 @@
 """LayerNorm with affine parameters on the Triton norm kernels, and the choice of a fused LayerNorm.
 
-``TritonLayerNorm`` is an ``nn.LayerNorm`` (same constructor, parameters and state-dict keys)
-whose forward runs the custom op ``opendit_lite::norm_affine_fwd`` (``ops.py``) with ``a = weight`` and ``shift = bias`` over the
-input viewed as ``[1, rows, D]``; its backward gives dx and, from deterministic fp32 partial sums,
-dweight and dbias. Numerics: fp32 statistics and arithmetic, output rounded once to the input's
-dtype (as torch's LayerNorm does with fp32 weights and a bf16 input); gradients in each tensor's
-dtype. On tensors the kernels cannot take (see ``triton_dispatch``) it computes the same thing
-with torch.
+``TritonLayerNorm`` is an ``nn.LayerNorm`` (same constructor, parameters and state-dict keys) whose
+forward runs the custom op ``opendit_lite::norm_affine_fwd`` (``ops.py``) with ``a = weight`` and
+``shift = bias`` over the input viewed as ``[1, rows, D]``; its backward gives dx and, from
+deterministic fp32 partial sums, dweight and dbias. Numerics: fp32 statistics and arithmetic, output
+rounded once to the input's dtype (as torch's LayerNorm does with fp32 weights and a bf16 input);
+gradients in each tensor's dtype. On tensors the kernels cannot take (see ``triton_dispatch``) it
+computes the same thing with torch.
 
 ``to_fused_layernorm`` picks the fastest implementation present for a converted module:
 apex's ``FusedLayerNorm`` when apex imports, else ``TritonLayerNorm``, else the module unchanged.

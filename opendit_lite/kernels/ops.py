@@ -120,8 +120,9 @@ def gated_residual_norm_bwd(dy: Tensor, dx_new: Optional[Tensor], x_new: Tensor,
 @gated_residual_norm_bwd.register_fake
 def _(dy, dx_new, x_new, h, gate, scale, mean, rstd, x_dtype, shift_dtype):
     mod_shape = (x_new.shape[0], scale.shape[1], x_new.shape[2])
-    return (x_new.new_empty(x_new.shape, dtype=x_dtype), h.new_empty(h.shape), x_new.new_empty(mod_shape, dtype=gate.dtype),
-            x_new.new_empty(mod_shape, dtype=shift_dtype), x_new.new_empty(mod_shape, dtype=scale.dtype))
+    return (x_new.new_empty(x_new.shape, dtype=x_dtype), h.new_empty(h.shape),
+            x_new.new_empty(mod_shape, dtype=gate.dtype), x_new.new_empty(mod_shape, dtype=shift_dtype),
+            x_new.new_empty(mod_shape, dtype=scale.dtype))
 
 
 def _gated_residual_setup(ctx, inputs, output):

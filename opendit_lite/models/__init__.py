@@ -1,5 +1,5 @@
-from .registry import MODELS, build_model, register_model, registered_class
 from .dit import DiT, DiT_models, DiTBlock, FinalLayer
+from .registry import MODELS, build_model, register_model, registered_class
 from .stdit import STDiT
 from .vchitect import VchitectXL
 

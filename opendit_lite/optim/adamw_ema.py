@@ -59,7 +59,7 @@ class AdamWEMA(Optimizer):
         ``take_ema_update`` on."""
         if len(targets) != len(sources) or any(t.shape != s.shape for t, s in zip(targets, sources)):
             raise ValueError("AdamWEMA.attach_ema: targets and sources must be lists of tensors of equal shapes")
-        bad = [s.dtype for s in sources if s.dtype != torch.float32] + [t.dtype for t in targets if t.dtype != torch.float32]
+        bad = [t.dtype for t in (*sources, *targets) if t.dtype != torch.float32]
         if bad:
             raise ValueError(f"AdamWEMA.attach_ema averages fp32 tensors in place; got {sorted(set(map(str, bad)))}")
         self._ema_targets, self._ema_sources = list(targets), list(sources)

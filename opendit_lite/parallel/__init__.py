@@ -7,6 +7,7 @@ in ``opendit_lite.converter.attention_adapters``); a model without split/gather 
 block list (``boundaries.py``)."""
 
 from .comm import all_to_all, gather_sequence, split_sequence
+from .dsp import apply_dsp  # registers the video models' attention types (temporal, cross, joint)
 from .sequence import SequenceParallelGather, SequenceParallelSplit, SequenceParallelState
 from .sequence_parallel import (
     SEQUENCE_PARALLEL_ATTENTION,
@@ -14,7 +15,6 @@ from .sequence_parallel import (
     register_sequence_parallel_attention,
 )
 from .ulysses import SequenceParallelCrossAttentionOp, SequenceParallelOp, UlyssesAttentionOp
-from .dsp import apply_dsp  # registers the video models' attention types (temporal, cross, joint)
 
 __all__ = [
     "apply_dsp",

@@ -86,7 +86,10 @@ class UlyssesJointAttentionOp(SequenceParallelOp):
         video = all_to_all(video, state.group, scatter_dim=3, gather_dim=2)         # [3, B, Np, H/P, Dh]
         video = video[:, :, :seq_len]                                               # [3, B, N, H/P, Dh]
         heads = num_heads // state.size
-        mine = lambda text: text.narrow(2, state.rank * heads, heads)               # this rank's heads
+
+        def mine(text: torch.Tensor) -> torch.Tensor:                               # this rank's heads
+            return text.narrow(2, state.rank * heads, heads)
+
         q = torch.cat([mine(q[:, :text_q]), video[0]], dim=1)                       # [B, Mq + N, H/P, Dh]
         k = torch.cat([mine(k[:, :text_kv]), video[1]], dim=1)                      # [B, M + N, H/P, Dh]
         v = torch.cat([mine(v[:, :text_kv]), video[2]], dim=1)

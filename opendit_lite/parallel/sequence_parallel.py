@@ -22,10 +22,10 @@ gathered at its last block's output (``boundaries.py``), and then every block mu
 attention op this module can run.
 
 Run it after the backend conversion (the Ulysses op wraps whatever op it finds) and before
-activation checkpointing and data-parallel wrapping, which only see the finished modules. ``opendit_lite.transforms.parallelize`` calls it
-(``sp_mode="ulysses"``) in that place of its order. See ``comm.py`` for the gradient convention: DDP/ZeRO's world mean of gradients
-is exact; docs/sequence_parallel.md for usage and communication volume.
-"""
+activation checkpointing and data-parallel wrapping, which only see the finished modules.
+``opendit_lite.transforms.parallelize`` calls it (``sp_mode="ulysses"``) in that place of its order.
+See ``comm.py`` for the gradient convention: DDP/ZeRO's world mean of gradients is exact;
+docs/sequence_parallel.md for usage and communication volume. """
 
 from typing import Callable, Dict, Optional
 

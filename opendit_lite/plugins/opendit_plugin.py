@@ -126,7 +126,8 @@ class OpenDiTPlugin(DPPluginBase):
         zero_degree = 0 if zero_degree is None else zero_degree
         if zero_degree not in ZERO_DEGREES or isinstance(zero_degree, bool):
             raise ValueError(
-                f"zero_degree={zero_degree!r} is not supported; use 0 (DDP), 1 (ZeRO-1), 2 (ZeRO-2) or 3 (Gemini ZeRO-3)"
+                f"zero_degree={zero_degree!r} is not supported; use 0 (DDP), 1 (ZeRO-1), 2 (ZeRO-2) or 3 "
+                f"(Gemini ZeRO-3)"
             )
         if precision != AUTO and precision not in PRECISIONS:
             raise ValueError(f"precision={precision!r} is not supported; use one of {sorted(PRECISIONS)} or 'auto'")
@@ -138,7 +139,8 @@ class OpenDiTPlugin(DPPluginBase):
             )
         precision = resolve_precision(precision)
         if zero_degree == 3 and precision == "fp32":
-            raise ValueError("zero_degree=3 (Gemini) trains in bf16 or fp16 with fp32 master weights; set precision to 'bf16' or 'fp16'")
+            raise ValueError("zero_degree=3 (Gemini) trains in bf16 or fp16 with fp32 master weights; set precision "
+                             "to 'bf16' or 'fp16'")
         if group_zero and zero_degree == 0:
             zero = [d for d in usable_zero_degrees() if d > 0]
             fix = (f"it needs zero_degree {' or '.join(map(str, zero))}" if zero else
@@ -262,7 +264,8 @@ class OpenDiTPlugin(DPPluginBase):
         if isinstance(model, ModelWrapper):
             raise ValueError("the model is already boosted; pass the plain nn.Module to Booster.boost once")
         if optimizer is not None and self._optimizer is not None:
-            raise ValueError("this OpenDiTPlugin already trains a model (and owns its EMA); use one plugin per trained model")
+            raise ValueError("this OpenDiTPlugin already trains a model (and owns its EMA); use one plugin per "
+                             "trained model")
         if self.zero_degree == 0:
             model, optimizer = apply_ddp(
                 model, optimizer, device=get_accelerator().get_current_device(), dtype=self.dtype,
@@ -350,7 +353,8 @@ class OpenDiTPlugin(DPPluginBase):
 
     # ------------------------------------------------------------------ fp32 master weights
 
-    def master_weight_shards(self, model: ModelWrapper, optimizer: OptimizerWrapper) -> Optional[Dict[str, torch.Tensor]]:
+    def master_weight_shards(self, model: ModelWrapper,
+                             optimizer: OptimizerWrapper) -> Optional[Dict[str, torch.Tensor]]:
         """This rank's fp32 master shards by parameter name when they are kept apart from the working
         weights (ZeRO-1/2 in bf16/fp16), for checkpoints; None for DDP (fp32 weights) and fp32 ZeRO
         (the masters equal the working weights). Gemini's chunks are not covered yet."""
@@ -378,7 +382,8 @@ class OpenDiTPlugin(DPPluginBase):
         self._ema = create_sharded_ema(model, optimizer if optimizer is not None else self._optimizer, self)
         return self._ema
 
-    def update_ema(self, model: ModelWrapper, optimizer: Optional[OptimizerWrapper] = None, decay: float = 0.9999) -> None:
+    def update_ema(self, model: ModelWrapper, optimizer: Optional[OptimizerWrapper] = None,
+                   decay: float = 0.9999) -> None:
         """``ema = decay * ema + (1 - decay) * weights`` after ``optimizer.step()``; creates the EMA on
         first use (``opendit_lite.ema.update_sharded_ema``)."""
         if self._ema is None:
@@ -395,6 +400,7 @@ class OpenDiTPlugin(DPPluginBase):
         ``numel_local()`` counts the elements this rank holds."""
         if self._ema is None:
             if self._model is None:
-                raise ValueError("no EMA yet: boost a model with an optimizer (and call create_ema or update_ema) first")
+                raise ValueError("no EMA yet: boost a model with an optimizer (and call create_ema or update_ema) "
+                                 "first")
             self.create_ema(self._model)
         return self._ema

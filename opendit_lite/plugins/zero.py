@@ -77,7 +77,8 @@ def check_zero_device() -> None:
     """LowLevelZero runs only on a CUDA/NPU accelerator: say so when the plugin is built rather
     than failing deep inside Colossal-AI at the first step."""
     if get_accelerator().name == "cpu":
-        raise ValueError(f"zero_degree 1 and 2 (LowLevelZero) need a CUDA GPU and none is visible; {zero_degree_hint()}")
+        raise ValueError(f"zero_degree 1 and 2 (LowLevelZero) need a CUDA GPU and none is visible; "
+                         f"{zero_degree_hint()}")
 
 
 def shard_of(full: torch.Tensor, group_size: int, group_rank: int) -> torch.Tensor:
@@ -100,7 +101,8 @@ class ZeroCheckpointIO(LowLevelZeroCheckpointIO):
         index = CheckpointIndexFile.from_file(index_file_path)
         param_group_file = index.get_param_group_filename()
         if param_group_file is None:
-            raise RuntimeError(f"optimizer index {index_file_path} names no param-group file; the checkpoint is incomplete")
+            raise RuntimeError(f"optimizer index {index_file_path} names no param-group file; the checkpoint is "
+                               f"incomplete")
         inner = optimizer.unwrap()
         id_map = load_param_groups_into_optimizer(inner, param_group_file)
         shard_files, _ = index.get_checkpoint_filenames()

@@ -12,7 +12,8 @@ def apply_configured_hyperparams(optimizer, lr_scheduler, *, lr: float, weight_d
     """Set every param group's base ``lr`` and ``weight_decay`` to the configured values, keeping the
     scheduler's current factor (warm-up, decay) on the lr; returns one message per changed setting."""
     changes = []
-    base_lrs = list(getattr(lr_scheduler, "base_lrs", [])) or [g.get("initial_lr", g["lr"]) for g in optimizer.param_groups]
+    base_lrs = (list(getattr(lr_scheduler, "base_lrs", []))
+                or [g.get("initial_lr", g["lr"]) for g in optimizer.param_groups])
     old_lr = base_lrs[0]
     if old_lr != lr:
         for group, base in zip(optimizer.param_groups, base_lrs):

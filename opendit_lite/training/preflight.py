@@ -15,8 +15,8 @@ import shutil
 import sys
 import uuid
 
-from ..checkpoint.layout import checkpoint_root, wants_resume
 from ..checkpoint.catalog import META_FILE, list_checkpoints
+from ..checkpoint.layout import checkpoint_root, wants_resume
 from ..config import ConfigError
 from ..models import MODELS
 from ..models.capabilities import model_family

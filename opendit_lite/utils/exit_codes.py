@@ -11,8 +11,7 @@ import sys
 import traceback
 from typing import Callable, Optional, Sequence
 
-from ..errors import EXIT_INTERRUPTED, EXIT_NON_FINITE, USER_ERRORS, CheckpointError
-from ..errors import NonFiniteError, RunInterrupted  # noqa: F401  (their former home; raised by the trainers)
+from ..errors import EXIT_INTERRUPTED, EXIT_NON_FINITE, USER_ERRORS, CheckpointError, NonFiniteError, RunInterrupted  # noqa: F401  (their former home; raised by the trainers)
 
 DEBUG_FLAG, DEBUG_ENV = "--debug", "OPENDIT_DEBUG"
 

@@ -16,7 +16,13 @@ import torch
 
 from opendit_lite.activation_checkpointing import apply_activation_checkpointing
 from opendit_lite.activation_checkpointing import offload as offload_module
-from tests.activation_checkpointing.toy_models import SpatialTemporalModel, ToyDiT, assert_same_grads, grads_of, toy_inputs
+from tests.activation_checkpointing.toy_models import (
+    SpatialTemporalModel,
+    ToyDiT,
+    assert_same_grads,
+    grads_of,
+    toy_inputs,
+)
 
 
 class RecordingCopier:

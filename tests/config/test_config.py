@@ -5,7 +5,13 @@ import pytest
 import yaml
 
 from opendit_lite.config import (
-    ConfigError, DiffusionConfig, TrainConfig, from_dict, load_config, parse_overrides, validate_world,
+    ConfigError,
+    DiffusionConfig,
+    TrainConfig,
+    from_dict,
+    load_config,
+    parse_overrides,
+    validate_world,
 )
 from opendit_lite.config.loader import all_keys, format_help
 
@@ -122,7 +128,8 @@ def test_world_dependent_checks():
     with pytest.raises(ConfigError, match="must divide the number of ranks"):
         validate_world(cfg, 3)
     cfg = load_config(None, ["global_batch_size=10", "grad_accum_steps=4"])
-    with pytest.raises(ConfigError, match="global_batch_size'=10 must be divisible by data-parallel size x grad_accum_steps = 1 x 4"):
+    expected = "global_batch_size'=10 must be divisible by data-parallel size x grad_accum_steps = 1 x 4"
+    with pytest.raises(ConfigError, match=expected):
         validate_world(cfg, 1)
 
 

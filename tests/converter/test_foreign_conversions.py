@@ -9,14 +9,13 @@ runs first; with flash-attn installed the converter test counts the adapters too
 import copy
 
 import pytest
-import torch
 import torch.nn as nn
 
 from opendit_lite.converter import AdaLNLayerNorm, ModuleConverter
+from opendit_lite.converter.attention_adapters import OpAttnProcessor, OpCrossAttnProcessor
 from opendit_lite.kernels import flash_attn_version
 from opendit_lite.models.layers.attention import SDPAAttentionOp
 from opendit_lite.parallel.foreign import adapt_foreign_attention
-from opendit_lite.converter.attention_adapters import OpAttnProcessor, OpCrossAttnProcessor
 from tests import foreign_models as fm
 
 TOL = 1e-5
@@ -152,7 +151,8 @@ def test_attention_adapters_run_as_a_conversion_when_flash_is_swapped_in(capsys)
     report = ModuleConverter(registry=registry).convert(model)
     assert report.counts()["attention_backend"] == 4
     assert "2 x AttnProcessor2_0 -> OpAttnProcessor" in str(report)
-    holder = nn.Sequential(Attention(fm.HIDDEN, num_heads=fm.HEADS), Attention(fm.HIDDEN, num_heads=fm.HEADS, attn_drop=0.1))
+    holder = nn.Sequential(Attention(fm.HIDDEN, num_heads=fm.HEADS),
+                           Attention(fm.HIDDEN, num_heads=fm.HEADS, attn_drop=0.1))
     report = ModuleConverter(registry=registry).convert(holder)
     assert report.counts()["attention_backend"] == 1 and type(holder[1]) is Attention
     assert "Attention -> OpAttention" in str(report)

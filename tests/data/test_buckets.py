@@ -109,7 +109,10 @@ def test_bucket_batches_stream_saves_the_handed_out_position():
     buckets = parse_buckets([{"frames": 2, "height": 8, "width": 16, "batch_size": 2},
                              {"frames": 1, "height": 16, "width": 16, "batch_size": 3}])
     data = MovingShapesDataset(num_samples=12, shapes=[b.shape for b in buckets], caption_channels=4)
-    loader = lambda: torch.utils.data.DataLoader(data, batch_sampler=BucketBatchSampler(buckets, data.sample_shapes))
+
+    def loader():
+        return torch.utils.data.DataLoader(data, batch_sampler=BucketBatchSampler(buckets, data.sample_shapes))
+
     stream = BucketBatches(loader())
     shapes = [tuple(next(stream)[0].shape) for _ in range(7)]       # crosses into the second epoch
     assert {s[2:] for s in shapes} == {(2, 8, 16), (1, 16, 16)} and shapes[0][1] == 3

@@ -107,7 +107,8 @@ def test_zoo_models_declare_their_layout_and_forward_with_cfg_uses_it():
     model = build_model("DiT-T/2", input_size=4, in_channels=4, num_classes=3).eval()
     x, t, y = torch.randn(4, 4, 4, 4), torch.tensor([1, 2, 1, 2]), torch.tensor([0, 1, 3, 3])
     with torch.no_grad():
-        torch.testing.assert_close(model.forward_with_cfg(x, t, y, 2.0), cfg_model_fn(model, 2.0, channels=3)(x, t, y=y))
+        torch.testing.assert_close(model.forward_with_cfg(x, t, y, 2.0),
+                                   cfg_model_fn(model, 2.0, channels=3)(x, t, y=y))
 
 
 def test_an_unknown_layout_is_an_error():

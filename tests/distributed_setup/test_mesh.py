@@ -65,7 +65,8 @@ def _check_sharding(results, sp):
             same_dp = ra[sp]["dp"][0] == rb[sp]["dp"][0]
             assert same_dp == (a // sp == b // sp), (a, b, ra[sp]["dp"], rb[sp]["dp"])
             if same_dp:
-                assert ra[sp]["batches"] == rb[sp]["batches"], f"ranks {a}, {b} share an SP group but got different batches"
+                assert ra[sp]["batches"] == rb[sp]["batches"], \
+                    f"ranks {a}, {b} share an SP group but got different batches"
             else:
                 idx_a = {i for idx, _ in ra[sp]["batches"] for i in idx}
                 idx_b = {i for idx, _ in rb[sp]["batches"] for i in idx}

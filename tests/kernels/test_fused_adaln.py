@@ -1,9 +1,9 @@
 """Fused AdaLN (LayerNorm + modulate): output and every gradient against ``reference_adaln``.
 
-On CPU the Triton kernels run in Triton's interpreter (tests/conftest.py sets TRITON_INTERPRET=1 without a GPU), so shapes are
-small but awkward: batch > 1, token counts that do not fill a block of rows, feature counts that
-are not powers of two, both modulation layouts. ``reference_adaln`` is also the eager baseline of
-benchmarks/bench_fused_adaln.py.
+On CPU the Triton kernels run in Triton's interpreter (tests/conftest.py sets TRITON_INTERPRET=1
+without a GPU), so shapes are small but awkward: batch > 1, token counts that do not fill a block of
+rows, feature counts that are not powers of two, both modulation layouts. ``reference_adaln`` is
+also the eager baseline of benchmarks/bench_fused_adaln.py.
 """
 
 import itertools

@@ -2,9 +2,10 @@
 
 The rule checked everywhere: the world mean of the local gradients (what DDP and ZeRO compute)
 equals the serial model's gradient on the global batch. The shared spawn of each world size
-(``spawn.py``) runs all checks: world 2 (sp 2; apply_sequence_parallel and parallelize; activation checkpointing; training
-through OpenDiTPlugin with zero_degree 0, 1, 2) and world 4 (sp 4, and dp 2 x sp 2). The latent
-10x6 with patch 2 gives 15 tokens, not divisible by 2 or 4, so padding is exercised throughout.
+(``spawn.py``) runs all checks: world 2 (sp 2; apply_sequence_parallel and parallelize; activation
+checkpointing; training through OpenDiTPlugin with zero_degree 0, 1, 2) and world 4 (sp 4, and dp 2
+x sp 2). The latent 10x6 with patch 2 gives 15 tokens, not divisible by 2 or 4, so padding is
+exercised throughout.
 """
 
 import copy

@@ -25,7 +25,8 @@ for name in sys.argv[1:]:
         try:
             importlib.import_module(name)
             if name == "opendit_lite.converter":  # the converter no longer pulls in sequence parallelism
-                assert "opendit_lite.parallel" not in sys.modules, "opendit_lite.converter imports opendit_lite.parallel"
+                assert "opendit_lite.parallel" not in sys.modules, \
+                    "opendit_lite.converter imports opendit_lite.parallel"
         except BaseException:
             traceback.print_exc()
             os._exit(1)

@@ -168,10 +168,10 @@ def test_package_parallelize_is_the_function_with_its_signature():
 
 
 def test_trainers_read_is_video():
+    from opendit_lite.build.video import build_video_model
     from opendit_lite.config import load_config
     from opendit_lite.config.video_schema import VideoTrainConfig
     from opendit_lite.training.image import build_image_model
-    from opendit_lite.build.video import build_video_model
 
     with pytest.raises(ConfigError, match="declares is_video = True"):
         build_image_model(load_config(None, ["model.name=STDiT-tiny"]))

@@ -50,7 +50,10 @@ def test_predicted_activation_memory_within_15_percent(name, kwargs, shape):
     B, T, H, W = shape
     if name.startswith("DiT"):
         x, labels = torch.randn(B, 4, H, W), torch.randint(0, 1000, (B,))
-        run = lambda: model(x, torch.rand(B) * 999, labels).square().mean()
+
+        def run():
+            return model(x, torch.rand(B) * 999, labels).square().mean()
+
         caption = 0
     else:
         run, caption = _video_step(model, B, T, H, W), 8

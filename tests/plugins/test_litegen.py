@@ -47,7 +47,8 @@ def test_litegen_file_names():
 def test_config_objects_and_checkpoint_folder():
     """LiteGen reads its config with config.from_object; checkpoint_dir means what it means for train.py."""
     assert checkpoint_root(from_object(SimpleNamespace(results_dir="a", checkpoint_dir="c"))) == "c"
-    assert checkpoint_root(from_object(SimpleNamespace(result_dir="b", exp_name="e"))) == os.path.join("b", "e", "checkpoints")
+    litegen_config = from_object(SimpleNamespace(result_dir="b", exp_name="e"))
+    assert checkpoint_root(litegen_config) == os.path.join("b", "e", "checkpoints")
     assert checkpoint_root(from_object(SimpleNamespace())) == os.path.join("outputs", "dit", "checkpoints")  # defaults
     cfg = from_object(SimpleNamespace(zero_degree=2, ema={"enable": False}, encoder=SimpleNamespace(fsdp=True)))
     assert cfg.zero_degree == 2
@@ -217,7 +218,8 @@ def _facade_story(rank, world, root):
     reference_encoder, reference_vae = copy.deepcopy(text_encoder), copy.deepcopy(vae)
     g = torch.Generator().manual_seed(2)
     dataset = TensorDataset(torch.randn(32, 6, generator=g), torch.randn(32, 3, generator=g), torch.arange(32))
-    model, optimizer, text_encoder, loader, vae_encode = gen.initialize(model, optimizer, text_encoder, dataset, vae.encode)
+    model, optimizer, text_encoder, loader, vae_encode = gen.initialize(model, optimizer, text_encoder, dataset,
+                                                                        vae.encode)
 
     assert isinstance(model, ModelWrapper) and isinstance(optimizer, OptimizerWrapper)
     assert isinstance(text_encoder, FullyShardedDataParallel) and isinstance(vae_encode, CompiledFunction)

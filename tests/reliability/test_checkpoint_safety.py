@@ -9,10 +9,8 @@ import random
 import signal
 import time
 
-import pytest
-
-from opendit_lite.checkpoint.layout import newest_verified_checkpoint
 from opendit_lite.checkpoint.catalog import list_checkpoints, verify_checkpoint
+from opendit_lite.checkpoint.layout import newest_verified_checkpoint
 from opendit_lite.checkpoint.state import _prune
 from opendit_lite.plugins import OpenDiTPlugin  # noqa: F401  imported once here, before the children fork
 from tests.checkpoint.test_state import _save, _setup, _train

@@ -2,8 +2,8 @@
 
 import torch
 
-from opendit_lite.training.hyperparams import apply_configured_hyperparams
 from opendit_lite.optim.lr_schedule import build_lr_scheduler
+from opendit_lite.training.hyperparams import apply_configured_hyperparams
 
 
 def _optimizer_as_saved(lr, weight_decay, steps):

@@ -44,9 +44,9 @@ def image_args(tmp) -> list:
 
 def video_args(tmp) -> list:
     """sample_video.py arguments for a random STDiT-tiny in a checkpoint folder with its config (3 prompts)."""
+    from opendit_lite.build.video import build_video_model
     from opendit_lite.config import load_config, to_dict
     from opendit_lite.config.video_schema import VideoTrainConfig
-    from opendit_lite.build.video import build_video_model
 
     config = os.path.join(ROOT, "configs/video_stdit_demo.yaml")
     cfg = load_config(config, ["model.in_channels=3", "model.num_frames=4", "model.input_size=[8,8]",

@@ -19,7 +19,8 @@ MODEL = {"name": "DiT-T/2", "input_size": [8, 8], "in_channels": 4, "num_classes
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("export_diffusers", os.path.join(ROOT, "scripts", "export_diffusers.py"))
+    path = os.path.join(ROOT, "scripts", "export_diffusers.py")
+    spec = importlib.util.spec_from_file_location("export_diffusers", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -46,7 +47,8 @@ def _checkpoint(tmp_path):
     ckpt = tmp_path / "ckpt"
     os.makedirs(ckpt / "model")
     save_file({k: v.contiguous() for k, v in trained.state_dict().items()}, str(ckpt / "model" / "model.safetensors"))
-    save_file({k: v.contiguous() for k, v in ema.state_dict().items() if k != "pos_embed"}, str(ckpt / "ema.safetensors"))
+    weights = {k: v.contiguous() for k, v in ema.state_dict().items() if k != "pos_embed"}
+    save_file(weights, str(ckpt / "ema.safetensors"))
     (ckpt / "meta.json").write_text(json.dumps({"extra_state": {"config": {"model": MODEL, "diffusion": {}}}}))
     return str(ckpt), trained, ema
 

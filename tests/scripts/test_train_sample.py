@@ -128,8 +128,8 @@ def test_torchrun_sequence_parallel_matches_one_process(tmp_path):
     common = [f"results_dir={tmp_path}", "max_steps=3", "log_every=1", "ema.enable=false", *TINY]
     run("train.py", "exp_name=serial", *common)
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           "train.py", "--config", "configs/demo.yaml", "exp_name=sp2", "sp_size=2", "selective_ratio=0.5",
-                           *common],
+                           "train.py", "--config", "configs/demo.yaml", "exp_name=sp2", "sp_size=2",
+                           "selective_ratio=0.5", *common],
                           cwd=ROOT, capture_output=True, text=True, timeout=300,
                           env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -153,7 +153,6 @@ def test_stop_signal_is_honoured_at_the_next_step_with_a_checkpoint(tmp_path, si
                              "exp_name=stop", "max_steps=100000", *TINY, "log_every=1000"], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 180
-    err_lines = []
     while time.time() < deadline:  # wait until training runs (the progress bar shows steps)
         time.sleep(1.0)
         if proc.poll() is not None or (tmp_path / "stop" / "config.yaml").exists():

@@ -9,8 +9,17 @@ import pytest
 import torch
 
 from tests.distributed import run_distributed
-from tests.plugins.common import GLOBAL_BATCH, LR, WEIGHT_DECAY, local_slice, loss_fn, make_batches, max_diff, \
-    reference_run, tiny_dit
+from tests.plugins.common import (
+    GLOBAL_BATCH,
+    LR,
+    WEIGHT_DECAY,
+    local_slice,
+    loss_fn,
+    make_batches,
+    max_diff,
+    reference_run,
+    tiny_dit,
+)
 
 STEPS, ACCUM = 3, 2
 
@@ -38,9 +47,9 @@ def _train(rank, world_size, results_dir):
     from colossalai.booster import Booster
 
     from opendit_lite.config import TrainConfig
+    from opendit_lite.optim.lr_schedule import build_lr_scheduler
     from opendit_lite.plugins import OpenDiTPlugin
     from opendit_lite.training.loop import run_steps
-    from opendit_lite.optim.lr_schedule import build_lr_scheduler
     from opendit_lite.training.metrics import MetricsLogger
 
     cfg = TrainConfig(exp_name="accum", results_dir=results_dir, max_steps=STEPS, grad_accum_steps=ACCUM,

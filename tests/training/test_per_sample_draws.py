@@ -5,11 +5,11 @@ not change them (what makes 2 nodes x 2 ranks equal one process, tests/scripts/t
 import torch
 
 from opendit_lite.data.indexed import IndexedDataset
-from opendit_lite.diffusion import RectifiedFlow, build_scheduler
+from opendit_lite.diffusion import build_scheduler
+from opendit_lite.diffusion.loss import objective_loss
 from opendit_lite.diffusion.sampling_utils import SampleGenerators, sample_seed
 from opendit_lite.models import build_model
 from opendit_lite.models.capabilities import condition_dropout_kwarg
-from opendit_lite.diffusion.loss import objective_loss
 
 
 def tiny_dit():

@@ -113,5 +113,8 @@ def test_rope_matches_complex_reference_and_is_relative():
     # Dot products depend on relative positions only: shift both positions by one frame.
     q, k = torch.randn(1, 1, 1, 8), torch.randn(1, 1, 1, 8)
     table = rope_1d(8, 5)
-    dot = lambda m, n: (apply_rope(q, table[m:m + 1]) * apply_rope(k, table[n:n + 1])).sum()
+
+    def dot(m, n):
+        return (apply_rope(q, table[m:m + 1]) * apply_rope(k, table[n:n + 1])).sum()
+
     torch.testing.assert_close(dot(1, 3), dot(2, 4))

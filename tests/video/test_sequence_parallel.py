@@ -15,9 +15,9 @@ CASES = [("STDiT-tiny", "ulysses"), ("STDiT-tiny", "dsp"), ("Vchitect-tiny", "ul
 
 
 def _build(name: str):
-    from opendit_lite.models.registry import build_model
     import opendit_lite.models.stdit  # noqa: F401  (registers the models)
     import opendit_lite.models.vchitect  # noqa: F401
+    from opendit_lite.models.registry import build_model
 
     torch.manual_seed(0)
     model = build_model(name, class_dropout_prob=0.0).train()

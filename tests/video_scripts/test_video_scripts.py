@@ -104,7 +104,8 @@ def test_sequence_parallel_matches_serial_loss(stdit_run, tmp_path, mode):
 
 @pytest.mark.parametrize("override, expected", [
     (["bogus_key=1"], "Unknown config key 'bogus_key'"),
-    (["--config", "configs/video_vchitect_demo.yaml", "sp_size=2", "sp_mode=dsp"], "sp_mode=dsp is not supported by VchitectXL"),
+    (["--config", "configs/video_vchitect_demo.yaml", "sp_size=2", "sp_mode=dsp"],
+     "sp_mode=dsp is not supported by VchitectXL"),
     (["data.type=shapes", "text_encoder.kind=t5"], "text_encoder.kind must be 'shapes'"),
     (["data.type=latents"], "'data.path' is required for data.type='latents'"),
     (["diffusion.objective=ddpm"], "'diffusion.objective' must be one of 'rflow', 'iddpm'"),
@@ -129,9 +130,9 @@ def test_config_errors_exit_2(tmp_path, capsys, override, expected):
 
 
 def test_image_model_name_is_refused():
+    from opendit_lite.build.video import build_video_model
     from opendit_lite.config import ConfigError, load_config
     from opendit_lite.config.video_schema import VideoTrainConfig
-    from opendit_lite.build.video import build_video_model
 
     cfg = load_config(None, ["model.name=DiT-S/2", "model.in_channels=3", "model.caption_channels=32"],
                       schema=VideoTrainConfig)
