@@ -28,11 +28,12 @@ demo-video: $(STAMP)
 	$(PY) train_video.py --config configs/video_stdit_demo.yaml
 	$(PY) sample_video.py --config configs/video_stdit_demo.yaml
 
-# The layers contract (pyproject.toml, README "Architecture"), lint and import order, then the suite.
+# The layers contract (pyproject.toml, README "Architecture"), lint and import order, then the suite
+# on two workers (one per core; PYTEST_ARGS="-n 0" for one process), with the 10 slowest tests.
 test: $(STAMP)
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n 2 --dist worksteal --durations=10 $(PYTEST_ARGS)
 
 test-gpu: $(STAMP)
 	$(PY) -m pytest -q -m gpu $(PYTEST_ARGS)

@@ -14,8 +14,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-# Two cores in CI: keep intra-op threads from oversubscribing when tests spawn ranks.
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# Two cores in CI: keep intra-op threads from oversubscribing when tests spawn ranks. Under
+# pytest-xdist (make test: two workers) each worker, and every process it starts, gets one thread.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+else:
+    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
 
 def pytest_collection_modifyitems(config, items):

@@ -43,39 +43,72 @@ def _worker(rank, world_size, port, fn, args, out_dir, env):
             dist.destroy_process_group()
 
 
+def _read(out_dir: str, rank: int):
+    """The record rank ``rank`` saved ({"ok": ..., ...}), or None when it has not saved one (yet)."""
+    path = os.path.join(out_dir, f"rank{rank}.pt")
+    if not os.path.exists(path):
+        return None
+    try:
+        return torch.load(path, weights_only=False)
+    except Exception:  # still being written
+        return None
+
+
 def _failures(out_dir: str, world_size: int) -> str:
     """The tracebacks of every rank that reported an error so far ("" if none)."""
     found = []
     for rank in range(world_size):
-        path = os.path.join(out_dir, f"rank{rank}.pt")
-        if os.path.exists(path):
-            try:
-                rec = torch.load(path, weights_only=False)
-            except Exception:  # still being written
-                continue
-            if not rec["ok"]:
-                found.append(f"rank {rank} failed:\n{rec['error']}")
+        rec = _read(out_dir, rank)
+        if rec is not None and not rec["ok"]:
+            found.append(f"rank {rank} failed:\n{rec['error']}")
     return "\n".join(found)
+
+
+def _problems(ctx, out_dir: str, world_size: int, killed: bool = False) -> str:
+    """Every rank's reported error, and the ranks that exited without a record (those we ``killed``
+    after a failure excepted)."""
+    died = [rank for rank, proc in enumerate(ctx.processes) if proc.exitcode is not None
+            and not (killed and proc.exitcode == -9) and _read(out_dir, rank) is None]
+    reasons = [_failures(out_dir, world_size)]
+    if died:
+        reasons.append(f"rank(s) {died} exited without a result (exit codes "
+                       f"{[ctx.processes[r].exitcode for r in died]})")
+    return "\n".join(r for r in reasons if r)
+
+
+def _run_once(fn, world_size: int, args, env, timeout: float, out_dir: str):
+    ctx = mp.start_processes(
+        _worker, args=(world_size, free_port(), fn, tuple(args), out_dir, dict(env or {})),
+        nprocs=world_size, join=False, start_method="spawn",
+    )
+    deadline = time.monotonic() + timeout
+    while any(proc.is_alive() for proc in ctx.processes):
+        if _problems(ctx, out_dir, world_size) or time.monotonic() > deadline:
+            time.sleep(2.0)  # let the peers of a failed rank report their side too
+            for proc in ctx.processes:
+                proc.kill()
+            raise AssertionError(_problems(ctx, out_dir, world_size, killed=True)
+                                 or f"{world_size} ranks did not finish within {timeout:.0f} s")
+        ctx.processes[0].join(timeout=1.0)
+    # Every rank has exited. One that saved an ok result has succeeded whatever its exit status: at
+    # interpreter exit a rank sometimes aborts ("terminate called without an active exception",
+    # SIGABRT) in a library's thread teardown, after its work and its record are complete.
+    problems = _problems(ctx, out_dir, world_size)
+    if problems:
+        raise AssertionError(problems)
+    return [_read(out_dir, rank)["result"] for rank in range(world_size)]
 
 
 def run_distributed(fn, world_size: int, args=(), env=None, timeout: float = 600.0):
     """A rank that fails while the others wait in a collective would hang them: the first failure
-    (or the timeout) stops every rank and fails the caller with that rank's traceback."""
-    with tempfile.TemporaryDirectory() as out_dir:
-        ctx = mp.start_processes(
-            _worker, args=(world_size, free_port(), fn, tuple(args), out_dir, dict(env or {})),
-            nprocs=world_size, join=False, start_method="spawn",
-        )
-        deadline = time.monotonic() + timeout
-        while not ctx.join(timeout=1.0):
-            if _failures(out_dir, world_size) or time.monotonic() > deadline:
-                time.sleep(2.0)  # let the peers of a failed rank report their side too
-                for proc in ctx.processes:
-                    proc.kill()
-                raise AssertionError(_failures(out_dir, world_size)
-                                     or f"{world_size} ranks did not finish within {timeout:.0f} s")
-        failures = _failures(out_dir, world_size)
-        if failures:
-            raise AssertionError(failures)
-        return [torch.load(os.path.join(out_dir, f"rank{rank}.pt"), weights_only=False)["result"]
-                for rank in range(world_size)]
+    (or the timeout) stops every rank and fails the caller with that rank's traceback. A run whose
+    rendezvous port was taken in the meantime (another test process picked the same free port) is
+    started once more on a new port."""
+    for attempt in range(2):
+        with tempfile.TemporaryDirectory() as out_dir:
+            try:
+                return _run_once(fn, world_size, args, env, timeout, out_dir)
+            except AssertionError as e:
+                if attempt == 0 and ("EADDRINUSE" in str(e) or "Address already in use" in str(e)):
+                    continue
+                raise

@@ -25,3 +25,31 @@ def test_a_failing_rank_stops_the_others():
 
     with pytest.raises(AssertionError, match="rank 1 failed"):
         run_distributed(_fail_on_rank1, 2, timeout=120)
+
+
+def _abort_at_exit_after_the_result(rank, world_size):
+    import atexit
+    import os
+
+    if rank == 1:
+        atexit.register(os.abort)  # SIGABRT at interpreter exit, after the result was saved
+    return rank
+
+
+def test_a_rank_aborting_at_exit_after_its_result_succeeds():
+    assert run_distributed(_abort_at_exit_after_the_result, 2, timeout=120) == [0, 1]
+
+
+def _die_without_a_result(rank, world_size):
+    import os
+
+    if rank == 1:
+        os._exit(7)  # no record, no traceback
+    dist.barrier()
+
+
+def test_a_rank_dying_without_a_result_fails_the_run():
+    import pytest
+
+    with pytest.raises(AssertionError, match=r"rank\(s\) \[1\] exited without a result"):
+        run_distributed(_die_without_a_result, 2, timeout=120)

@@ -162,6 +162,7 @@ def test_batch_search_and_out_of_memory_path(bench):
         train_step.try_measure(config, dataclasses.replace(workload, loss=broken), 2, 1, 1, device, args)
 
 
+@pytest.mark.slow
 def test_smoke_run(tmp_path):
     """The script end to end on the CPU: plain baseline and plugin zero 0, fp32, tiny DiT, plus a profile."""
     env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")  # tiny shapes: threads only contend

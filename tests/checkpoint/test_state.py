@@ -228,6 +228,7 @@ def saved(tmp_path_factory):
     return dict(result, root=root)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("zero", STRATEGIES)
 def test_save_layout_and_same_world_resume(saved, zero):
     path = saved[zero]["path"]
@@ -245,6 +246,7 @@ def test_keep_last(saved):
     assert saved["kept"] == [2, 3]
 
 
+@pytest.mark.slow
 def test_resume_across_world_sizes(saved):
     """2 -> 1 and 1 -> 2 ranks, DDP and ZeRO-2: model, optimizer, EMA and LR scheduler come back and
     the continued runs end where the uninterrupted 2-rank runs ended."""

@@ -2,6 +2,7 @@
 (identical inside an SP group, random worker augmentations included), and grouped ZeRO with real
 shard groups and replicas (world 4: two "nodes" of two ranks) combined with sp_size 2."""
 
+import pytest
 import torch
 import torch.distributed as dist
 from torch.utils.data import Dataset
@@ -83,6 +84,7 @@ def _check_sharding(results, sp):
         assert len(res[sp]["batches"]) == 64 // (world // sp) // 4
 
 
+@pytest.mark.slow
 def test_world2_sp1_and_sp2():
     results = run_distributed(_mesh_checks, 2, args=((1, 2), False))
     _check_sharding(results, 1)
@@ -90,6 +92,7 @@ def test_world2_sp1_and_sp2():
     assert "divisor of the world size 2" in results[0]["sp3_error"] and "[1, 2]" in results[0]["sp3_error"]
 
 
+@pytest.mark.slow
 def test_world4_dp2_sp2_and_grouped_zero():
     results = run_distributed(_mesh_checks, 4, args=((2,), True))
     _check_sharding(results, 2)

@@ -226,6 +226,7 @@ def assert_small(values: dict, tol: float = 1e-12) -> None:
 WORLDS = [2, 4]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world_size", WORLDS)
 def test_all_to_all_forward_backward(world_size):
     assert_small(numeric(world_size, "a2a_"))

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 import yaml
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -65,6 +66,7 @@ LITEGEN_RUN = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_litegen_run_in_plain_python_samples_with_sample_py(tmp_path):
     config = {
         "exp_name": "lg", "results_dir": str(tmp_path), "global_batch_size": 8, "learning_rate": 1e-3,

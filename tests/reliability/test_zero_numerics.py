@@ -3,6 +3,7 @@ shards travel with the checkpoint), and diffusion timesteps reach the embedder u
 
 import os
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -63,6 +64,7 @@ def _body(rank, world, root):
     return same, sorted(os.listdir(os.path.join(path, "master"))), seen[0]
 
 
+@pytest.mark.slow
 def test_bf16_zero2_resume_is_exact_and_timesteps_stay_fp32(tmp_path):
     for same, masters, t in run_on_cpu(_body, 2, (str(tmp_path),)):
         assert masters == ["rank00000.safetensors", "rank00001.safetensors"]

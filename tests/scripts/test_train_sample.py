@@ -31,6 +31,7 @@ def model_weights(ckpt_dir):
     return state
 
 
+@pytest.mark.slow
 def test_train_then_sample(tmp_path):
     out = str(tmp_path)
     run("train.py", f"results_dir={out}", "exp_name=e2e", "max_steps=4", "ckpt_every=2", *TINY)
@@ -49,6 +50,7 @@ def test_train_then_sample(tmp_path):
     assert open(grid, "rb").read() == first, "same seed must give the same images"
 
 
+@pytest.mark.slow
 def test_resume_equals_uninterrupted(tmp_path):
     """Train 2N steps == train N, stop, resume for N more (fp32, CPU: bit-identical weights and EMA)."""
     a, b = str(tmp_path / "a"), str(tmp_path / "b")
@@ -106,6 +108,7 @@ def test_sample_from_original_dit_checkpoint(tmp_path):
     assert grid.exists()
 
 
+@pytest.mark.slow
 def test_train_in_latent_space_with_a_local_vae(tmp_path):
     """An image folder encoded on the fly by a (tiny, randomly initialised) local AutoencoderKL."""
     from tests.tiny_assets import save_tiny_vae, write_image_folder
@@ -122,6 +125,7 @@ def test_train_in_latent_space_with_a_local_vae(tmp_path):
     assert (tmp_path / "vae" / "samples.png").exists()
 
 
+@pytest.mark.slow
 def test_torchrun_sequence_parallel_matches_one_process(tmp_path):
     """torchrun with 2 ranks at sp_size=2 (one data-parallel rank), with half the blocks checkpointed,
     trains exactly like one plain process: SP, activation checkpointing and DDP compose."""

@@ -68,6 +68,7 @@ def _train(rank, world_size, results_dir):
     return {n: p.detach().clone() for n, p in model.unwrap().named_parameters()}
 
 
+@pytest.mark.slow
 def test_accumulated_micro_batches_equal_one_big_batch(tmp_path):
     params = run_distributed(_train, world_size=2, args=(str(tmp_path),))
     reference, _ = reference_run(STEPS)

@@ -103,6 +103,7 @@ def _distributed_checks(rank, world_size):
     return results
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world_size", [4])
 def test_dp_vae_and_sharded_text_encoder_equal_plain(world_size):
     for rank, results in enumerate(run_distributed(_distributed_checks, world_size)):

@@ -108,6 +108,7 @@ def _compare(rank, world_size):
     return results, refusal
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_video_sequence_parallel_matches_serial(world_size):
     for rank, (results, refusal) in enumerate(run_distributed(_compare, world_size)):

@@ -4,6 +4,7 @@ frame), sampling at an untrained shape, bucket_batch=auto and the planner's comm
 
 import os
 
+import pytest
 import torch
 
 from tests.video_scripts.test_video_scripts import losses, run, weights
@@ -15,6 +16,7 @@ ARGS = ["--config", "configs/video_buckets_demo.yaml", "exp_name=b", "data.num_s
         "sample.num_sampling_steps=2", 'sample.prompts=["a red square moving right"]']
 
 
+@pytest.mark.slow
 def test_bucketed_run_resumes_exactly_and_samples_other_shapes(tmp_path):
     full, resumed = str(tmp_path / "full"), str(tmp_path / "resumed")
     proc = run(["train_video.py", *ARGS, f"results_dir={full}", "max_steps=4", "ckpt_every=2"])
@@ -41,6 +43,7 @@ def test_bucketed_sequence_parallel_matches_serial_loss(tmp_path):
     torch.testing.assert_close(losses(os.path.join(sp, "b")), losses(os.path.join(serial, "b")), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_auto_bucket_batches_and_the_planner_command(tmp_path):
     proc = run(["train_video.py", *ARGS, f"results_dir={tmp_path}", "max_steps=1", "bucket_batch=auto",
                 "plan_memory_gb=1.2"])  # ~80 MiB usable: more than the batch_size caps of the config
