@@ -246,8 +246,9 @@ class LiteGen:
     def _prepare_trainable(self, model: nn.Module) -> None:
         """``parallelize`` with the config's settings, as the trainers do; its report is printed on rank 0."""
         c = self.config
-        report = parallelize(model, sp_group=self.plugin.sp_group, sp_mode=c.sp_mode, fused_adaln=c.fused_adaln,
-                             fused_layernorm=c.fused_layernorm, attention_backend=c.attention_backend,
+        report = parallelize(model, sp_group=self.plugin.sp_group, sp_mode=c.sp_mode, sp_ring_size=c.sp_ring_size,
+                             fused_adaln=c.fused_adaln, fused_layernorm=c.fused_layernorm,
+                             attention_backend=c.attention_backend,
                              selective_ratio=c.selective_ratio, ac_offload=c.ac_offload, compile=c.compile)
         if self.info.is_main:
             print(report)

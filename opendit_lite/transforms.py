@@ -11,10 +11,11 @@ booster plugin wraps (DDP) or shards (ZeRO) the result afterwards. The order, an
 1. ``apply_kernels``: backend swaps through the module converter (fused AdaLN, fused LayerNorm,
    flash attention). First, because the next step wraps whichever attention op is in place: the
    Ulysses op must wrap the final backend, not one about to be replaced.
-2. ``apply_sequence_parallel``: Ulysses or DSP, as the model declares it supports
-   (``supported_sp_modes``), through ``opendit_lite.parallel``. Before checkpointing and compile so
-   that both see the collectives: recomputation repeats the all-to-alls in the same order on every
-   rank, and compiled graphs contain them.
+2. ``apply_sequence_parallel``: Ulysses, ring, USP (``sp_ring_size``), ``auto`` or DSP, as the model
+   declares it supports (``supported_sp_modes``; a diffusers family's spec), through
+   ``opendit_lite.parallel``. Before checkpointing and compile so that both see the collectives:
+   recomputation repeats the all-to-alls and ring exchanges in the same order on every rank, and
+   compiled graphs contain them.
 3. ``apply_activation_checkpointing`` (with CPU offload): replaces each chosen block's forward.
    After every module swap, so the recomputed forward is the final one; before compile, so the
    compiled block graph holds the checkpointed region (recomputation inside the graph).
@@ -147,22 +148,33 @@ def _unsupported(model: nn.Module, sp_mode: str, size: int, reason: str) -> Sequ
 
 
 def apply_sequence_parallel(model: nn.Module, *, sp_group: Optional[dist.ProcessGroup],
-                            sp_mode: str = "ulysses") -> List[StepRow]:
-    """Ulysses (``opendit_lite.parallel.apply_sequence_parallel``) or DSP
+                            sp_mode: str = "ulysses", sp_ring_size: Optional[int] = None) -> List[StepRow]:
+    """Ulysses, ring, USP or ``auto`` (``opendit_lite.parallel.make_sequence_parallel``) or DSP
     (``opendit_lite.parallel.apply_dsp``) over ``sp_group``; nothing for a group of one rank.
 
-    Raises ``ConfigError`` when the model does not declare ``sp_mode`` in its ``supported_sp_modes``
-    and ``SequenceParallelError`` (a ConfigError) when nothing in it became sequence-parallel."""
+    Raises ``ConfigError`` when the model does not declare ``sp_mode`` (its ``supported_sp_modes``, or
+    its diffusers family's spec) and ``SequenceParallelError`` (a ConfigError) when the heads do not
+    allow the mode (naming ring/usp) or nothing in the model became sequence-parallel. The first row
+    names the mode (and why, for ``auto``) and what was swapped; the rows after it say where the tokens
+    are split and gathered and which op each attention module (or diffusers processor) runs."""
     from . import parallel  # the collectives and SP ops are only needed here
 
     size = _group_size(sp_group)
     if size == 1:
         return [StepRow("sequence_parallel", "off", 0, "sp_group has 1 rank")]
-    check_sp_mode(model, sp_mode)
-    apply = {"ulysses": parallel.apply_sequence_parallel, "dsp": parallel.apply_dsp}[sp_mode]
+    check_sp_mode(model, sp_mode, parallel.declared_sp_modes(model))
+    if sp_ring_size is not None and sp_mode != "usp":
+        raise ConfigError(f"sp_ring_size={sp_ring_size} sets the ring degree of sp_mode=usp, but sp_mode is {sp_mode}: "
+                          f"set sp_mode=usp or leave sp_ring_size unset.")
     before = Counter(type(m) for m in model.modules())
     try:
-        apply(model, sp_group)
+        if sp_mode == "dsp":
+            parallel.apply_dsp(model, sp_group)
+            report = None
+        else:
+            report = parallel.make_sequence_parallel(model, sp_group, sp_mode, sp_ring_size)
+    except SequenceParallelError:
+        raise
     except (TypeError, ValueError) as e:  # the model lacks what this mode needs: say how to add it
         raise _unsupported(model, sp_mode, size, str(e)) from e
     new = Counter(type(m) for m in model.modules()) - before
@@ -174,7 +186,13 @@ def apply_sequence_parallel(model: nn.Module, *, sp_group: Optional[dist.Process
     left = (f"serial attention: {', '.join(f'{n} x{c}' for n, c in serial.items())} "
             f"({'DSP keeps every axis whole' if sp_mode == 'dsp' else 'axis not sharded'})") if serial else ""
     swapped = ", ".join(f"{cls.__name__} x{count}" for cls, count in new.items())
-    return [StepRow("sequence_parallel", f"{sp_mode} over {size} ranks: {swapped}", sum(new.values()), left)]
+    mode = "dsp" if report is None else parallel.describe_choice(report)
+    rows = [StepRow("sequence_parallel", f"{mode} over {size} ranks: {swapped}", sum(new.values()), left)]
+    if report is not None and report.choice.reason:  # sp_mode=auto, or usp without sp_ring_size: say why
+        rows.append(StepRow("sequence_parallel", f"  mode: {mode}", 0, report.choice.reason))
+    for what, where, count, detail in ([] if report is None else report.rows):
+        rows.append(StepRow("sequence_parallel", f"  {what}: {where}", count, detail))
+    return rows
 
 
 def apply_activation_checkpointing(model: nn.Module, *, selective_ratio: float = 1.0, offload: bool = False):
@@ -215,9 +233,10 @@ def apply_compile(model: nn.Module, *, enabled: bool = True, backend: Optional[s
 # ------------------------------------------------------------------------------------ the pipeline
 
 def parallelize(model: nn.Module, *, sp_group: Optional[dist.ProcessGroup] = None, sp_mode: str = "ulysses",
-                fused_adaln: bool = False, fused_layernorm: bool = False, attention_backend: str = "sdpa",
-                selective_ratio: float = 1.0, ac_offload: bool = False, compile: bool = False,
-                compile_backend: Optional[str] = None, cuda_graphs: bool = False) -> ParallelizeReport:
+                sp_ring_size: Optional[int] = None, fused_adaln: bool = False, fused_layernorm: bool = False,
+                attention_backend: str = "sdpa", selective_ratio: float = 1.0, ac_offload: bool = False,
+                compile: bool = False, compile_backend: Optional[str] = None,
+                cuda_graphs: bool = False) -> ParallelizeReport:
     """Apply kernels -> sequence parallelism -> activation checkpointing -> compile to ``model`` in
     place (see the module docstring for why in this order) and return what was done.
 
@@ -230,7 +249,7 @@ def parallelize(model: nn.Module, *, sp_group: Optional[dist.ProcessGroup] = Non
                                             attention_backend=attention_backend)
     report.rows += rows
     # 2. Sequence parallelism next, so checkpointing and compile see its collectives.
-    report.rows += apply_sequence_parallel(model, sp_group=sp_group, sp_mode=sp_mode)
+    report.rows += apply_sequence_parallel(model, sp_group=sp_group, sp_mode=sp_mode, sp_ring_size=sp_ring_size)
     # 3. Checkpointing after every module swap, before compile (the graph holds the recomputation).
     rows, report.checkpointing = apply_activation_checkpointing(model, selective_ratio=selective_ratio,
                                                                 offload=ac_offload)

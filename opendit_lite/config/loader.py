@@ -302,6 +302,16 @@ def validate(cfg: TrainConfig) -> None:
     for key in ("sp_size", "global_batch_size", "max_steps", "grad_accum_steps", "log_every"):
         if getattr(cfg, key) < 1:
             raise ConfigError(f"'{key}' must be a positive integer; got {getattr(cfg, key)}.")
+    if cfg.sp_ring_size is not None:
+        if cfg.sp_mode != "usp":
+            raise ConfigError(f"'sp_ring_size'={cfg.sp_ring_size} sets the ring degree of sp_mode=usp, but sp_mode is "
+                              f"{cfg.sp_mode}: set sp_mode=usp, or remove sp_ring_size (sp_mode=ring rings over the "
+                              f"whole sequence-parallel group).")
+        if cfg.sp_ring_size < 1 or cfg.sp_size % cfg.sp_ring_size:
+            divisors = [d for d in range(1, cfg.sp_size + 1) if cfg.sp_size % d == 0]
+            raise ConfigError(f"'sp_ring_size'={cfg.sp_ring_size} must divide sp_size={cfg.sp_size} (USP runs Ulysses "
+                              f"over sp_size / sp_ring_size ranks inside each ring step): choose one of "
+                              f"{', '.join(map(str, divisors))}.")
     for key in ("weight_decay", "grad_clip", "ckpt_every", "warmup_steps"):
         if getattr(cfg, key) < 0:
             raise ConfigError(f"'{key}' must be >= 0; got {getattr(cfg, key)}.")

@@ -13,7 +13,9 @@ from typing import List, Optional
 
 LOGGERS = ("tensorboard", "wandb")  # metric sinks the ``logger`` field may list
 
-SP_MODES = ("ulysses", "dsp")  # sequence-parallel modes (a model declares which it supports)
+# Sequence-parallel modes (a model declares which it supports); ``sp_mode`` also takes "auto".
+SP_MODES = ("ulysses", "ring", "usp", "dsp")
+SP_MODE_CHOICES = SP_MODES + ("auto",)
 
 # Learning-rate shapes after warm-up; the formulas are in opendit_lite/optim/lr_schedule.py.
 LR_SCHEDULES = ("constant", "linear", "cosine")
@@ -165,8 +167,14 @@ class TrainConfig:
     zero_degree: int = _f(0, "0: DDP, 1/2: ZeRO-1/2 (LowLevelZero), 3: ZeRO-3 (Gemini)", choices=(0, 1, 2, 3))
     group_zero: bool = _f(False, "shard ZeRO state within a node and replicate across nodes")
     sp_size: int = _f(1, "sequence-parallel degree (consecutive ranks form a group)")
-    sp_mode: str = _f("ulysses", "sequence parallelism when sp_size > 1: ulysses (heads all-to-all) or dsp "
-                                 "(re-shard frames/patches; models declaring it, e.g. STDiT)", choices=SP_MODES)
+    sp_mode: str = _f("ulysses", "sequence parallelism when sp_size > 1: ulysses (heads all-to-all; sp_size must "
+                                 "divide the heads), ring (keys/values passed around the group; any sp_size), usp "
+                                 "(Ulysses inside rings of sp_ring_size), dsp (re-shard frames/patches; models "
+                                 "declaring it, e.g. STDiT), or auto (ulysses when the heads allow, else usp/ring; the "
+                                 "report says which and why)", choices=SP_MODE_CHOICES)
+    sp_ring_size: Optional[int] = _f(None, "sp_mode=usp: ring degree, a divisor of sp_size (Ulysses runs over "
+                                           "sp_size / sp_ring_size ranks inside each ring step); None: the smallest "
+                                           "ring the heads allow")
     # module conversion
     fused_layernorm: bool = _f(False, "swap affine LayerNorms for apex/Triton fused LayerNorm")
     fused_adaln: bool = _f(False, "swap LayerNorm+modulate for the Triton fused AdaLN kernel")

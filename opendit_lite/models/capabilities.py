@@ -6,8 +6,10 @@ below for models that do not declare them (a model we did not write):
 
 * ``is_video`` (default False): the input is a clip [B, C, T, H, W] with a caption; False: an
   image [B, C, H, W] with a class label.
-* ``supported_sp_modes`` (default ("ulysses",)): the sequence-parallel modes it runs under:
-  "ulysses" (attention heads all-to-all), "dsp" (re-shard at its ``SequenceSwitch`` markers).
+* ``supported_sp_modes`` (default ("ulysses", "ring", "usp"): every model whose attention follows the
+  attention protocol runs them): the sequence-parallel modes it runs under: "ulysses" (attention heads
+  all-to-all), "ring" (keys/values passed around the group), "usp" (Ulysses inside rings), "dsp"
+  (re-shard at its ``SequenceSwitch`` markers). ``sp_mode: auto`` picks among the first three.
 * ``guidance_layout`` (default None: no guided forward): the batch ``forward_with_cfg`` takes:
   "concat", [conditional; unconditional] 2B -> 2B (DiT); "paired", B -> B with the null
   condition added inside (STDiT, Vchitect).
@@ -52,22 +54,33 @@ def model_family(name: str) -> str:
     return "video" if cls is not None and is_video_model(cls) else "image"
 
 
+DEFAULT_SP_MODES = ("ulysses", "ring", "usp")
+AUTO_SP_MODES = ("ulysses", "usp", "ring")  # what sp_mode=auto chooses among (dsp is chosen by name only)
+
+
 def supported_sp_modes(model: ModelOrClass) -> Tuple[str, ...]:
-    """The sequence-parallel modes the model declares (default: Ulysses only)."""
-    modes = tuple(getattr(_cls(model), "supported_sp_modes", ("ulysses",)))
+    """The sequence-parallel modes the model declares (default: ulysses, ring and usp)."""
+    modes = tuple(getattr(_cls(model), "supported_sp_modes", DEFAULT_SP_MODES))
     unknown = [m for m in modes if m not in SP_MODES]
     if unknown:
         raise ValueError(f"{_cls(model).__qualname__}.supported_sp_modes lists {unknown}; known modes: {SP_MODES}")
     return modes
 
 
-def check_sp_mode(model: ModelOrClass, sp_mode: str) -> None:
-    """A ConfigError unless the model declares ``sp_mode`` in its ``supported_sp_modes``."""
-    if sp_mode not in SP_MODES:
-        raise ConfigError(f"sp_mode={sp_mode!r} is not one of {', '.join(SP_MODES)}.")
-    modes = supported_sp_modes(model)
+def check_sp_mode(model: ModelOrClass, sp_mode: str, modes: Optional[Tuple[str, ...]] = None) -> None:
+    """A ConfigError unless ``sp_mode`` is one of the model's ``supported_sp_modes`` (``modes`` when
+    given: what a registry declares for a class we did not write); "auto" needs one of ulysses, ring, usp."""
+    if sp_mode not in SP_MODES + ("auto",):
+        raise ConfigError(f"sp_mode={sp_mode!r} is not one of {', '.join(SP_MODES + ('auto',))}.")
+    modes = supported_sp_modes(model) if modes is None else tuple(modes)
+    name = _cls(model).__name__
+    if sp_mode == "auto":
+        if not any(m in modes for m in AUTO_SP_MODES):
+            raise ConfigError(f"sp_mode=auto chooses among {', '.join(AUTO_SP_MODES)}, but {name} declares "
+                              f"supported_sp_modes={modes}; "
+                              + (f"use sp_mode={modes[0]}." if modes else "train it with sp_size=1."))
+        return
     if sp_mode not in modes:
-        name = _cls(model).__name__
         raise ConfigError(f"sp_mode={sp_mode} is not supported by {name} (it declares supported_sp_modes={modes}); "
                           + (f"use sp_mode={modes[0]}." if modes else "train it with sp_size=1."))
 

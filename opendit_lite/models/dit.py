@@ -114,7 +114,7 @@ class DiT(nn.Module):
     # Capabilities (see models/capabilities.py): class-conditional images, Ulysses sequence
     # parallelism, forward_with_cfg over [conditional; unconditional] (2B -> 2B).
     is_video = False
-    supported_sp_modes = ("ulysses",)
+    supported_sp_modes = ("ulysses", "ring", "usp")
     guidance_layout = "concat"
     supports_gradient_checkpointing = True
     condition_dropout_kwarg = "force_drop_ids"  # the trainer's per-sample condition dropout

@@ -126,7 +126,7 @@ class STDiT(nn.Module):
     # Capabilities (see models/capabilities.py): captioned clips, Ulysses or DSP (its to_frames /
     # to_patches switches), forward_with_cfg over B clips adding the null caption inside (B -> B).
     is_video = True
-    supported_sp_modes = ("ulysses", "dsp")
+    supported_sp_modes = ("ulysses", "ring", "usp", "dsp")
     guidance_layout = "paired"
     supports_gradient_checkpointing = True
     condition_dropout_kwarg = "force_drop"  # the trainer's per-sample condition dropout

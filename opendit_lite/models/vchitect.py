@@ -130,7 +130,7 @@ class VchitectXL(nn.Module):
     # Capabilities (see models/capabilities.py): captioned clips, Ulysses only (no DSP switches),
     # forward_with_cfg over B clips adding the null caption inside (B -> B).
     is_video = True
-    supported_sp_modes = ("ulysses",)
+    supported_sp_modes = ("ulysses", "ring", "usp")
     guidance_layout = "paired"
     supports_gradient_checkpointing = True
     condition_dropout_kwarg = "force_drop"  # the trainer's per-sample condition dropout

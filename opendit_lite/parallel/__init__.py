@@ -1,27 +1,50 @@
-"""Sequence parallelism: differentiable collectives, the Ulysses attention ops and the split/gather
-boundaries, applied to a serial model from outside with ``apply_sequence_parallel``; DSP for
-spatial-temporal models with ``apply_dsp`` (``dsp.py``). ``opendit_lite.transforms.parallelize`` calls one of
-the two. Importing the package registers every attention module type of the model zoo, and the
-roles attention modules declare (``foreign.py``; the protocol is documented with the adapters
-in ``opendit_lite.converter.attention_adapters``); a model without split/gather markers is sharded at its
-block list (``boundaries.py``)."""
+"""Sequence parallelism: differentiable collectives, the split/gather boundaries, and one set of
+attention ops per (mode, role) applied to a serial model from outside with ``apply_sequence_parallel``
+(modes ulysses, ring, usp, auto; roles self, joint, cross, serial) for the model zoo, models following
+the attention protocol, timm's and diffusers' attention, and the diffusers families (``families/``);
+DSP for spatial-temporal models with ``apply_dsp`` (``dsp.py``). ``opendit_lite.transforms.parallelize``
+calls one of the two.
+
+    ulysses.py   the op interface, Ulysses self/joint ops, the cross op of every mode
+    usp.py       ring and USP ops and their process groups; ring.py the ring itself (overlap, backward);
+                 ring_kernels.py its log-sum-exp block kernels
+    joint.py     the joint-attention layout ([text; video shard]) the joint ops share
+    ops.py       the (mode, role) -> op table;  modes.py  head rules, guiding errors, sp_mode=auto
+    sequence_parallel.py  roles of attention module types, the conversion and its report
+"""
 
 from .comm import all_to_all, gather_sequence, split_sequence
-from .dsp import apply_dsp  # registers the video models' attention types (temporal, cross, joint)
+from .dsp import apply_dsp
+from .families import FAMILIES, family_spec, register_family_spec
 from .sequence import SequenceParallelGather, SequenceParallelSplit, SequenceParallelState
 from .sequence_parallel import (
     SEQUENCE_PARALLEL_ATTENTION,
+    SequenceParallelReport,
     apply_sequence_parallel,
+    declared_sp_modes,
+    describe_choice,
+    make_sequence_parallel,
     register_sequence_parallel_attention,
 )
-from .ulysses import SequenceParallelCrossAttentionOp, SequenceParallelOp, UlyssesAttentionOp
+from .ulysses import SequenceParallelCrossAttentionOp, SequenceParallelOp, UlyssesAttentionOp, UlyssesJointAttentionOp
+from .usp import RingAttentionOp, RingJointAttentionOp, USPAttentionOp, USPGroups, USPJointAttentionOp, build_usp_groups
 
 __all__ = [
+    "FAMILIES",
     "apply_dsp",
     "all_to_all",
+    "build_usp_groups",
+    "declared_sp_modes",
+    "describe_choice",
+    "family_spec",
     "gather_sequence",
+    "make_sequence_parallel",
+    "register_family_spec",
     "split_sequence",
+    "RingAttentionOp",
+    "RingJointAttentionOp",
     "SequenceParallelGather",
+    "SequenceParallelReport",
     "SequenceParallelSplit",
     "SequenceParallelState",
     "SEQUENCE_PARALLEL_ATTENTION",
@@ -30,4 +53,8 @@ __all__ = [
     "SequenceParallelCrossAttentionOp",
     "SequenceParallelOp",
     "UlyssesAttentionOp",
+    "UlyssesJointAttentionOp",
+    "USPAttentionOp",
+    "USPGroups",
+    "USPJointAttentionOp",
 ]

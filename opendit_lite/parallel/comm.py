@@ -208,3 +208,29 @@ def gather_sequence(x: torch.Tensor, group: Optional[dist.ProcessGroup], dim: in
             f"tensor has only {full.size(dim)} ({parts} ranks x {x.size(dim)})"
         )
     return full.narrow(dim, 0, length)
+
+
+# ----------------------------------------------------------------------------------------------
+# collectives outside autograd (masks, partial results whose backward is written by hand)
+# ----------------------------------------------------------------------------------------------
+
+def all_gather_stacked(x: torch.Tensor, group: Optional[dist.ProcessGroup]) -> torch.Tensor:
+    """``[...] -> [P, ...]``: every rank's ``x`` in group-rank order, outside autograd (bool as uint8)."""
+    parts = group_size(group)
+    if parts == 1:
+        return x.unsqueeze(0)
+    payload = (x.to(torch.uint8) if x.dtype == torch.bool else x.detach()).reshape(-1)   # flat: any shape
+    every = payload.new_empty(parts * payload.numel())
+    dist.all_gather_into_tensor(every, payload.contiguous(), group=group)   # gloo wants the blocks on dim 0
+    every = every.view((parts,) + tuple(x.shape))
+    return every.bool() if x.dtype == torch.bool else every
+
+
+def gather_no_grad(x: torch.Tensor, group: Optional[dist.ProcessGroup], dim: int,
+                   length: Optional[int] = None) -> torch.Tensor:
+    """All-gather the blocks of ``x`` along ``dim`` in rank order and keep the first ``length`` entries,
+    outside autograd (e.g. the shards of a key mask)."""
+    dim = dim % x.dim()
+    full = all_gather_stacked(x, group)                                   # [P, ..., n, ...]
+    full = full.movedim(0, dim).flatten(dim, dim + 1)                     # [..., P * n, ...]
+    return full if length is None else full.narrow(dim, 0, length)

@@ -11,7 +11,7 @@ import torch.nn as nn
 from opendit_lite.converter.attention_adapters import PROTOCOL, attention_adapter
 from opendit_lite.models.layers.attention import AttentionOp
 
-SEQUENCE_PARALLEL_ROLES = ("self", "cross", "serial")
+SEQUENCE_PARALLEL_ROLES = ("self", "joint", "cross", "serial")
 
 
 def declared_role(module: nn.Module) -> Optional[str]:

@@ -1,103 +1,139 @@
-"""Turn a serial model into a sequence-parallel one in place: ``apply_sequence_parallel(model, group)``.
+"""Turn a serial model into a sequence-parallel one in place, in any of the three attention-sharding
+modes: ``apply_sequence_parallel(model, group, mode="ulysses" | "ring" | "usp" | "auto", ring_size=None)``.
 
-Three swaps, all around one ``SequenceParallelState``, and no change to model code:
+A diffusers model of a known family (Wan, Flux, CogVideoX, HunyuanVideo, LTX-Video, SD3) goes through
+its declared spec (``families/``). Every other model goes through three swaps, all around one
+``SequenceParallelState``, and no change to model code:
 
 * ``SequenceSplit`` markers -> ``SequenceParallelSplit`` (keep this rank's shard, pad if needed);
 * ``SequenceGather`` markers -> ``SequenceParallelGather`` (all-gather, drop the padding);
-* the ``attn_op`` of every attention module -> its sequence-parallel op, chosen by the attention
-  module's type from a small registry: ``Attention`` (self-attention over the token sequence)
-  gets ``UlyssesAttentionOp``. The role is keyed by the owning module rather than by the op's
-  class because the op's class names the backend (SDPA, flash-attn, ...), which the backend
-  conversion may already have changed, while the module says what the op attends over.
+* the ``attn_op`` of every attention module -> the sequence-parallel op of its *role* and the mode
+  (the table in ``ops.py``). The role is keyed by the owning module's type rather than by the op's
+  class because the op's class names the backend (SDPA, flash-attn, ...), which the backend conversion
+  may already have changed, while the module says what the op attends over:
 
-Video models that attend along an axis that is not sharded (temporal attention when the spatial
-tokens are sharded) register their module type with ``None`` to keep its op serial, and
-cross-attention modules register ``SequenceParallelCrossAttentionOp``. An attention op whose module
-type was not registered is an error rather than a silent serial op that would attend to a shard.
+  ===========  ==========================================================  =========================
+  role         attends over                                                zoo module types
+  ===========  ==========================================================  =========================
+  self         its own (sharded) token sequence                            ``Attention`` (DiT, STDiT
+                                                                           spatial)
+  joint        replicated text tokens + the sharded tokens (``joint.py``)  ``JointAttention``
+  cross        a replicated context (text): local in every mode            ``CrossAttention``
+  serial       an axis that is not sharded: the op stays as it is          ``TemporalAttention``
+  ===========  ==========================================================  =========================
 
-Models written outside the zoo: timm's and diffusers' attention modules first get an ``attn_op``
-(``foreign.py``); a module that declares ``sequence_parallel_attention`` ("self", "cross" or
-"serial") needs no registration; a model without markers is split at its first block's input and
-gathered at its last block's output (``boundaries.py``), and then every block must hold an
-attention op this module can run.
+An attention op whose module type has no role is an error rather than a silent serial op that would
+attend to a shard. Models written outside the zoo: timm's and diffusers' attention modules first get an
+``attn_op`` (``foreign.py``); a module that declares ``sequence_parallel_attention`` (one of the roles)
+needs no registration; a model without markers is split at its first block's input and gathered at
+its last block's output (``boundaries.py``), and then every block must hold an attention op this module
+can run.
 
-Run it after the backend conversion (the Ulysses op wraps whatever op it finds) and before
-activation checkpointing and data-parallel wrapping, which only see the finished modules.
-``opendit_lite.transforms.parallelize`` calls it (``sp_mode="ulysses"``) in that place of its order.
-See ``comm.py`` for the gradient convention: DDP/ZeRO's world mean of gradients is exact;
-docs/sequence_parallel.md for usage and communication volume. """
+Modes: ``modes.py`` (head rules, ``auto``); USP's process groups are built once per conversion,
+collectively, before any module is converted (``ops.build_groups``). Run it after the backend
+conversion (the ops wrap whatever op they find) and before activation checkpointing and data-parallel
+wrapping. ``opendit_lite.transforms.parallelize`` calls ``make_sequence_parallel`` in that place of its
+order and prints its rows. See ``comm.py`` for the gradient convention (DDP/ZeRO's world mean of
+gradients is exact); docs/sequence_parallel.md for usage, padding, masks and the ring's overlap.
+"""
 
-from typing import Callable, Dict, Optional
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple, Union
 
 import torch.distributed as dist
 import torch.nn as nn
 
 from opendit_lite.models.blocks import find_blocks
+from opendit_lite.models.capabilities import supported_sp_modes
 from opendit_lite.models.layers.attention import Attention, AttentionOp
+from opendit_lite.models.layers.axis_attention import TemporalAttention
+from opendit_lite.models.layers.cross_attention import CrossAttention
+from opendit_lite.models.layers.joint_attention import JointAttention
 from opendit_lite.models.layers.sequence import SequenceGather, SequenceSplit
 
 from .boundaries import place_sequence_boundaries
-from .foreign import PROTOCOL, adapt_foreign_attention, declared_role
+from .families import apply_family, family_spec
+from .foreign import PROTOCOL, SEQUENCE_PARALLEL_ROLES, adapt_foreign_attention, declared_role
+from .modes import ModeChoice, choose_mode
+from .ops import build_groups, effective_mode, op_factory
 from .sequence import SequenceParallelGather, SequenceParallelSplit, SequenceParallelState
-from .ulysses import SequenceParallelCrossAttentionOp, SequenceParallelOp, UlyssesAttentionOp
+from .ulysses import (
+    SequenceParallelCrossAttentionOp,
+    SequenceParallelOp,
+    UlyssesAttentionOp,
+    UlyssesJointAttentionOp,
+)
 
-SPOpFactory = Callable[[AttentionOp, SequenceParallelState], SequenceParallelOp]
+# Attention module type -> role ("self" | "joint" | "cross" | "serial"). Filled by
+# ``register_sequence_parallel_attention``; the model zoo's types are registered at the end of this file.
+SEQUENCE_PARALLEL_ATTENTION: Dict[type, str] = {}
 
-# Attention module type -> factory of the SP op wrapping its ``attn_op`` (None: keep it serial).
-# Filled by ``register_sequence_parallel_attention``; ``Attention`` -> ``UlyssesAttentionOp`` is
-# built in (below), the video models' types are registered in ``dsp.py``.
-SEQUENCE_PARALLEL_ATTENTION: Dict[type, Optional[SPOpFactory]] = {}
+# The op classes ``register_sequence_parallel_attention`` also takes, as the roles they stand for.
+_ROLE_OF_OP = {UlyssesAttentionOp: "self", UlyssesJointAttentionOp: "joint", SequenceParallelCrossAttentionOp: "cross"}
 
 
-def register_sequence_parallel_attention(module_type: type, op_factory: Optional[SPOpFactory]) -> None:
-    """Declare how the ``attn_op`` of ``module_type`` modules runs under sequence parallelism.
+def register_sequence_parallel_attention(module_type: type, role: Union[str, type, None]) -> None:
+    """Declare what the ``attn_op`` of ``module_type`` modules attends over, hence its op in every mode.
 
-    ``op_factory(inner_op, state)`` builds the ``SequenceParallelOp`` that replaces it (e.g.
-    ``UlyssesAttentionOp`` for self-attention over the tokens, ``SequenceParallelCrossAttentionOp``
-    for attention to a replicated context); None keeps it serial (attention along an axis that is
-    not sharded). Subclasses follow their nearest registered base. A duplicate is an error.
+    ``role``: "self" (its own token sequence), "joint" (``[text; tokens]``, the text replicated),
+    "cross" (a replicated context, e.g. text: no communication) or "serial" / None (an axis that is not
+    sharded: the op stays as it is). ``UlyssesAttentionOp`` / ``UlyssesJointAttentionOp`` /
+    ``SequenceParallelCrossAttentionOp`` are accepted for "self" / "joint" / "cross". Subclasses follow
+    their nearest registered base. A duplicate is an error.
     """
     if module_type in SEQUENCE_PARALLEL_ATTENTION:
         raise ValueError(f"{module_type.__qualname__} already has a sequence-parallel attention entry "
                          f"({SEQUENCE_PARALLEL_ATTENTION[module_type]!r})")
-    SEQUENCE_PARALLEL_ATTENTION[module_type] = op_factory
+    if role is None:
+        role = "serial"
+    elif isinstance(role, type):
+        if role not in _ROLE_OF_OP:
+            raise ValueError(f"register_sequence_parallel_attention takes a role ({', '.join(SEQUENCE_PARALLEL_ROLES)})"
+                             f" or one of {', '.join(c.__name__ for c in _ROLE_OF_OP)}; got {role.__qualname__}")
+        role = _ROLE_OF_OP[role]
+    if role not in SEQUENCE_PARALLEL_ROLES:
+        raise ValueError(f"sequence-parallel role {role!r}; expected one of {', '.join(SEQUENCE_PARALLEL_ROLES)}")
+    SEQUENCE_PARALLEL_ATTENTION[module_type] = role
 
 
-# The op factory for each role an attention module can declare (the protocol in foreign.py).
-_ROLE_FACTORIES: Dict[str, Optional[SPOpFactory]] = {
-    "self": UlyssesAttentionOp,
-    "cross": SequenceParallelCrossAttentionOp,
-    "serial": None,
-}
-
-
-def _entry(module: nn.Module):
-    """(registered, factory) for ``module``: its type's entry, looked up along its MRO, else the
-    role its class declares with ``sequence_parallel_attention``."""
+def attention_role(module: nn.Module) -> Optional[str]:
+    """The role of ``module``'s ``attn_op``: its type's entry, looked up along its MRO, else the role its
+    class declares with ``sequence_parallel_attention``; None when it has neither."""
     for cls in type(module).__mro__:
         if cls in SEQUENCE_PARALLEL_ATTENTION:
-            return True, SEQUENCE_PARALLEL_ATTENTION[cls]
-    role = declared_role(module)
-    if role is not None:
-        return True, _ROLE_FACTORIES[role]
-    return False, None
+            return SEQUENCE_PARALLEL_ATTENTION[cls]
+    return declared_role(module)
 
 
-def convert_attention_module(module: nn.Module, state: SequenceParallelState) -> nn.Module:
-    """Wrap ``module.attn_op`` as its registered SP op (in place; returns ``module``). An op that
-    is already sequence-parallel is left alone, so a module matched twice is wrapped once."""
-    registered, factory = _entry(module)
-    if not registered:
-        raise TypeError(f"{type(module).__qualname__} has no sequence-parallel attention entry; "
-                        f"call register_sequence_parallel_attention for it")
-    if factory is None or isinstance(module.attn_op, SequenceParallelOp):
-        return module
-    op = factory(module.attn_op, state)
-    if not isinstance(op, SequenceParallelOp):
-        raise TypeError(f"the sequence-parallel factory for {type(module).__qualname__} returned "
-                        f"{type(op).__qualname__}; it must return a SequenceParallelOp")
-    module.attn_op = op
-    return module
+def declared_sp_modes(model: nn.Module) -> Tuple[str, ...]:
+    """The modes a model runs under: its diffusers family's spec, else its ``supported_sp_modes``."""
+    spec = family_spec(model)
+    return spec.supported_sp_modes if spec is not None else supported_sp_modes(model)
+
+
+@dataclass
+class SequenceParallelReport:
+    """What ``make_sequence_parallel`` did: the mode that runs (and why, for ``auto`` or an unset ring
+    size) and one row per kind of change: ``(what, where, count, detail)``."""
+
+    sp_size: int
+    choice: ModeChoice
+    rows: List[Tuple[str, str, int, str]] = field(default_factory=list)
+
+    @property
+    def mode(self) -> str:
+        return self.choice.describe(self.sp_size)
+
+
+def _heads(name: str, module: nn.Module, modules: Dict[str, nn.Module]) -> Optional[int]:
+    """The head count of an attention module (``num_heads`` or ``heads``), or of its parent when the
+    module is a processor holding the op (diffusers' ``Attention`` with ``OpAttnProcessor``)."""
+    for owner in (module, modules.get(name.rpartition(".")[0])):
+        heads = getattr(owner, "num_heads", None) or getattr(owner, "heads", None)
+        if isinstance(heads, int):
+            return heads
+    return None
 
 
 def convert_sequence_marker(module: nn.Module, state: SequenceParallelState) -> nn.Module:
@@ -126,39 +162,45 @@ def _check_blocks_attend(blocks, attention) -> None:
             )
 
 
-def apply_sequence_parallel(model: nn.Module, sp_group: Optional[dist.ProcessGroup]) -> nn.Module:
-    """Make ``model`` sequence-parallel over ``sp_group`` in place and return it.
+def make_sequence_parallel(model: nn.Module, sp_group: Optional[dist.ProcessGroup], mode: str = "ulysses",
+                           ring_size: Optional[int] = None) -> SequenceParallelReport:
+    """Make ``model`` sequence-parallel over ``sp_group`` in place in ``mode`` ("ulysses", "ring", "usp"
+    with ``ring_size``, or "auto") and report what was done.
 
-    A group of one rank leaves the model untouched. Attention modules of timm and diffusers get an
-    ``attn_op`` first (``foreign.py``). A model with ``SequenceSplit``/``SequenceGather`` markers is
-    sharded there; a model without them at its block list (``boundaries.py``), in which case
-    every block must hold an attention op sequence parallelism knows. Raises if the model is
-    already sequence-parallel, holds an attention op under a module type with no
-    sequence-parallel entry, or has neither markers nor a block list.
+    A group of one rank leaves the model untouched. Raises ``SequenceParallelError`` (a ConfigError)
+    when the heads do not allow the mode (naming the way out), ``TypeError``/``ValueError`` when the
+    model lacks what sequence parallelism needs (markers or a block list, attention modules of known
+    roles) or is already sequence-parallel. Everything is checked before anything is changed.
     """
     state = SequenceParallelState(sp_group)
     if state.size == 1:
-        return model
+        return SequenceParallelReport(1, ModeChoice(mode, 1, "sp_group has 1 rank"))
+    spec = family_spec(model)
+    if spec is not None:
+        choice, rows = apply_family(model, spec, sp_group, mode, ring_size)
+        return SequenceParallelReport(state.size, choice, rows)
     if any(isinstance(m, (SequenceParallelSplit, SequenceParallelGather)) for m in model.modules()):
         raise ValueError(f"{type(model).__qualname__} is already sequence-parallel")
     adapt_foreign_attention(model)
     # Plan on the (adapted) tree, check, then swap: a bad model is left without sequence parallelism.
+    modules = dict(model.named_modules())
     markers, attention, unregistered = [], [], []
-    for parent_name, parent in model.named_modules():
+    for parent_name, parent in modules.items():
         for child_name, child in parent.named_children():
             if isinstance(child, (SequenceSplit, SequenceGather)):
                 markers.append((parent, child_name, child))
             elif isinstance(child, AttentionOp):
-                if child_name == "attn_op" and _entry(parent)[0]:
-                    attention.append(parent)
-                else:
+                role = attention_role(parent) if child_name == "attn_op" else None
+                if role is None:
                     unregistered.append(f"{parent_name}.{child_name}".lstrip("."))
+                else:
+                    attention.append((parent_name, parent, role))
     if unregistered:
         raise TypeError(
             f"sequence parallelism does not know how to run the attention op(s) {unregistered}: "
             f"register the type of the module holding each as ``attn_op`` with "
-            f"register_sequence_parallel_attention (None keeps an op serial, e.g. attention along "
-            f"an axis that is not sharded), or declare it on the class: {PROTOCOL}"
+            f"register_sequence_parallel_attention(type, role) (role \"serial\" keeps an op serial, e.g. attention "
+            f"along an axis that is not sharded), or declare it on the class: {PROTOCOL}"
         )
     splits = sum(isinstance(m, SequenceSplit) for _, _, m in markers)
     gathers = len(markers) - splits
@@ -171,20 +213,63 @@ def apply_sequence_parallel(model: nn.Module, sp_group: Optional[dist.ProcessGro
                 f"{type(model).__qualname__} has no SequenceSplit/SequenceGather markers and no block list to "
                 f"shard the tokens at: {e}"
             ) from None
-        _check_blocks_attend(blocks, attention)
+        _check_blocks_attend(blocks, [m for _, m, _ in attention])
     elif not splits or not gathers:
         raise ValueError(
             f"{type(model).__qualname__} has {splits} SequenceSplit and {gathers} SequenceGather "
             f"markers; sequence parallelism needs the model to pass its tokens through both "
             f"(after the embeddings and before the final layer)"
         )
-    for module in attention:
-        convert_attention_module(module, state)
+    heads = {}
+    for name, module, role in attention:
+        count = _heads(name, module, modules)
+        if role in ("self", "joint") and count is not None:
+            heads[f"{name} ({type(module).__name__})"] = count
+    choice = choose_mode(mode, ring_size, heads, state.size, declared_sp_modes(model))
+
+    groups = build_groups(choice, sp_group, state.size)   # collective: before any module changes
+    converted = Counter()
+    for name, module, role in attention:
+        factory = op_factory(choice, role, state.size, groups)
+        if factory is None:
+            converted[(type(module).__name__, role, "serial")] += 1
+            continue
+        if isinstance(module.attn_op, SequenceParallelOp):  # a module reached twice is wrapped once
+            continue
+        module.attn_op = factory(module.attn_op, state)
+        converted[(type(module).__name__, role, f"{type(module.attn_op).__name__} ({module.attn_op.backend})")] += 1
+    rows = []
     if blocks is not None:
         place_sequence_boundaries(model, blocks, state)
+        rows.append(("split", f"input of {type(blocks[0]).__name__} (the first block)", 1,
+                     "tokens along dim 1, padded to a multiple of the SP size"))
+        rows.append(("gather", f"output of {type(blocks[-1]).__name__} (the last block)", 1, "padding dropped"))
     for parent, name, marker in markers:
         parent.register_module(name, convert_sequence_marker(marker, state))
+        kind = "split" if isinstance(marker, SequenceSplit) else "gather"
+        rows.append((kind, f"{type(marker).__name__} marker '{name}'", 1, f"dim {marker.dim}"))
+    for (cls, role, op), count in converted.items():
+        if count:
+            rows.append(("serial" if op == "serial" else "attention", cls, count,
+                         f"{role}: kept serial (axis not sharded)" if op == "serial" else f"{role}: {op}"))
+    return SequenceParallelReport(state.size, choice, rows)
+
+
+def apply_sequence_parallel(model: nn.Module, sp_group: Optional[dist.ProcessGroup], mode: str = "ulysses",
+                            ring_size: Optional[int] = None) -> nn.Module:
+    """``make_sequence_parallel`` returning the model (converted in place)."""
+    make_sequence_parallel(model, sp_group, mode, ring_size)
     return model
 
 
-register_sequence_parallel_attention(Attention, UlyssesAttentionOp)
+def describe_choice(report: SequenceParallelReport) -> str:
+    """The mode that runs, e.g. "ring", "usp (ring 2 x ulysses 2)", "usp (ring 1 x ulysses 2) = ulysses"."""
+    running = effective_mode(report.choice, report.sp_size)
+    return report.mode + (f" = {running}" if report.choice.mode == "usp" and running != "usp" else "")
+
+
+# The model zoo's attention module types (SpatialAttention is an Attention and inherits its entry).
+register_sequence_parallel_attention(Attention, "self")
+register_sequence_parallel_attention(JointAttention, "joint")
+register_sequence_parallel_attention(CrossAttention, "cross")
+register_sequence_parallel_attention(TemporalAttention, "serial")

@@ -62,8 +62,9 @@ def train(spec: TrainerSpec, cfg, info) -> str:
         log.write(str(apply_lora(model, rank=cfg.lora.rank, alpha=cfg.lora.alpha, dropout=cfg.lora.dropout,
                                  targets=cfg.lora.targets)))
     # Every transformation of the serial model, in parallelize's order, before the plugin wraps it.
-    report = parallelize(model, sp_group=plugin.sp_group, sp_mode=cfg.sp_mode, fused_adaln=cfg.fused_adaln,
-                         fused_layernorm=cfg.fused_layernorm, attention_backend=cfg.attention_backend,
+    report = parallelize(model, sp_group=plugin.sp_group, sp_mode=cfg.sp_mode, sp_ring_size=cfg.sp_ring_size,
+                         fused_adaln=cfg.fused_adaln, fused_layernorm=cfg.fused_layernorm,
+                         attention_backend=cfg.attention_backend,
                          selective_ratio=cfg.selective_ratio, ac_offload=cfg.ac_offload, compile=cfg.compile,
                          cuda_graphs=cfg.cuda_graphs)
     log.write(str(report))

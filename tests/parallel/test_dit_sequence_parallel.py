@@ -2,10 +2,11 @@
 
 The rule checked everywhere: the world mean of the local gradients (what DDP and ZeRO compute)
 equals the serial model's gradient on the global batch. The shared spawn of each world size
-(``spawn.py``) runs all checks: world 2 (sp 2; apply_sequence_parallel and parallelize; activation
-checkpointing; training through OpenDiTPlugin with zero_degree 0, 1, 2) and world 4 (sp 4, and dp 2
-x sp 2). The latent 10x6 with patch 2 gives 15 tokens, not divisible by 2 or 4, so padding is
-exercised throughout.
+(``spawn.py``) runs all checks: world 2 (sp 2; apply_sequence_parallel and parallelize, Ulysses and
+ring; activation checkpointing; training through OpenDiTPlugin with zero_degree 0, 1, 2 under Ulysses
+and 0, 2 under ring) and world 4 (sp 4 Ulysses, ring, USP 2 x 2, a 2-head DiT at sp 4 under ring and
+under sp_mode=auto, and dp 2 x sp 2 Ulysses and ring). The latent 10x6 with patch 2 gives 15 tokens,
+not divisible by 2 or 4, so padding is exercised throughout.
 """
 
 import copy
@@ -23,8 +24,11 @@ from opendit_lite.models import build_model
 from opendit_lite.models.layers.attention import AttentionOp, SDPAAttentionOp
 from opendit_lite.models.layers.sequence import SequenceGather, SequenceSplit
 from opendit_lite.parallel import (
+    RingAttentionOp,
+    SequenceParallelOp,
     SequenceParallelSplit,
     UlyssesAttentionOp,
+    USPAttentionOp,
     apply_sequence_parallel,
     register_sequence_parallel_attention,
 )
@@ -35,9 +39,15 @@ TOL = 1e-5  # fp32
 PER_RANK_BATCH = 2
 
 
-def tiny_dit(input_size) -> nn.Module:
+def tiny_dit(input_size, num_heads: int = 4) -> nn.Module:
+    from opendit_lite.models.dit import DiT
+
     torch.manual_seed(0)
-    model = build_model("DiT-T/2", input_size=input_size, num_classes=10, class_dropout_prob=0.0)
+    if num_heads == 4:
+        model = build_model("DiT-T/2", input_size=input_size, num_classes=10, class_dropout_prob=0.0)
+    else:  # DiT-T/2's width and depth with another head count
+        model = DiT(input_size=input_size, depth=2, hidden_size=64, num_heads=num_heads, num_classes=10,
+                    class_dropout_prob=0.0)
     # DiT zero-initialises its adaLN and output layers; perturb every weight so that every
     # parameter gets a non-trivial gradient.
     with torch.no_grad():
@@ -66,9 +76,9 @@ def world_mean_grads(model: nn.Module) -> dict:
     return grads
 
 
-def compare_with_serial(mesh, input_size, convert, block_wrapper=None) -> dict:
+def compare_with_serial(mesh, input_size, convert, block_wrapper=None, num_heads: int = 4) -> dict:
     """Worst forward and gradient error of the SP model made by ``convert`` vs the serial model."""
-    serial = tiny_dit(input_size)
+    serial = tiny_dit(input_size, num_heads)
     sp_model = convert(copy.deepcopy(serial), mesh.sp_group)
     if block_wrapper is not None:
         block_wrapper(sp_model)
@@ -89,14 +99,21 @@ def compare_with_serial(mesh, input_size, convert, block_wrapper=None) -> dict:
         "grads_checked": len(grad_errors),
         "grads_nonzero": sum(p.grad.abs().max().item() > 0 for p in serial.parameters() if p.requires_grad),
         "ulysses_ops": sum(isinstance(m, UlyssesAttentionOp) for m in sp_model.modules()),
+        "ops": sorted({type(m).__name__ for m in sp_model.modules() if isinstance(m, SequenceParallelOp)}),
+        "op_count": sum(isinstance(m, SequenceParallelOp) for m in sp_model.modules()),
     }
 
 
-def via_parallelize(model, sp_group):
+def via_parallelize(model, sp_group, sp_mode="ulysses", sp_ring_size=None):
     from opendit_lite.transforms import parallelize
 
-    parallelize(model, sp_group=sp_group, sp_mode="ulysses")
+    parallelize(model, sp_group=sp_group, sp_mode=sp_mode, sp_ring_size=sp_ring_size)
     return model
+
+
+def in_mode(sp_mode, sp_ring_size=None):
+    """A ``convert`` for compare_with_serial: parallelize in ``sp_mode``."""
+    return functools.partial(via_parallelize, sp_mode=sp_mode, sp_ring_size=sp_ring_size)
 
 
 def checkpoint_blocks(model):
@@ -107,7 +124,7 @@ def checkpoint_blocks(model):
 
 # ---------------------------------------------------------------------------- training
 
-def train_steps(mesh, zero_degree: int, steps: int = 3) -> float:
+def train_steps(mesh, zero_degree: int, steps: int = 3, sp_mode: str = "ulysses") -> float:
     """Largest weight difference after ``steps`` optimizer steps: SP through OpenDiTPlugin vs serial.
 
     SGD with momentum rather than AdamW: Adam's first steps are about +-lr for any nonzero
@@ -123,7 +140,7 @@ def train_steps(mesh, zero_degree: int, steps: int = 3) -> float:
     install_zero_cpu_shim()  # LowLevelZero on gloo/CPU
     input_size = (10, 6)
     serial = tiny_dit(input_size)
-    sp_model = apply_sequence_parallel(copy.deepcopy(serial), mesh.sp_group)
+    sp_model = apply_sequence_parallel(copy.deepcopy(serial), mesh.sp_group, mode=sp_mode)
     plugin = OpenDiTPlugin(zero_degree=zero_degree, sp_size=mesh.sp_size, precision="fp32", grad_clip=1.0)
     booster = Booster(plugin=plugin)
     sp_model, optimizer, *_ = booster.boost(sp_model, torch.optim.SGD(sp_model.parameters(), lr=0.1, momentum=0.9))
@@ -229,8 +246,11 @@ def _rank_world2(rank, world_size):
         "sp2_apply_15": compare_with_serial(mesh, (10, 6), apply_sequence_parallel),
         "sp2_parallelize_16": compare_with_serial(mesh, (8, 8), via_parallelize),
         "sp2_checkpoint_15": compare_with_serial(mesh, (10, 6), apply_sequence_parallel, checkpoint_blocks),
+        "sp2_ring_15": compare_with_serial(mesh, (10, 6), in_mode("ring")),
+        "sp2_ring_checkpoint_15": compare_with_serial(mesh, (10, 6), in_mode("ring"), checkpoint_blocks),
         "conversion": conversion_checks(mesh.sp_group),
         "train": {z: train_steps(mesh, z) for z in (0, 1, 2)},
+        "train_ring": {z: train_steps(mesh, z, sp_mode="ring") for z in (0, 2)},
     }
 
 
@@ -251,9 +271,15 @@ def consecutive_mesh(sp_size: int) -> Mesh:
 
 @rank_checks("dit", world_size=4)
 def _rank_world4(rank, world_size):
+    sp4, dp2_sp2 = consecutive_mesh(4), consecutive_mesh(2)
     return {
-        "sp4_15": compare_with_serial(consecutive_mesh(4), (10, 6), apply_sequence_parallel),
-        "dp2_sp2_15": compare_with_serial(consecutive_mesh(2), (10, 6), apply_sequence_parallel),
+        "sp4_15": compare_with_serial(sp4, (10, 6), apply_sequence_parallel),
+        "dp2_sp2_15": compare_with_serial(dp2_sp2, (10, 6), apply_sequence_parallel),
+        "sp4_ring_15": compare_with_serial(sp4, (10, 6), in_mode("ring")),
+        "sp4_usp_15": compare_with_serial(sp4, (10, 6), in_mode("usp", 2)),
+        "dp2_sp2_ring_15": compare_with_serial(dp2_sp2, (10, 6), in_mode("ring")),
+        "sp4_ring_2heads_15": compare_with_serial(sp4, (10, 6), in_mode("ring"), num_heads=2),
+        "sp4_auto_2heads_15": compare_with_serial(sp4, (10, 6), in_mode("auto"), num_heads=2),
     }
 
 
@@ -261,12 +287,12 @@ def results(world_size: int) -> list:
     return spawn_results("dit", world_size)
 
 
-def assert_matches_serial(per_rank: list, key: str, depth: int = 2) -> None:
+def assert_matches_serial(per_rank: list, key: str, depth: int = 2, op=UlyssesAttentionOp) -> None:
     for rank, r in enumerate(per_rank):
         c = r[key]
         assert c["forward"] < TOL, f"rank {rank} {key}: forward differs by {c['forward']:.3g}"
         assert c["grads"] < TOL, f"rank {rank} {key}: a gradient differs by {c['grads']:.3g}"
-        assert c["ulysses_ops"] == depth, f"rank {rank} {key}: {c['ulysses_ops']} Ulysses ops"
+        assert c["ops"] == [op.__name__] and c["op_count"] == depth, f"rank {rank} {key}: {c['ops']} x{c['op_count']}"
         # Every parameter is compared, and the perturbed model gives each a real gradient.
         assert c["grads_nonzero"] == c["grads_checked"] > 0
 
@@ -291,6 +317,23 @@ def test_sp4_matches_serial_with_padding():
 
 def test_dp2_sp2_world_mean_is_serial_gradient():
     assert_matches_serial(results(4), "dp2_sp2_15")
+
+
+@pytest.mark.parametrize("world,key,op", [
+    (2, "sp2_ring_15", RingAttentionOp), (2, "sp2_ring_checkpoint_15", RingAttentionOp),
+    (4, "sp4_ring_15", RingAttentionOp), (4, "sp4_usp_15", USPAttentionOp), (4, "dp2_sp2_ring_15", RingAttentionOp),
+    (4, "sp4_ring_2heads_15", RingAttentionOp),      # more ranks than heads
+    (4, "sp4_auto_2heads_15", USPAttentionOp),       # auto: ring 2 x Ulysses 2 for 2 heads at sp 4
+])
+def test_ring_and_usp_match_serial(world, key, op):
+    assert_matches_serial(results(world), key, op=op)
+
+
+@pytest.mark.parametrize("zero_degree", [0, 2])
+def test_training_steps_under_ring_equal_serial(zero_degree):
+    for rank, r in enumerate(results(2)):
+        diff = r["train_ring"][zero_degree]
+        assert diff < TOL, f"rank {rank}, zero_degree {zero_degree}: weights differ by {diff:.3g} after 3 ring steps"
 
 
 @pytest.mark.parametrize("zero_degree", [0, 1, 2])

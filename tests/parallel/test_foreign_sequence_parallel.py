@@ -1,5 +1,7 @@
-"""Sequence parallelism (Ulysses, sp_size=2 on 2 gloo ranks) for models written outside the zoo,
-against the serial model: outputs and the world mean of every parameter gradient (fp32, 1e-5).
+"""Sequence parallelism (Ulysses and ring at sp_size=2 on 2 gloo ranks; ring, USP 2 x 2 and a 2 (data) x
+2 (sequence) mesh on 4) for models written outside the zoo, against the serial model: outputs and the
+world mean of every parameter gradient (fp32, 1e-5). The diffusers DiT and PixArt have 2 heads, so
+ring at sp 4 runs more ranks than heads.
 
 A user's own model (both protocols) goes through ``parallelize`` with fused AdaLN and Ulysses
 (the fused kernels are checked on Meta's DiT serially in tests/converter; they run slowly in
@@ -17,7 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from opendit_lite.config import ConfigError
-from opendit_lite.parallel import UlyssesAttentionOp, apply_sequence_parallel
+from opendit_lite.parallel import SequenceParallelOp, UlyssesAttentionOp, apply_sequence_parallel
 from opendit_lite.parallel.ulysses import SequenceParallelCrossAttentionOp
 from opendit_lite.transforms import parallelize
 from tests import foreign_models as fm
@@ -52,16 +54,38 @@ def _errors(serial: nn.Module, parallel: nn.Module, inputs) -> dict:
     return {"out": (got - expected).abs().max().item(), "grad": grad_err, "missing": missing}
 
 
-def _sequence_parallel(model, how: str):
+def _sequence_parallel(model, how: str, group=None):
     """``how``: "apply" (apply_sequence_parallel alone), "parallelize" (fused AdaLN, attention
-    backend and Ulysses), "parallelize+ac" (Ulysses and activation checkpointing of half the blocks)."""
+    backend and Ulysses), "parallelize+ac" (Ulysses and activation checkpointing of half the blocks),
+    or a mode ("ring", "usp": parallelize in that mode; USP with a ring of 2)."""
+    group = group or dist.group.WORLD
     if how == "apply":
-        return apply_sequence_parallel(model, dist.group.WORLD)
+        return apply_sequence_parallel(model, group)
     if how == "parallelize":
-        parallelize(model, sp_group=dist.group.WORLD, fused_adaln=True, attention_backend="auto")
+        parallelize(model, sp_group=group, fused_adaln=True, attention_backend="auto")
+    elif how == "parallelize+ac":
+        parallelize(model, sp_group=group, selective_ratio=0.5)
     else:
-        parallelize(model, sp_group=dist.group.WORLD, selective_ratio=0.5)
+        parallelize(model, sp_group=group, sp_mode=how, sp_ring_size=2 if how == "usp" else None)
     return model
+
+
+CASES = {"meta_dit": (fm.meta_dit, fm.meta_dit_inputs), "user_dit": (fm.user_dit, fm.user_dit_inputs),
+         "diffusers_dit": (fm.tiny_diffusers_dit, fm.diffusers_dit_inputs),
+         "pixart": (fm.tiny_pixart, fm.pixart_inputs)}
+
+
+def _modes(cases: dict, group=None) -> dict:
+    """{name/how: errors and the sequence-parallel ops made} for (name, how) in ``cases``."""
+    out = {}
+    for name, how in cases:
+        build, inputs = CASES[name]
+        serial = build()
+        parallel = _sequence_parallel(copy.deepcopy(serial), how, group)
+        out[f"{name}/{how}"] = _errors(serial, parallel, inputs())
+        out[f"{name}/{how}"]["ops"] = sorted({type(m).__name__ for m in parallel.modules()
+                                              if isinstance(m, SequenceParallelOp)})
+    return out
 
 
 class SerialAttentionBlock(nn.Module):
@@ -115,7 +139,36 @@ def _checks(rank: int, world_size: int) -> dict:
         out["unknown_parallelize"] = None
     except ConfigError as e:
         out["unknown_parallelize"] = str(e)
+    out.update(_modes([(name, "ring") for name in CASES]))
     return out
+
+
+@rank_checks("foreign models", world_size=4)
+def _checks_world4(rank: int, world_size: int) -> dict:
+    """sp 4: ring for every model (2 heads < 4 ranks for the diffusers ones), USP 2 x 2 for the 4-head
+    ones; dp 2 x sp 2 ring for PixArt (every rank feeds the same batch, so the world mean is serial)."""
+    out = _modes([(name, "ring") for name in CASES] + [("meta_dit", "usp"), ("user_dit", "usp")])
+    sp_group = [dist.new_group([0, 1]), dist.new_group([2, 3])][rank // 2]
+    out.update({f"dp2xsp2 {k}": v for k, v in _modes([("pixart", "ring")], sp_group).items()})
+    return out
+
+
+@pytest.mark.parametrize("world,key,ops", [
+    (2, "meta_dit/ring", ["RingAttentionOp"]), (2, "user_dit/ring", ["RingAttentionOp"]),
+    (2, "diffusers_dit/ring", ["RingAttentionOp"]),
+    (2, "pixart/ring", ["RingAttentionOp", "SequenceParallelCrossAttentionOp"]),
+    (4, "meta_dit/ring", ["RingAttentionOp"]), (4, "user_dit/ring", ["RingAttentionOp"]),
+    (4, "diffusers_dit/ring", ["RingAttentionOp"]),
+    (4, "pixart/ring", ["RingAttentionOp", "SequenceParallelCrossAttentionOp"]),
+    (4, "meta_dit/usp", ["USPAttentionOp"]), (4, "user_dit/usp", ["USPAttentionOp"]),
+    (4, "dp2xsp2 pixart/ring", ["RingAttentionOp", "SequenceParallelCrossAttentionOp"]),
+])
+def test_ring_and_usp_match_serial(world, key, ops):
+    for rank, result in enumerate(spawn_results("foreign models", world)):
+        errors = result[key]
+        assert errors["missing"] == [], f"rank {rank} {key}: parameters without gradient {errors['missing']}"
+        assert errors["out"] < TOL and errors["grad"] < TOL, f"rank {rank} {key}: {errors}"
+        assert errors["ops"] == ops, f"rank {rank} {key}: {errors['ops']}"
 
 
 @pytest.mark.parametrize("name", ["meta_dit", "user_dit", "diffusers_dit", "pixart", "padded"])

@@ -85,7 +85,7 @@ def test_unknown_attention_is_a_clear_error():
 def test_undeclared_mode_is_refused():
     message = results()[0]["dit_dsp"]
     assert message.startswith("ConfigError: sp_mode=dsp is not supported by DiT"), message
-    assert "supported_sp_modes=('ulysses',)" in message
+    assert "supported_sp_modes=('ulysses', 'ring', 'usp')" in message
 
 
 def test_stdit_ulysses_and_dsp_report():

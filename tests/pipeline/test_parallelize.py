@@ -135,8 +135,9 @@ def test_capabilities_are_declared():
     from opendit_lite.models import DiT, STDiT, VchitectXL
 
     assert [is_video_model(c) for c in (DiT, STDiT, VchitectXL)] == [False, True, True]
-    assert supported_sp_modes(STDiT) == ("ulysses", "dsp") and supported_sp_modes(VchitectXL) == ("ulysses",)
-    assert supported_sp_modes(nn.Linear) == ("ulysses",)  # undeclared: the default
+    assert supported_sp_modes(STDiT) == ("ulysses", "ring", "usp", "dsp")
+    assert supported_sp_modes(VchitectXL) == ("ulysses", "ring", "usp")
+    assert supported_sp_modes(nn.Linear) == ("ulysses", "ring", "usp")  # undeclared: the default
     assert [guidance_layout(c) for c in (DiT, STDiT, VchitectXL, nn.Linear)] == ["concat", "paired", "paired", None]
 
 
@@ -161,8 +162,9 @@ def test_package_parallelize_is_the_function_with_its_signature():
     assert isinstance(from_package, types.FunctionType) and from_package is parallelize
     assert opendit_lite.parallelize is parallelize
     params = inspect.signature(from_package).parameters
-    assert list(params) == ["model", "sp_group", "sp_mode", "fused_adaln", "fused_layernorm", "attention_backend",
-                            "selective_ratio", "ac_offload", "compile", "compile_backend", "cuda_graphs"]
+    assert list(params) == ["model", "sp_group", "sp_mode", "sp_ring_size", "fused_adaln", "fused_layernorm",
+                            "attention_backend", "selective_ratio", "ac_offload", "compile", "compile_backend",
+                            "cuda_graphs"]
     assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for name, p in params.items() if name != "model")
     assert inspect.signature(from_package).return_annotation is ParallelizeReport
 

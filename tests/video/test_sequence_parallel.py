@@ -1,17 +1,23 @@
-"""Ulysses (both video models) and DSP (STDiT) give the serial outputs and, averaged over the SP
-group, the serial gradients, at several clip shapes (as a bucketed run feeds them, one model for
-all): frames (3, 1, 2) and patches per frame (9, 15) not divisible by sp_size, non-square frames,
-a 1-frame image, and a padded caption (which the Vchitect model masks); and a variable-size DiT
-under Ulysses at 15, 6 and 21 tokens per image."""
+"""Ulysses and ring (both video models; USP 2 x 2 at 4 ranks) and DSP (STDiT) give the serial outputs
+and, averaged over the SP group, the serial gradients, at several clip shapes (as a bucketed run feeds
+them, one model for all): frames (3, 1, 2) and patches per frame (9, 15) not divisible by sp_size,
+non-square frames, a 1-frame image, and a padded caption (which the Vchitect model masks: a text
+stream in joint attention); and a variable-size DiT under Ulysses at 15, 6 and 21 tokens per image.
+STDiT's spatial attention rings over the patches of each frame, its temporal attention stays local;
+the Vchitect-style joint attention keeps the caption replicated. Run in the shared spawns of
+tests/parallel/spawn.py."""
 
 import pytest
 import torch
 import torch.distributed as dist
 
-from tests.distributed import run_distributed
+from tests.parallel.spawn import rank_checks
+from tests.parallel.spawn import results as spawn_results
 
 # (model, sequence-parallel mode)
-CASES = [("STDiT-tiny", "ulysses"), ("STDiT-tiny", "dsp"), ("Vchitect-tiny", "ulysses")]
+CASES = [("STDiT-tiny", "ulysses"), ("STDiT-tiny", "dsp"), ("Vchitect-tiny", "ulysses"), ("STDiT-tiny", "ring"),
+         ("Vchitect-tiny", "ring")]
+CASES_4 = CASES + [("STDiT-tiny", "usp"), ("Vchitect-tiny", "usp")]   # usp: ring 2 x Ulysses 2
 
 
 def _build(name: str):
@@ -52,9 +58,12 @@ def _compare(rank, world_size):
     from opendit_lite.parallel.dsp import apply_dsp
 
     results = {}
-    for name, mode in CASES:
+    for name, mode in CASES if world_size == 2 else CASES_4:
         serial, model = _build(name), _build(name)
-        (apply_dsp if mode == "dsp" else apply_sequence_parallel)(model, dist.group.WORLD)
+        if mode == "dsp":
+            apply_dsp(model, dist.group.WORLD)
+        else:
+            apply_sequence_parallel(model, dist.group.WORLD, mode=mode, ring_size=2 if mode == "usp" else None)
         for shape in SHAPES:  # one model, a new shape each step (forward and backward before the next)
             x, t, y, mask = _inputs(shape)
             serial.zero_grad()
@@ -108,10 +117,13 @@ def _compare(rank, world_size):
     return results, refusal
 
 
-@pytest.mark.slow
+rank_checks("video models", world_size=2)(_compare)
+rank_checks("video models", world_size=4)(_compare)
+
+
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_video_sequence_parallel_matches_serial(world_size):
-    for rank, (results, refusal) in enumerate(run_distributed(_compare, world_size)):
+    for rank, (results, refusal) in enumerate(spawn_results("video models", world_size)):
         assert refusal is not None and "SequenceSwitch" in refusal, refusal
         for case, (out_err, grad_err) in results.items():
             assert out_err < 1e-5, f"rank {rank} {case}: output differs by {out_err}"
@@ -120,10 +132,12 @@ def test_video_sequence_parallel_matches_serial(world_size):
 
 def test_joint_attention_op_takes_only_a_key_mask():
     from opendit_lite.models.layers.attention import SDPAAttentionOp
-    from opendit_lite.parallel.dsp import UlyssesJointAttentionOp
     from opendit_lite.parallel.sequence import SequenceParallelState
+    from opendit_lite.parallel.ulysses import UlyssesJointAttentionOp
 
-    op = UlyssesJointAttentionOp(SDPAAttentionOp(), SequenceParallelState(None))
+    state = SequenceParallelState(None)
+    state.seq_len = 5  # as the model's split records it
+    op = UlyssesJointAttentionOp(SDPAAttentionOp(), state)
     q = torch.randn(1, 5, 2, 4)
     with pytest.raises(ValueError, match="key mask"):
         op(q, q, q, attn_mask=torch.ones(1, 1, 5, 5, dtype=torch.bool))
