@@ -1,20 +1,26 @@
 """sample.py and sample_video.py on 2 gloo ranks give the one-process outputs for the same seed:
 samples split over data-parallel ranks (uneven blocks, several batches per rank), and one sample's
-tokens sharded over a sequence-parallel pair (Ulysses; DSP for STDiT). Tiny models with random
-weights (adaLN-Zero layers perturbed so the output depends on every block), a few steps, DDPM
-(which draws noise at every step) for images and Euler for video."""
+tokens sharded over a sequence-parallel pair (Ulysses; DSP for STDiT); and on 4 ranks (the shared
+spawn of tests/parallel/spawn.py) over a sequence-parallel group of 4 with ring attention and with
+USP (rings of 2 x Ulysses over 2). Tiny models with random weights (adaLN-Zero layers perturbed so
+the output depends on every block), a few steps, DDPM (which draws noise at every step) for images
+and Euler for video."""
 
 import json
 import os
 import sys
+import tempfile
 
 import numpy as np
 import pytest
 import torch
+import torch.distributed as dist
 from PIL import Image
 from safetensors.torch import save_file
 
 from tests.distributed import run_distributed
+from tests.parallel.spawn import rank_checks
+from tests.parallel.spawn import results as spawn_results
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if ROOT not in sys.path:
@@ -88,6 +94,33 @@ def _two_ranks(rank, world_size, args_by_script, out_dir):
     return written
 
 
+# (script, settings on 4 ranks): one sequence-parallel group of 4 (the models have 4 heads).
+CASES_4 = {
+    "image_ring": ("sample", ["sp_size=4", "sp_mode=ring"]),
+    "image_usp": ("sample", ["sp_size=4", "sp_mode=usp", "sp_ring_size=2"]),
+    "video_ring": ("sample_video", ["sp_size=4", "sp_mode=ring"]),
+    "video_usp": ("sample_video", ["sp_size=4", "sp_mode=usp", "sp_ring_size=2"]),
+}
+
+
+@rank_checks("sampling", world_size=4)
+def _four_ranks(rank, world_size):
+    """The CASES_4 outputs as pixel arrays (rank 0; the files live in a folder rank 0 removes)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        shared = [(tmp, {"sample": image_args(tmp), "sample_video": video_args(tmp)}) if rank == 0 else None]
+        dist.broadcast_object_list(shared, src=0)   # rank 0's folder and checkpoints, for every rank
+        folder, args = shared[0]
+        out = {}
+        for case, (script, extra) in CASES_4.items():
+            output = ([f"sample.output={folder}/{case}.png"] if script == "sample"
+                      else [f"sample.output_dir={folder}/{case}"])
+            written = run_script(script, args[script] + extra + output)
+            if rank == 0:
+                out[case] = pixels(written if script == "sample" else written[-1])
+        dist.barrier()  # every rank is done with the checkpoints before rank 0 removes them
+        return out
+
+
 @pytest.fixture(scope="module")
 def outputs(tmp_path_factory):
     tmp = str(tmp_path_factory.mktemp("parallel_sampling"))
@@ -112,7 +145,18 @@ def test_two_ranks_equal_one_process(outputs, case):
     got = main_out if script == "sample" else main_out[-1]
     if script == "sample_video":
         assert len(main_out) == len(single[script]) == 4                   # 3 videos and the sheet
-    a, b = pixels(want), pixels(got)
+    assert_same_pixels(case, pixels(want), pixels(got))
+
+
+@pytest.mark.parametrize("case", list(CASES_4))
+def test_four_ranks_ring_and_usp_equal_one_process(outputs, case):
+    single, _ = outputs
+    script = CASES_4[case][0]
+    want = single[script] if script == "sample" else single[script][-1]
+    assert_same_pixels(case, pixels(want), spawn_results("sampling", 4)[0][case])
+
+
+def assert_same_pixels(case, a, b):
     assert a.shape == b.shape
     # Bit-exact up to float reassociation across batch sizes: at most one 8-bit level, on few pixels.
     diff = np.abs(a - b)

@@ -76,6 +76,9 @@ def test_resume_equals_uninterrupted(tmp_path):
     ("data.type=image_folder data.path=/nonexistent/images", "'data.path' '/nonexistent/images' does not exist"),
     ("encoder.fsdp=true", "class-conditional train.py has none"),
     ("grad_precision=bf16", "'grad_precision'='bf16' is not supported"),
+    ("sp_size=4 sp_mode=usp sp_ring_size=3", "'sp_ring_size'=3 must divide sp_size=4"),
+    ("sp_size=2 sp_ring_size=2", "sets the ring degree of sp_mode=usp, but sp_mode is ulysses"),
+    ("sp_mode=bogus", "'sp_mode' must be one of"),
 ])
 def test_config_errors_exit_2_without_traceback(tmp_path, override, expected):
     proc = run("train.py", f"results_dir={tmp_path}", *override.split(), check=False)
@@ -125,23 +128,34 @@ def test_train_in_latent_space_with_a_local_vae(tmp_path):
     assert (tmp_path / "vae" / "samples.png").exists()
 
 
+@pytest.fixture(scope="module")
+def serial_run(tmp_path_factory):
+    """3 steps of DiT-T/2 in one plain process: the reference of the sequence-parallel runs."""
+    out = tmp_path_factory.mktemp("serial")
+    run("train.py", f"results_dir={out}", "exp_name=serial", "max_steps=3", "log_every=1", "ema.enable=false", *TINY)
+    return out / "serial"
+
+
 @pytest.mark.slow
-def test_torchrun_sequence_parallel_matches_one_process(tmp_path):
-    """torchrun with 2 ranks at sp_size=2 (one data-parallel rank), with half the blocks checkpointed,
-    trains exactly like one plain process: SP, activation checkpointing and DDP compose."""
+@pytest.mark.parametrize("ranks, settings", [
+    (2, ["sp_size=2", "selective_ratio=0.5"]),                       # Ulysses, half the blocks checkpointed
+    (4, ["sp_size=4", "sp_mode=ring", "selective_ratio=0.5"]),       # one ring over 4 ranks
+    (4, ["sp_size=4", "sp_mode=usp", "sp_ring_size=2"]),             # rings of 2 x Ulysses over 2
+], ids=["ulysses", "ring", "usp"])
+def test_torchrun_sequence_parallel_matches_one_process(serial_run, tmp_path, ranks, settings):
+    """torchrun at sp_size = ranks (one data-parallel rank) trains exactly like one plain process and
+    saves the same weights: the SP mode, activation checkpointing and DDP compose."""
     common = [f"results_dir={tmp_path}", "max_steps=3", "log_every=1", "ema.enable=false", *TINY]
-    run("train.py", "exp_name=serial", *common)
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           "train.py", "--config", "configs/demo.yaml", "exp_name=sp2", "sp_size=2",
-                           "selective_ratio=0.5", *common],
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+                           str(ranks), "train.py", "--config", "configs/demo.yaml", "exp_name=sp", *settings, *common],
                           cwd=ROOT, capture_output=True, text=True, timeout=300,
                           env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    loss = {name: [json.loads(line)["loss"] for line in open(tmp_path / name / "metrics.jsonl")]
-            for name in ("serial", "sp2")}
-    assert loss["sp2"] == pytest.approx(loss["serial"], rel=1e-5, abs=1e-6)
-    wa = model_weights(tmp_path / "serial" / "checkpoints" / "serial_step3")
-    wb = model_weights(tmp_path / "sp2" / "checkpoints" / "sp2_step3")
+    loss = {name: [json.loads(line)["loss"] for line in open(run_dir / "metrics.jsonl")]
+            for name, run_dir in (("serial", serial_run), ("sp", tmp_path / "sp"))}
+    assert loss["sp"] == pytest.approx(loss["serial"], rel=1e-5, abs=1e-6)
+    wa = model_weights(serial_run / "checkpoints" / "serial_step3")
+    wb = model_weights(tmp_path / "sp" / "checkpoints" / "sp_step3")
     for k in wa:
         torch.testing.assert_close(wb[k], wa[k], rtol=1e-5, atol=1e-5, msg=f"weight {k} differs under SP")
 
