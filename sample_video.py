@@ -9,7 +9,7 @@ From the newest checkpoint of a run (EMA weights by default), prompts from the c
 At another clip shape than the trained one (frames and pixels; the models take any shape):
     python sample_video.py --config configs/video_buckets_demo.yaml sample.num_frames=1 sample.height=16 sample.width=24
 On several processes (prompts split over the data-parallel ranks; sp_size=2 shards each clip's
-tokens over 2 ranks with Ulysses, or DSP with sp_mode=dsp); the videos are the one-process videos:
+tokens over 2 ranks with Ulysses, sp_mode=ring/usp, or DSP with sp_mode=dsp); the videos are the one-process videos:
     torchrun --standalone --nproc_per_node 4 sample_video.py --config configs/video_stdit_demo.yaml sp_size=2
 Prompts on the command line or from a file (one a line):
     python sample_video.py --config configs/video_stdit_demo.yaml 'sample.prompts=["a red disc moving up"]'
@@ -187,7 +187,7 @@ def main(argv) -> List[str]:
         device = ranks.device
         model = build_video_model(cfg)
         load_merged(model, ckpt, use_ema=cfg.sample.use_ema, lora=saved_config(ckpt).get("lora"))  # LoRA: merged
-        report = parallelize_denoiser(model, cfg, ranks.sp_group)  # the training machinery: Ulysses / DSP, compile
+        report = parallelize_denoiser(model, cfg, ranks.sp_group)  # the training machinery: SP (any mode), compile
         if ranks.is_main and (ranks.sp_size > 1 or cfg.sample.compile):
             print(report)
         model.to(device).eval()

@@ -4,7 +4,7 @@
 The embedded default (moving coloured shapes with captions, pixel space, CPU in minutes):
     python train_video.py --config configs/video_stdit_demo.yaml
     python train_video.py --config configs/video_vchitect_demo.yaml
-Sequence parallelism over 2 ranks (Ulysses; sp_mode=dsp for STDiT's DSP):
+Sequence parallelism over 2 ranks (Ulysses; sp_mode=ring / usp / auto, or dsp for STDiT's DSP):
     torchrun --standalone --nproc_per_node 2 train_video.py --config configs/video_stdit_demo.yaml sp_size=2
 STDiT-XL/2 on 16x256x256 clips from precomputed latents, one node of 8 GPUs:
     torchrun --standalone --nproc_per_node 8 train_video.py --config configs/video_stdit_xl.yaml \\

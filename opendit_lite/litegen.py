@@ -25,7 +25,7 @@ is created here (``distributed.launch.init_distributed``).
 
 - the one trainable ``nn.Module`` (any parameter with ``requires_grad``; zero or several are an
   error): ``opendit_lite.transforms.parallelize`` with the config's settings (fused kernels, attention
-  backend, Ulysses/DSP sequence parallelism when ``sp_size > 1``, activation checkpointing/offload
+  backend, Ulysses/ring/USP/DSP sequence parallelism when ``sp_size > 1``, activation checkpointing/offload
   from ``selective_ratio``, the fraction of blocks NOT checkpointed, and ``ac_offload``, per-block
   ``compile``, in that order; see ``parallelize.py`` for why), then boosted with its optimizer and
   LR scheduler. Then the weights are loaded (see below) and the EMA is created from them

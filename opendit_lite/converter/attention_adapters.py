@@ -10,12 +10,15 @@ with two things:
   with q ``[B, Nq, H, Dh]``, k, v ``[B, Nk, H, Dh]`` and out ``[B, Nq, H, Dh]`` (projections, norms
   and the output projection stay in the module, applied per token);
 * a class attribute ``sequence_parallel_attention`` saying what it attends over:
-  ``"self"`` (its own token sequence: Ulysses all-to-all, heads sharded, ``num_heads % sp_size == 0``),
-  ``"cross"`` (queries from the tokens, keys/values from a context every rank holds whole, e.g. text:
-  no communication) or ``"serial"`` (an axis that is not sharded; the op stays as it is).
+  ``"self"`` (its own token sequence: Ulysses, ring or USP by ``sp_mode``), ``"joint"`` (``[text; tokens]``
+  with the text replicated on every rank, as MMDiT concatenates them), ``"cross"`` (queries from the
+  tokens, keys/values from a context every rank holds whole, e.g. text: no communication) or
+  ``"serial"`` (an axis that is not sharded; the op stays as it is).
 
 The backend conversion then swaps ``SDPAAttentionOp`` for ``FlashAttentionOp`` and
-``apply_sequence_parallel`` wraps the op (``UlyssesAttentionOp`` / ``SequenceParallelCrossAttentionOp``).
+``apply_sequence_parallel`` wraps the op in the sequence-parallel op of its role and mode
+(``opendit_lite.parallel.ops``: ``UlyssesAttentionOp``, ``RingAttentionOp``, ``USPAttentionOp``, their joint
+variants, ``SequenceParallelCrossAttentionOp``).
 
 Adapters for modules that cannot declare anything
 -------------------------------------------------
@@ -51,8 +54,9 @@ from .registry import CONVERSIONS, PRIORITY_ADAPTER, ConversionRegistry, Convert
 PROTOCOL = (
     "give the module an `attn_op = SDPAAttentionOp()` child that computes its core as "
     "`self.attn_op(q, k, v, attn_mask=None)` with q, k, v and the output in [B, N, H, Dh], and a class "
-    "attribute `sequence_parallel_attention = \"self\"` (or \"cross\" for keys/values from a replicated "
-    "context, \"serial\" for an axis that is not sharded); see opendit_lite/converter/attention_adapters.py"
+    "attribute `sequence_parallel_attention = \"self\"` (or \"joint\" for [text; tokens] with the text replicated, "
+    "\"cross\" for keys/values from a replicated context, \"serial\" for an axis that is not sharded); see "
+    "opendit_lite/converter/attention_adapters.py"
 )
 
 

@@ -111,8 +111,8 @@ class DiT(nn.Module):
         learn_sigma: also predict the variance (output channels doubled), as improved DDPM does.
     """
 
-    # Capabilities (see models/capabilities.py): class-conditional images, Ulysses sequence
-    # parallelism, forward_with_cfg over [conditional; unconditional] (2B -> 2B).
+    # Capabilities (see models/capabilities.py): class-conditional images, Ulysses, ring or USP
+    # sequence parallelism, forward_with_cfg over [conditional; unconditional] (2B -> 2B).
     is_video = False
     supported_sp_modes = ("ulysses", "ring", "usp")
     guidance_layout = "concat"

@@ -123,8 +123,8 @@ class STDiT(nn.Module):
         learn_sigma: also predict the variance (output channels doubled) for IDDPM.
     """
 
-    # Capabilities (see models/capabilities.py): captioned clips, Ulysses or DSP (its to_frames /
-    # to_patches switches), forward_with_cfg over B clips adding the null caption inside (B -> B).
+    # Capabilities (see models/capabilities.py): captioned clips, Ulysses, ring, USP or DSP (its
+    # to_frames / to_patches switches), forward_with_cfg over B clips adding the null caption inside (B -> B).
     is_video = True
     supported_sp_modes = ("ulysses", "ring", "usp", "dsp")
     guidance_layout = "paired"

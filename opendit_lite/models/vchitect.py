@@ -16,8 +16,8 @@ exactly as SD3/Vchitect do, which also leaves no parameter without a gradient.
 
 Sequence parallelism (``opendit_lite.parallel``): ``seq_split``/``seq_gather`` shard the patches
 of each frame (axis 2) and ``rope_split`` shards the spatial rotary table the same way. Joint
-attention then runs as Ulysses with the replicated text sliced by head on each rank
-(``UlyssesJointAttentionOp``), temporal attention is local.
+attention then runs as Ulysses, ring or USP with the replicated text sliced by head on each rank
+(the joint ops of ``opendit_lite.parallel``), temporal attention is local.
 
 Sizes: ``Vchitect-XL`` is depth 20, width 1536, 24 heads of 64 channels: 2.02B parameters, the
 2B class of Vchitect-2.0. A block here carries a full text stream (q/k/v/out, MLP, adaLN), about
@@ -127,7 +127,7 @@ class VchitectXL(nn.Module):
     an MLP with a learned null caption for classifier-free guidance.
     """
 
-    # Capabilities (see models/capabilities.py): captioned clips, Ulysses only (no DSP switches),
+    # Capabilities (see models/capabilities.py): captioned clips, Ulysses, ring or USP (no DSP switches),
     # forward_with_cfg over B clips adding the null caption inside (B -> B).
     is_video = True
     supported_sp_modes = ("ulysses", "ring", "usp")

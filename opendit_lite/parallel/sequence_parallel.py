@@ -251,7 +251,8 @@ def make_sequence_parallel(model: nn.Module, sp_group: Optional[dist.ProcessGrou
     for (cls, role, op), count in converted.items():
         if count:
             rows.append(("serial" if op == "serial" else "attention", cls, count,
-                         f"{role}: kept serial (axis not sharded)" if op == "serial" else f"{role}: {op}"))
+                         "attends along an axis that is not sharded: its op stays as it is" if op == "serial"
+                         else f"{role}: {op}"))
     return SequenceParallelReport(state.size, choice, rows)
 
 

@@ -57,6 +57,13 @@ def check_sequence_mask(mask: Optional[torch.Tensor], num_heads: int, seq_len: i
                          f"H={num_heads}, N={seq_len}; got {tuple(mask.shape)}")
 
 
+def ulysses_heads(num_heads: int, state: SequenceParallelState) -> int:
+    """Heads per rank under Ulysses (H / P), or the error naming ring and usp when P does not divide H."""
+    if num_heads % state.size != 0:
+        raise ulysses_heads_error(num_heads, state.size)
+    return num_heads // state.size
+
+
 class SequenceParallelOp(AttentionOp):
     """Base of the ops that run on sequence-sharded tokens around an ``inner`` serial op; the
     conversion recognises an already converted op by this class."""
@@ -83,8 +90,7 @@ class UlyssesAttentionOp(SequenceParallelOp):
     def forward(self, q, k, v, attn_mask=None):
         state = self.state
         num_heads = q.size(2)
-        if num_heads % state.size != 0:
-            raise ulysses_heads_error(num_heads, state.size)
+        heads = ulysses_heads(num_heads, state)
         # One exchange for q, k and v together.
         qkv = torch.stack((q, k, v))                                           # [3, B, N/P, H, Dh]
         qkv = all_to_all(qkv, state.group, scatter_dim=3, gather_dim=2)        # [3, B, Np, H/P, Dh]
@@ -98,7 +104,7 @@ class UlyssesAttentionOp(SequenceParallelOp):
             )
         check_sequence_mask(attn_mask, num_heads, seq_len, type(self).__name__)
         q, k, v = qkv[:, :, :seq_len].unbind(0)                                # [B, N, H/P, Dh]
-        mask = heads_of(attn_mask, state.rank, num_heads // state.size, dim=1)
+        mask = heads_of(attn_mask, state.rank, heads, dim=1)
         out = self.inner(q, k, v, attn_mask=mask)                              # [B, N, H/P, Dh]
         out = pad_along(out, 1, padded)                                        # [B, Np, H/P, Dh]
         return all_to_all(out, state.group, scatter_dim=1, gather_dim=2)       # [B, N/P, H, Dh]
@@ -119,14 +125,11 @@ class UlyssesJointAttentionOp(SequenceParallelOp):
 
     def forward(self, q, k, v, attn_mask=None):
         state = self.state
-        num_heads = q.size(2)
-        if num_heads % state.size != 0:
-            raise ulysses_heads_error(num_heads, state.size)
+        heads = ulysses_heads(q.size(2), state)
         seq_len, padded = state.require_seq_len(), state.padded_len()
         parts = split_joint(type(self).__name__, q, k, v, attn_mask, padded // state.size)
         video = all_to_all(parts.video, state.group, scatter_dim=3, gather_dim=2)  # [3, B, Np, H/P, Dh]
         video = video[:, :, :seq_len]                                              # [3, B, N, H/P, Dh]
-        heads = num_heads // state.size
         text_q, text_k, text_v = (heads_of(t, state.rank, heads) for t in (parts.text_q, parts.text_k, parts.text_v))
         q = torch.cat([text_q, video[0]], dim=1)                                   # [B, Mq + N, H/P, Dh]
         k = torch.cat([text_k, video[1]], dim=1)                                   # [B, M + N, H/P, Dh]

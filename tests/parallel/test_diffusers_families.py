@@ -23,6 +23,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from tests import diffusers_families as fam
+from tests.parallel.outcome import error_message
 from tests.parallel.spawn import rank_checks
 from tests.parallel.spawn import results as spawn_results
 
@@ -119,14 +120,6 @@ def train_through_plugin(family: str, zero_degree: int, lr: float = 10.0) -> dic
                    dict(serial.named_parameters()), before)
 
 
-def _error(fn) -> str:
-    try:
-        fn()
-    except Exception as e:  # the test asserts the type and message
-        return f"{type(e).__name__}: {e}"
-    return "no error"
-
-
 def refusals() -> dict:
     """Attention that does not end in SDPA, unknown processors and heads Ulysses cannot split."""
     from opendit_lite.transforms import parallelize
@@ -135,7 +128,7 @@ def refusals() -> dict:
     out = {}
     model = fam.build("flux")
     model.set_attention_backend("flex")  # torch flex attention: no SDPA call
-    out["backend"] = _error(lambda: parallelize(model, sp_group=group))
+    out["backend"] = error_message(lambda: parallelize(model, sp_group=group))
     model.set_attention_backend("native")  # also diffusers' process-wide choice, which "flex" set
 
     model = fam.build("wan")
@@ -145,7 +138,7 @@ def refusals() -> dict:
         pass
 
     model.blocks[0].attn1.set_processor(MyProcessor())
-    out["processor"] = _error(lambda: parallelize(model, sp_group=group))
+    out["processor"] = error_message(lambda: parallelize(model, sp_group=group))
 
     class NoSDPA(processor):  # set after the conversion: caught at the first forward
         def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, rotary_emb=None):
@@ -154,8 +147,8 @@ def refusals() -> dict:
     model = fam.build("wan")
     parallelize(model, sp_group=group)
     model.blocks[0].attn1.processor = NoSDPA()
-    out["bypass"] = _error(lambda: model(**fam.inputs("wan", model)))
-    out["heads"] = _error(lambda: parallelize(fam.build("sd3", num_attention_heads=3), sp_group=group))
+    out["bypass"] = error_message(lambda: model(**fam.inputs("wan", model)))
+    out["heads"] = error_message(lambda: parallelize(fam.build("sd3", num_attention_heads=3), sp_group=group))
     return out
 
 
@@ -177,7 +170,7 @@ def _world4(rank, world_size):
     out["sd3/usp sp4 ring 2"] = compare("sd3", 4, "usp", ring_size=2)
     out["sd3/auto sp4"] = compare("sd3", 4, "auto")
     out["wan/auto sp4"] = compare("wan", 4, "auto")
-    out["ulysses sp4 with 2 heads"] = _error(lambda: compare("wan", 4, "ulysses"))
+    out["ulysses sp4 with 2 heads"] = error_message(lambda: compare("wan", 4, "ulysses"))
     return out
 
 

@@ -35,6 +35,7 @@ from opendit_lite.parallel.usp import (
     build_usp_groups,
     usp_layout,
 )
+from tests.parallel.outcome import error_message
 from tests.parallel.spawn import rank_checks
 from tests.parallel.spawn import results as spawn_results
 
@@ -163,14 +164,6 @@ def _ring(state, **kw):
     return RingAttentionOp(SDPAAttentionOp(), state, **kw)
 
 
-def _error(fn) -> str:
-    try:
-        fn()
-    except Exception as e:  # the test asserts the type and message
-        return f"{type(e).__name__}: {e}"
-    return "no error"
-
-
 def suite(rank, world):
     """Every check for this world size: {name: worst error (float) or a message (str)}."""
     results = {}
@@ -234,9 +227,9 @@ def suite(rank, world):
         state = SequenceParallelState(group)
         state.seq_len = 8
         three_heads = [torch.randn(1, 2, 3, 8) for _ in range(3)]
-        results["usp heads error"] = _error(lambda: USPAttentionOp(inner, state, usp)(*three_heads))
-        results["ulysses heads error"] = _error(lambda: UlyssesAttentionOp(inner, state)(*three_heads))
-        results["ring size error"] = _error(lambda: build_usp_groups(group, 3))
+        results["usp heads error"] = error_message(lambda: USPAttentionOp(inner, state, usp)(*three_heads))
+        results["ulysses heads error"] = error_message(lambda: UlyssesAttentionOp(inner, state)(*three_heads))
+        results["ring size error"] = error_message(lambda: build_usp_groups(group, 3))
     return results
 
 

@@ -3,8 +3,8 @@ SD3 and Vchitect-2.0): each stream keeps its own q/k/v and output projections, t
 concatenated and attend to each other in one softmax, and the result is split back per stream.
 
 The concatenation is ``[text; video]`` and the inner op sees it as one sequence. Under
-Ulysses sequence parallelism the video part is sharded and the text part replicated;
-``opendit_lite.parallel.dsp.UlyssesJointAttentionOp`` tells the two apart from the lengths alone
+sequence parallelism (Ulysses, ring, USP) the video part is sharded and the text part replicated;
+the joint ops of ``opendit_lite.parallel`` (``joint.py``) tell the two apart from the lengths alone
 (the text length is whatever the local video shard does not account for), so this module passes
 nothing extra. Rotary angles apply to the video tokens only (text has no position on the grid).
 A caption padding mask ``context_mask`` [B', M] (True = real token) keeps padded caption tokens
