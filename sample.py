@@ -17,7 +17,6 @@ From an original DiT checkpoint (weights and VAE from local paths; nothing is do
 import os
 
 import torch
-from PIL import Image, ImageDraw
 
 from opendit_lite.utils.quiet import quiet_third_party_startup
 
@@ -27,25 +26,8 @@ from opendit_lite.build.image import build_dataset_from_config
 from opendit_lite.config import parse_cli
 from opendit_lite.sampling import gather_on_main, sampling_ranks
 from opendit_lite.sampling.image import class_labels, image_batches, load_image_model
+from opendit_lite.sampling.outputs import labelled_grid
 from opendit_lite.utils.exit_codes import script_main
-
-
-def labelled_grid(images: torch.Tensor, rows: int, names) -> Image.Image:
-    """images [rows*cols, 3, H, W] in [-1, 1] -> one PIL grid with each row's class name on the left."""
-    cols = images.shape[0] // rows
-    h, w = images.shape[-2:]
-    scale = max(1, 64 // h)  # small images are upscaled so the grid is readable
-    pad, margin = 2, 110
-    arr = ((images.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
-    grid = Image.new("RGB", (margin + cols * (w * scale + pad), rows * (h * scale + pad)), "white")
-    draw = ImageDraw.Draw(grid)
-    for i, img in enumerate(arr):
-        r, c = divmod(i, cols)
-        tile = Image.fromarray(img).resize((w * scale, h * scale), Image.NEAREST)
-        grid.paste(tile, (margin + c * (w * scale + pad), r * (h * scale + pad)))
-    for r, name in enumerate(names):
-        draw.text((4, r * (h * scale + pad) + h * scale // 2 - 5), str(name)[:18], fill="black")
-    return grid
 
 
 @script_main

@@ -2,8 +2,9 @@
 
 The main entry points are imported lazily, so ``import opendit_lite`` stays cheap:
 ``parallelize`` (kernels -> sequence parallelism -> activation checkpointing -> compile, in that
-order), ``ModuleConverter`` (the kernel swaps it uses), ``OpenDiTPlugin`` (the booster plugin) and
-``LiteGen`` (the LiteGen-compatible facade).
+order), ``parallelize_from_config`` (the same with a config's settings), ``ModuleConverter`` (the
+kernel swaps it uses), ``OpenDiTPlugin`` (the booster plugin) and ``LiteGen`` (the
+LiteGen-compatible facade).
 """
 
 import importlib
@@ -13,6 +14,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "parallelize": "opendit_lite.transforms",
     "ParallelizeReport": "opendit_lite.transforms",
+    "parallelize_from_config": "opendit_lite.build.parallelize",
     "ModuleConverter": "opendit_lite.converter",
     "OpenDiTPlugin": "opendit_lite.plugins",
     "LiteGen": "opendit_lite.litegen",

@@ -15,19 +15,21 @@ A thin facade over the pieces the scripts use: the config is read once into the 
 :class:`~opendit_lite.config.TrainConfig` by ``config.from_object`` (aliases resolved, validated;
 an unknown key is a ConfigError naming the nearest field, or with ``LiteGen(config,
 strict=False)`` a warning listing the keys it ignores); the plugin and booster come from
-``training.loop.build_booster`` (precision ``auto``: bf16 on CUDA, fp32 on CPU; tf32; ``grad_precision``
-check); the model is prepared by ``opendit_lite.transforms.parallelize``, whose report is printed
-on rank 0; checkpoints follow ``checkpoint.layout`` and resuming is ``checkpoint.resume.restore_run``,
-as in train.py. Without ``torchrun`` the one-rank process group
-is created here (``distributed.launch.init_distributed``).
+``training.loop.build_booster`` (the precision resolved once, ``gen.plugin.precision``: ``auto`` is
+bf16 on CUDA, fp32 on CPU; tf32; ``grad_precision`` check); the model is prepared by
+``opendit_lite.build.parallelize.parallelize_from_config`` as in train.py, whose report
+(``gen.parallelize_report``) is printed on rank 0; checkpoints follow ``checkpoint.layout`` and
+resuming is ``checkpoint.resume.restore_run``, as in train.py. Without ``torchrun`` the one-rank
+process group is created here (``distributed.launch.init_distributed``).
 
 ``initialize(*components)`` returns the components in the order given, each prepared by kind:
 
 - the one trainable ``nn.Module`` (any parameter with ``requires_grad``; zero or several are an
-  error): ``opendit_lite.transforms.parallelize`` with the config's settings (fused kernels, attention
+  error): ``parallelize_from_config`` with the config's settings (fused kernels, attention
   backend, Ulysses/ring/USP/DSP sequence parallelism when ``sp_size > 1``, activation checkpointing/offload
   from ``selective_ratio``, the fraction of blocks NOT checkpointed, and ``ac_offload``, per-block
-  ``compile``, in that order; see ``parallelize.py`` for why), then boosted with its optimizer and
+  ``compile`` with ``cuda_graphs``, in that order; see ``opendit_lite/transforms.py`` for why), then
+  boosted with its optimizer and
   LR scheduler. Then the weights are loaded (see below) and the EMA is created from them
   (``ema.enable``), so it starts from the loaded weights;
 - its ``torch.optim.Optimizer`` and optional ``LRScheduler``: boosted with it;
@@ -35,7 +37,7 @@ is created here (``distributed.launch.init_distributed``).
   sharded by torch FSDP (FULL_SHARD, for inference) over the world or, with ``encoder.group``,
   within each node;
 - a ``Dataset``: a DataLoader sharded over the data-parallel ranks, ``global_batch_size //
-  (dp_size * grad_accum_steps)`` samples per rank and micro-batch;
+  (dp_size * grad_accum_steps)`` samples per rank and micro-batch (``build.batch.micro_batch_size``);
 - any other callable (e.g. ``vae.encode``): wrapped by ``torch.compile``, falling back to the eager
   callable when compilation is unavailable or fails on the first call. A method stays bound to
   its original module: pass ``vae.encode`` or ``vae``, not both with ``encoder.fsdp`` (the FSDP
@@ -73,6 +75,8 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 from torch.utils.data import Dataset
 
+from .build.batch import micro_batch_size
+from .build.parallelize import parallelize_from_config
 from .checkpoint.files import atomic_path
 from .checkpoint.layout import checkpoint_root, companion_path, litegen_path, pick_resume_checkpoint
 from .checkpoint.resume import restore_run
@@ -81,7 +85,7 @@ from .config import from_object, to_dict, validate_world
 from .distributed.launch import init_distributed
 from .distributed.mesh import node_group
 from .training.loop import build_booster
-from .transforms import parallelize
+from .transforms import ParallelizeReport
 
 __all__ = ["LiteGen", "CompiledFunction", "classify_components", "companion_path", "litegen_path"]
 
@@ -201,6 +205,7 @@ class LiteGen:
         self.ema_enabled = self.config.ema.enable
         self.model = self.optimizer = self.lr_scheduler = None
         self.resume_state: Dict[str, Any] = {}
+        self.parallelize_report: Optional[ParallelizeReport] = None  # what initialize did to the trainable model
         self._encoder_group = None
 
     @property
@@ -244,14 +249,10 @@ class LiteGen:
         return out[0] if len(out) == 1 else tuple(out)
 
     def _prepare_trainable(self, model: nn.Module) -> None:
-        """``parallelize`` with the config's settings, as the trainers do; its report is printed on rank 0."""
-        c = self.config
-        report = parallelize(model, sp_group=self.plugin.sp_group, sp_mode=c.sp_mode, sp_ring_size=c.sp_ring_size,
-                             fused_adaln=c.fused_adaln, fused_layernorm=c.fused_layernorm,
-                             attention_backend=c.attention_backend,
-                             selective_ratio=c.selective_ratio, ac_offload=c.ac_offload, compile=c.compile)
+        """``parallelize_from_config``, as the trainers call it; its report is printed on rank 0."""
+        self.parallelize_report = parallelize_from_config(model, self.config, self.plugin.sp_group)
         if self.info.is_main:
-            print(report)
+            print(self.parallelize_report)
 
     def _prepare_frozen(self, module: nn.Module) -> nn.Module:
         if not self.config.encoder.fsdp or next(module.parameters(), None) is None:
@@ -264,7 +265,7 @@ class LiteGen:
         cfg = self.config
         validate_world(cfg, dist.get_world_size())  # global_batch_size splits over dp_size x grad_accum_steps
         return self.plugin.prepare_dataloader(
-            dataset, batch_size=cfg.global_batch_size // (self.plugin.dp_size * cfg.grad_accum_steps), shuffle=True,
+            dataset, batch_size=micro_batch_size(cfg, self.plugin.dp_size), shuffle=True,
             seed=cfg.global_seed, drop_last=True, num_workers=cfg.num_workers, pin_memory=cfg.pin_memory,
         )
 
@@ -279,10 +280,11 @@ class LiteGen:
                   f"starting {'from init_from' if cfg.init_from else 'fresh'}")
         if resume is None and cfg.init_from:
             load_model_weights(self.booster, self.model, cfg.init_from)
-        create_ema = (lambda: self.plugin.create_ema(self.model, self.optimizer)) if self.ema_enabled else None
+        # The one EMA, from the weights as they are now; a resume then loads (or restarts) it.
+        ema = self.plugin.create_ema(self.model, self.optimizer) if self.ema_enabled else None
         self.resume_state = restore_run(
-            self.booster, self.model, self.optimizer, self.lr_scheduler, resume=resume,
-            auto=not cfg.resume_from, ema_resume_from=cfg.ema.resume_from, create_ema=create_ema)
+            self.booster, self.model, self.optimizer, self.lr_scheduler, ema=ema, resume=resume,
+            auto=not cfg.resume_from, ema_resume_from=cfg.ema.resume_from)
 
     # ------------------------------------------------------------------ training-time API
 

@@ -3,9 +3,12 @@
 * ``image.py``: the image dataset, the model with its input geometry resolved from the data, the VAE;
 * ``video.py``: the clip dataset and its buckets, the caption encoder, the per-frame VAE, the
   text-to-video model and its geometry;
+* ``family.py``: a model's family (image or video, as its class declares) checked against the script;
+* ``parallelize.py``: ``parallelize_from_config``, the one place config fields meet ``parallelize``
+  (training, LiteGen and sampling);
+* ``batch.py``: the per-rank micro-batch of the global batch;
 * ``objective.py``: IDDPM or rectified flow from the ``diffusion`` section;
-* ``lora.py``: a LoRA run's checkpoint loaded with its adapters merged (samplers, export);
-* ``denoiser.py``: the config's ``parallelize`` settings for sampling.
+* ``lora.py``: a LoRA run's checkpoint loaded with its adapters merged (samplers, export).
 
 This floor sits above the models, data, encoders, diffusion, plugins and checkpoints it builds,
 and below the trainers, samplers and planner that call it; it imports none of those (the planner's

@@ -20,8 +20,8 @@ from ..data.video_shapes import MovingShapesDataset, caption_states
 from ..distributed.mesh import node_group
 from ..encoders.video_vae import VideoVAE
 from ..errors import ConfigError
-from ..models import MODELS, build_model, registered_class
-from ..models.capabilities import is_video_model
+from ..models import build_model
+from .family import check_model_family
 from .image import with_bad_sample_skipping
 
 # Width of the moving-shapes word vectors when model.caption_channels does not say (the tiny models').
@@ -186,19 +186,10 @@ def sample_clip_shape(cfg, downsample: int = 1, patch_size: Tuple[int, int, int]
     return C, T, H, W
 
 
-def _declares_video(name: str) -> bool:
-    cls = registered_class(name)
-    return cls is not None and is_video_model(cls)
-
-
 def build_video_model(cfg) -> nn.Module:
-    """The registered model ``model.name``, which must declare ``is_video = True``."""
+    """The registered video model ``model.name`` (an image model is refused, naming train.py)."""
     m = cfg.model
-    if not _declares_video(m.name):
-        video = sorted(n for n in MODELS if _declares_video(n))
-        what = "is not a registered model" if m.name not in MODELS else "is not a text-to-video model"
-        raise ConfigError(f"'model.name' {m.name!r} {what} (a video model declares is_video = True); "
-                          f"video models: {', '.join(video)}.")
+    check_model_family(m.name, "video")
     return build_model(m.name, in_channels=m.in_channels, caption_channels=m.caption_channels,
                         model_max_length=cfg.text_encoder.max_length, class_dropout_prob=m.class_dropout_prob,
                         learn_sigma=m.learn_sigma)

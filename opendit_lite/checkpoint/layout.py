@@ -127,37 +127,22 @@ def wants_resume(cfg) -> bool:
     return bool(cfg.resume_from) or (cfg.auto_resume and bool(list_checkpoints(checkpoint_root(cfg), cfg.exp_name)))
 
 
-def resolve_sample_checkpoint(cfg, ckpt: Optional[str], train_script: str, family: str) -> str:
+def resolve_sample_checkpoint(cfg, ckpt: Optional[str], train_script: str) -> str:
     """``ckpt`` when given (it must exist), else the newest complete checkpoint of the run; a
-    ConfigError says how to get one when there is none, or when it holds a model of another
-    ``family`` than the sampler's ("image"/"video")."""
+    ConfigError says how to get one when there is none (``train_script`` trains the run)."""
     if ckpt:
         if not os.path.exists(ckpt):
             raise ConfigError(f"'sample.ckpt' {ckpt!r} does not exist. Pass a checkpoint folder "
                               f"(<results_dir>/<exp_name>/checkpoints/<exp_name>_step<N>), a LiteGen .pth file, or "
                               f"leave it empty for the newest checkpoint of exp_name.")
-    else:
-        root = checkpoint_root(cfg)
-        ckpt = find_resume_checkpoint(root, cfg.exp_name)
-        if ckpt is None:
-            raise ConfigError(f"No complete checkpoint of experiment '{cfg.exp_name}' under '{root}'. Train first "
-                              f"(python {train_script} with the same config) or pass "
-                              f"sample.ckpt=<checkpoint folder or .pth file>.")
-    if os.path.isdir(ckpt):
-        check_sample_checkpoint(ckpt, family, "sample.py" if family == "image" else "sample_video.py")
+        return ckpt
+    root = checkpoint_root(cfg)
+    ckpt = find_resume_checkpoint(root, cfg.exp_name)
+    if ckpt is None:
+        raise ConfigError(f"No complete checkpoint of experiment '{cfg.exp_name}' under '{root}'. Train first "
+                          f"(python {train_script} with the same config) or pass "
+                          f"sample.ckpt=<checkpoint folder or .pth file>.")
     return ckpt
-
-
-def check_sample_checkpoint(ckpt: str, family: str, script: str) -> None:
-    """A checkpoint folder given to a sampler holds a model of the sampler's family ("image"/"video")."""
-    from ..models import MODELS
-    from ..models.capabilities import model_family
-
-    name = saved_config(ckpt).get("model", {}).get("name")
-    if name in MODELS and model_family(name) != family:
-        other = "sample_video.py" if model_family(name) == "video" else "sample.py"
-        raise ConfigError(f"{ckpt!r} holds {name}, a {model_family(name)} model; {script} samples {family} models. "
-                          f"Sample it with {other} (same config), or pass a checkpoint of a {family} model.")
 
 
 def saved_config(ckpt: str) -> Dict[str, Any]:

@@ -1,12 +1,12 @@
 """Restoring a run from the checkpoint ``layout.pick_resume_checkpoint`` chose, shared by the
-trainers (``training.loop.restore_training``) and LiteGen: one function for both kinds of
+trainers (``training.state.restore_train_state``) and LiteGen: one function for both kinds of
 checkpoint (a ``save_checkpoint`` folder, or LiteGen's model file with its companions) and for
 where the EMA comes from.
 """
 
 import logging
 import os
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Dict, Optional
 
 from ..errors import CheckpointError
 from .catalog import EMA_FILE, is_checkpoint_dir
@@ -32,16 +32,16 @@ def _restore_litegen_files(booster, model_path: str, model, optimizer, lr_schedu
     return {} if step is None else {"step": step}
 
 
-def restore_run(booster, model, optimizer=None, lr_scheduler=None, *, resume: Optional[str] = None,
-                auto: bool = False, ema_resume_from: Optional[str] = None,
-                create_ema: Optional[Callable[[], EMAState]] = None) -> Dict[str, Any]:
+def restore_run(booster, model, optimizer=None, lr_scheduler=None, *, ema: Optional[EMAState] = None,
+                resume: Optional[str] = None, auto: bool = False,
+                ema_resume_from: Optional[str] = None) -> Dict[str, Any]:
     """Collective: load ``resume`` (None: nothing) into the boosted ``model``, ``optimizer`` and
-    ``lr_scheduler``, then, with ``create_ema`` (e.g. ``lambda: plugin.create_ema(model, optimizer)``),
-    create the EMA from the loaded weights and load the first EMA source there is: ``ema_resume_from``,
-    unless ``auto`` (``resume`` was found by auto_resume, so the EMA comes with it: a restarted job does
-    not go back to the first launch's EMA); the EMA of a resumed checkpoint folder; the ``.ema.pth``
-    beside an auto-resumed LiteGen model file (an explicit LiteGen ``resume_from`` takes its EMA from
-    ``ema.resume_from`` only, as LiteGen documents).
+    ``lr_scheduler``, then into ``ema`` (the run's EMA, built once before this call) the first EMA
+    source there is: ``ema_resume_from``, unless ``auto`` (``resume`` was found by auto_resume, so the
+    EMA comes with it: a restarted job does not go back to the first launch's EMA); the EMA of a
+    resumed checkpoint folder; the ``.ema.pth`` beside an auto-resumed LiteGen model file (an explicit
+    LiteGen ``resume_from`` takes its EMA from ``ema.resume_from`` only, as LiteGen documents). A
+    resumed run without an EMA source restarts the EMA from the resumed weights (with a warning).
 
     Returns the saved extra state with ``step`` ({} for a fresh start; a LiteGen file: its step).
     """
@@ -57,10 +57,10 @@ def restore_run(booster, model, optimizer=None, lr_scheduler=None, *, resume: Op
             file_ema = companion_path(resume, "ema")
             if auto and not ema_from and os.path.isfile(file_ema):
                 ema_from = file_ema
-    if create_ema is not None:
-        ema = create_ema()  # equal to the weights just loaded
+    if ema is not None:
         if ema_from:
             load_ema_file(ema, ema_from)
         elif resume:
+            ema.reset()  # equal to the weights just loaded
             logger.warning("no EMA to resume (set ema.resume_from): the EMA restarts from the resumed weights")
     return state

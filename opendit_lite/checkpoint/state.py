@@ -77,6 +77,9 @@ class EMAState(Protocol):
     def load_state_dict(self, state_dict: Dict[str, torch.Tensor]) -> None:
         """Load a full EMA state dict saved at any world size."""
 
+    def reset(self) -> None:
+        """Make the EMA equal to the current weights (a resumed run without a saved EMA)."""
+
 
 @runtime_checkable
 class MasterWeightShards(Protocol):

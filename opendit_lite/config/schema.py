@@ -102,20 +102,28 @@ class LoRAConfig:
 
 
 @dataclass
-class SampleConfig:
-    ckpt: Optional[str] = _f(None, "checkpoint to sample from: ours (folder) or an original DiT .pt; None: latest of "
-                                   "this run")
+class BaseSampleConfig:
+    """The fields of every sampling section (sample.py's ``SampleConfig``, sample_video.py's
+    ``VideoSampleConfig``); the sampler, its steps and the batch differ in their defaults."""
+
+    ckpt: Optional[str] = _f(None, "checkpoint to sample from: a checkpoint folder, a LiteGen .pth file or (sample.py) "
+                                   "an original DiT .pt; None: the newest of this run")
     use_ema: bool = _f(True, "sample with the EMA weights when the checkpoint has them")
-    sampler: str = _f("ddpm", "sampling method", choices=("ddpm", "ddim", "euler"))
+    cfg_scale: float = _f(4.0, "classifier-free guidance scale against the null class or caption (1 disables "
+                               "guidance)")
+    seed: int = _f(0, "sampling seed (>= 0): sample i's noise comes from (seed, i), so any number of ranks "
+                      "gives the same samples")
+    compile: bool = _f(False, "torch.compile each block of the denoiser, as training's compile does")
+
+
+@dataclass
+class SampleConfig(BaseSampleConfig):
+    sampler: str = _f("ddpm", "ddpm or ddim for IDDPM; euler for rectified flow", choices=("ddpm", "ddim", "euler"))
     num_sampling_steps: int = _f(250, "respaced number of sampling steps")
-    cfg_scale: float = _f(4.0, "classifier-free guidance scale (1 disables guidance)")
     class_labels: Optional[List[int]] = _f(None, "labels to sample, one grid row each; None: every class")
     samples_per_class: int = _f(8, "images per class label (grid columns)")
-    seed: int = _f(0, "sampling seed (>= 0): sample i's noise comes from (seed, i), so any number of ranks "
-                      "gives the same images")
     output: Optional[str] = _f(None, "PNG path of the grid; None: <run dir>/samples.png")
     batch_size: int = _f(32, "samples per forward on each data-parallel rank (guidance runs twice as many rows)")
-    compile: bool = _f(False, "torch.compile each block of the denoiser, as training's compile does")
 
 
 @dataclass

@@ -11,7 +11,7 @@ messages come from ``opendit_lite.config.loader`` with ``schema=VideoTrainConfig
 from dataclasses import dataclass
 from typing import List, Optional
 
-from .schema import DiffusionConfig, TrainConfig, _f, _section
+from .schema import BaseSampleConfig, DiffusionConfig, TrainConfig, _f, _section
 
 TEXT_ENCODER_KINDS = ("shapes", "t5", "clip")
 
@@ -62,18 +62,12 @@ class TextEncoderConfig:
 
 
 @dataclass
-class VideoSampleConfig:
-    ckpt: Optional[str] = _f(None, "checkpoint folder to sample from; None: the newest of this run")
-    use_ema: bool = _f(True, "sample with the EMA weights when the checkpoint has them")
+class VideoSampleConfig(BaseSampleConfig):
     sampler: str = _f("euler", "euler for rectified flow; ddpm or ddim for IDDPM", choices=("euler", "ddpm", "ddim"))
     num_sampling_steps: int = _f(30, "sampling steps")
-    cfg_scale: float = _f(4.0, "classifier-free guidance scale against the null caption (1 disables guidance)")
     prompts: Optional[List[str]] = _f(None, "captions to sample; None: prompt_file, or a few shapes captions")
     prompt_file: Optional[str] = _f(None, "text file with one prompt a line (used when prompts is empty)")
-    seed: int = _f(0, "sampling seed (>= 0): prompt i's noise comes from (seed, i), so any number of ranks "
-                      "gives the same videos")
     batch_size: int = _f(8, "prompts per forward on each data-parallel rank")
-    compile: bool = _f(False, "torch.compile each block of the denoiser, as training's compile does")
     num_frames: Optional[int] = _f(None, "frames to sample (pixels, as data.buckets); None: the trained clip's")
     height: Optional[int] = _f(None, "frame height to sample in pixels; None: the trained clip's")
     width: Optional[int] = _f(None, "frame width to sample in pixels; None: the trained clip's")

@@ -229,14 +229,17 @@ class BucketBatchSampler:
 
 class BucketBatches:
     """The endless batch stream of a bucketed loader (the bucket counterpart of
-    ``training.loop.ResumableBatches``). ``state_dict()`` is the position after the batches handed
+    ``sampler.ResumableBatches``). ``state_dict()`` is the position after the batches handed
     out so far, whatever the loader fetched ahead: ``{epoch, batch_in_epoch, bucket_cursors}``, what
-    a checkpoint records and ``position`` takes back (a position without cursors, e.g. from a run
-    without buckets, starts its epoch afresh)."""
+    a checkpoint records and ``position`` / ``load_state_dict`` take back (a position without
+    cursors, e.g. from a run without buckets, starts its epoch afresh)."""
 
     def __init__(self, dataloader, position: Optional[dict] = None):
         self.dataloader, self.sampler = dataloader, dataloader.batch_sampler
-        position = position or {}
+        self.load_state_dict(position or {})
+
+    def load_state_dict(self, position: dict) -> None:
+        """Continue from a recorded position; takes effect at the next batch."""
         if "bucket_cursors" in position:
             self.sampler.load_state_dict({"epoch": position["epoch"], "step": position["batch_in_epoch"],
                                           "cursors": position["bucket_cursors"]})

@@ -25,3 +25,46 @@ class ResumableDistributedSampler(DistributedSampler):
 
     def __len__(self) -> int:
         return self.num_samples - self.start_index
+
+
+class ResumableBatches:
+    """Endless batches from a loader whose sampler is a ``ResumableDistributedSampler`` (the
+    counterpart of ``buckets.BucketBatches`` for one batch shape).
+
+    ``epoch`` and ``batch_in_epoch`` count where the stream stands; ``state_dict()`` is what a
+    checkpoint records, and ``load_state_dict`` of it makes a resumed run see exactly the batches
+    the uninterrupted run would."""
+
+    def __init__(self, dataloader, micro_batch: int, epoch: int = 0, batch_in_epoch: int = 0):
+        self.dataloader, self.micro_batch = dataloader, micro_batch
+        self.load_state_dict({"epoch": epoch, "batch_in_epoch": batch_in_epoch})
+
+    def _start(self) -> None:
+        self.dataloader.sampler.set_epoch(self.epoch)
+        self.dataloader.sampler.set_start_index(self.batch_in_epoch * self.micro_batch)
+        self._iter = iter(self.dataloader)
+
+    def state_dict(self) -> dict:
+        """The position a checkpoint records: the next batch is ``batch_in_epoch`` of ``epoch``."""
+        return {"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch}
+
+    def load_state_dict(self, position: dict) -> None:
+        """Continue from a recorded position (missing keys: the start of epoch 0); takes effect at
+        the next batch."""
+        self.epoch, self.batch_in_epoch = position.get("epoch", 0), position.get("batch_in_epoch", 0)
+        self._iter = None
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._iter is None:
+            self._start()
+        try:
+            batch = next(self._iter)
+        except StopIteration:
+            self.epoch, self.batch_in_epoch = self.epoch + 1, 0
+            self._start()
+            batch = next(self._iter)
+        self.batch_in_epoch += 1
+        return batch

@@ -168,12 +168,17 @@ class ShardedEMA:
             numel += run.numel // self.group_size
         self.shard = torch.zeros(numel, dtype=torch.float32, device=layout.device)
         self._pieces = [self.shard.narrow(0, off, n) for off, n in layout.spans]
-        with torch.no_grad():
-            for piece, src in zip(self._pieces, self._sources()):
-                piece.copy_(src)
+        self.reset()
 
     def _sources(self) -> List[torch.Tensor]:
         return [s.detach().to(self.shard.device, torch.float32) for s in self.layout.read()]
+
+    @torch.no_grad()
+    def reset(self) -> None:
+        """Make this rank's slice equal to the current weights (in place: an optimizer that updates
+        the EMA in its step keeps the same pieces)."""
+        for piece, src in zip(self._pieces, self._sources()):
+            piece.copy_(src)
 
     def numel_local(self) -> int:
         """Elements of EMA held by this rank (times 4 for bytes)."""

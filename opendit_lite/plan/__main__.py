@@ -11,8 +11,9 @@ import sys
 
 import yaml
 
+from ..build.family import config_schema
 from ..config import ConfigError, from_dict, parse_overrides
-from . import plan_config
+from . import plan_config, plan_precision
 
 
 def _merged(tree: dict, top: dict) -> dict:
@@ -38,20 +39,18 @@ def main(argv=None) -> int:
     try:
         with open(args.config) as f:
             raw = yaml.safe_load(f) or {}
-        video = "text_encoder" in raw or str(raw.get("model", {}).get("name", "")).startswith(("STDiT", "Vchitect"))
-        if video:
-            from ..config.video_schema import VideoTrainConfig as schema
-        else:
-            from ..config import TrainConfig as schema
+        tree = _merged(raw, parse_overrides(args.overrides))
         # Built without load_config's checks of data paths: planning needs no data.
-        cfg = from_dict(schema, _merged(raw, parse_overrides(args.overrides)))
+        cfg = from_dict(config_schema(tree), tree)
+        precision = plan_precision(cfg)
         result, buckets, shape = plan_config(cfg, args.gpu_memory, args.world_size, max_batch=args.max_batch,
                                              min_batch=args.min_batch, reserve_gib=args.reserve,
-                                             fixed=args.keep_settings)
+                                             fixed=args.keep_settings, precision=precision)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"plan for {args.config}: {args.world_size} device(s) of {args.gpu_memory:g} GiB, precision {cfg.precision}")
+    print(f"plan for {args.config}: {args.world_size} device(s) of {args.gpu_memory:g} GiB, precision "
+          f"{precision.name}" + (" (auto on a GPU)" if cfg.precision == "auto" else ""))
     print(result.table(buckets, shape))
     return 0
 

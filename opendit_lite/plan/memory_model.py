@@ -38,7 +38,6 @@ import torch.nn as nn
 
 GiB = 2 ** 30
 ADAM_K = 12  # fp32 master weights + momentum + variance: 3 x 4 bytes per parameter
-PRECISION_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2}
 OUTSIDE_BLOCK_WIDTHS = 3.0  # saved widths per token outside the blocks (embedding, final layer)
 
 

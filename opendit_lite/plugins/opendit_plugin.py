@@ -54,13 +54,16 @@ Decisions:
   ``opendit_lite.distributed.launch.init_distributed()``: from torchrun's environment, or a world
   of one for a plain ``python`` process (gloo on CPU, NCCL on CUDA). The plugin does not call
   ``colossalai.launch``.
-- **Precision.** "fp32", "bf16", "fp16" (fp16 with dynamic loss scaling in every strategy), or
-  "auto" (the default): bf16 on CUDA, fp32 on the CPU (see ``precision.py``). Under
-  ZeRO and Gemini the model is cast to that dtype and fp32 master weights live in the optimizer;
-  under DDP the weights stay fp32 and the forward runs under autocast.
+- **Precision.** A name ("fp32", "tf32", "bf16", "fp16" with dynamic loss scaling in every
+  strategy, "fp8", or "auto", the default: bf16 on CUDA, fp32 on the CPU) or a ``Precision``
+  already resolved by ``opendit_lite.precision.resolve_precision`` (the trainers pass theirs).
+  Under ZeRO and Gemini the model is cast to ``param_dtype`` and fp32 master weights live in the
+  optimizer; under DDP the weights stay fp32 and the forward runs under autocast. tf32 allows
+  TF32 matmuls on CUDA when the plugin is built; fp8 is bf16 whose blocks' Linear layers
+  ``opendit_lite.precision.apply_fp8_training`` has made float8 before the optimizer was built.
 """
 
-from typing import Callable, Dict, Iterable, Iterator, List, Optional, Tuple
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Tuple, Union
 
 import torch
 import torch.distributed as dist
@@ -78,11 +81,19 @@ from ..distributed.launch import init_distributed
 from ..distributed.mesh import block_groups, build_data_seq_mesh, default_node_size
 from ..ema import ShardedEMA, create_sharded_ema, update_sharded_ema
 from ..optim import AdamWEMA
+from ..precision import (
+    PRECISION_NAMES,
+    Precision,
+    check_fp8_supported,
+    enable_tf32_matmuls,
+    has_fp8_linears,
+    resolve_precision,
+)
 from . import zero as _zero
 from .ddp import apply_ddp
 from .ddp_checkpoint_io import DDPCheckpointIO
+from .devices import usable_zero_degrees, zero_degree_hint
 from .gemini import apply_gemini
-from .precision import AUTO, PRECISIONS, resolve_precision, usable_zero_degrees, zero_degree_hint
 from .zero import ZeroCheckpointIO, apply_low_level_zero
 
 ZERO_DEGREES = (0, 1, 2, 3)
@@ -94,7 +105,8 @@ class OpenDiTPlugin(DPPluginBase):
     Args:
         zero_degree: 0 DDP, 1 ZeRO-1, 2 ZeRO-2, 3 Gemini (ZeRO-3); None means 0.
         sp_size: sequence-parallel degree; must divide the world size.
-        precision: "bf16", "fp16", "fp32" (Gemini: bf16 or fp16), or "auto": bf16 on CUDA, fp32 on CPU.
+        precision: "auto" (bf16 on CUDA, fp32 on CPU), "fp32", "tf32", "bf16", "fp16", "fp8" (Gemini:
+            bf16 or fp16), or a resolved ``opendit_lite.precision.Precision``.
         grad_clip: clip the global gradient norm to this value; 0 turns clipping off.
         group_zero: shard ZeRO state inside each node and replicate it across nodes.
         node_size: ranks per node for ``group_zero``; default LOCAL_WORLD_SIZE or the GPU count.
@@ -111,7 +123,7 @@ class OpenDiTPlugin(DPPluginBase):
         self,
         zero_degree: Optional[int] = 0,
         sp_size: int = 1,
-        precision: str = AUTO,
+        precision: Union[str, Precision] = "auto",
         grad_clip: float = 0.0,
         group_zero: bool = False,
         node_size: Optional[int] = None,
@@ -129,18 +141,19 @@ class OpenDiTPlugin(DPPluginBase):
                 f"zero_degree={zero_degree!r} is not supported; use 0 (DDP), 1 (ZeRO-1), 2 (ZeRO-2) or 3 "
                 f"(Gemini ZeRO-3)"
             )
-        if precision != AUTO and precision not in PRECISIONS:
-            raise ValueError(f"precision={precision!r} is not supported; use one of {sorted(PRECISIONS)} or 'auto'")
+        if not isinstance(precision, Precision):
+            precision = resolve_precision(precision)  # ValueError for an unknown name
         if grad_clip < 0:
             raise ValueError(f"grad_clip={grad_clip} must be >= 0 (0 turns clipping off)")
         if zero_degree == 3 and not torch.cuda.is_available():
             raise ValueError(
                 f"zero_degree=3 (Gemini) needs a CUDA GPU and none is visible; {zero_degree_hint()}"
             )
-        precision = resolve_precision(precision)
-        if zero_degree == 3 and precision == "fp32":
+        if zero_degree == 3 and precision.autocast_dtype is None:
             raise ValueError("zero_degree=3 (Gemini) trains in bf16 or fp16 with fp32 master weights; set precision "
                              "to 'bf16' or 'fp16'")
+        if precision.fp8:
+            check_fp8_supported(get_accelerator().get_current_device())  # a ConfigError (ValueError) otherwise
         if group_zero and zero_degree == 0:
             zero = [d for d in usable_zero_degrees() if d > 0]
             fix = (f"it needs zero_degree {' or '.join(map(str, zero))}" if zero else
@@ -152,7 +165,8 @@ class OpenDiTPlugin(DPPluginBase):
 
         self.zero_degree = zero_degree
         self.precision = precision
-        self.dtype = PRECISIONS[precision]
+        self.dtype = precision.autocast_dtype  # None: fp32
+        enable_tf32_matmuls(precision)
         self.grad_clip = float(grad_clip)
         self.overlap_communication = overlap_communication
         self.gemini_placement_policy = gemini_placement_policy
@@ -197,7 +211,7 @@ class OpenDiTPlugin(DPPluginBase):
         return ["cuda", "cpu"]
 
     def supported_precisions(self) -> List[str]:
-        return list(PRECISIONS)
+        return [name for name in PRECISION_NAMES if name != "auto"]
 
     def control_precision(self) -> bool:
         return True
@@ -266,6 +280,10 @@ class OpenDiTPlugin(DPPluginBase):
         if optimizer is not None and self._optimizer is not None:
             raise ValueError("this OpenDiTPlugin already trains a model (and owns its EMA); use one plugin per "
                              "trained model")
+        if self.precision.fp8 and not has_fp8_linears(model):
+            raise ValueError("precision fp8 trains the blocks' Linear layers in float8, and this model has none: call "
+                             "opendit_lite.precision.apply_fp8_training(model) before building the optimizer and "
+                             "boosting (train.py does), or use precision='bf16'")
         if self.zero_degree == 0:
             model, optimizer = apply_ddp(
                 model, optimizer, device=get_accelerator().get_current_device(), dtype=self.dtype,
@@ -273,8 +291,8 @@ class OpenDiTPlugin(DPPluginBase):
             )
         elif self.zero_degree in (1, 2):
             model, optimizer = apply_low_level_zero(
-                model, optimizer, stage=self.zero_degree, precision=self.precision, zero_group=self.zero_group,
-                replica_group=self.replica_group, max_norm=self.grad_clip,
+                model, optimizer, stage=self.zero_degree, precision=self.precision.dtype_name,
+                zero_group=self.zero_group, replica_group=self.replica_group, max_norm=self.grad_clip,
                 overlap_communication=self.overlap_communication and torch.cuda.is_available(), **self.zero_kwargs,
             )
         else:

@@ -36,7 +36,7 @@ from torch.distributed import ProcessGroup
 from torch.optim import Optimizer
 from torch.utils._pytree import tree_map
 
-from .precision import zero_degree_hint
+from .devices import zero_degree_hint
 from .sync import broadcast_module_states
 
 

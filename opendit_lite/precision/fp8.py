@@ -88,3 +88,9 @@ def apply_fp8_training(model: nn.Module) -> List[str]:
     keep = block_linear_filter(model)
     convert_to_float8_training(model, module_filter_fn=keep)
     return names
+
+
+def has_fp8_linears(model: nn.Module) -> bool:
+    """True when ``apply_fp8_training`` has converted some of ``model``'s layers (torchao's
+    ``Float8Linear``, recognised by name so that torchao is not imported to ask)."""
+    return any(type(m).__name__ == "Float8Linear" for m in model.modules())

@@ -45,6 +45,18 @@ class SamplingRanks:
         start = self.dp_rank * base + min(self.dp_rank, extra)
         return range(start, start + base + (self.dp_rank < extra))
 
+    def batches(self, num_samples: int, batch_size: int) -> Iterator[range]:
+        """This rank's block of the global sample indices (``shard``) in batches of up to
+        ``batch_size`` indices; rank 0 shows a bar over the batches when there are several."""
+        block = self.shard(num_samples)
+        starts = range(block.start, block.stop, batch_size)
+        if self.is_main and len(starts) > 1:
+            from tqdm.auto import tqdm
+
+            starts = tqdm(starts, desc=f"sampling (rank 0: {len(block)} of {num_samples})", unit="batch")
+        for start in starts:
+            yield range(start, min(start + batch_size, block.stop))
+
 
 def _single_process() -> SamplingRanks:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -1,6 +1,7 @@
 """The image trainer's declarations (``IMAGE_TRAINER``): class-conditional image data, optionally
 encoded by a VAE, and a DiT-style model; train.py runs it with the shared loop."""
 
+from ..build.family import check_model_family
 from ..build.image import (
     build_dataset_from_config,
     build_model_from_config,
@@ -9,8 +10,6 @@ from ..build.image import (
 )
 from ..config import ConfigError, TrainConfig
 from ..encoders import vae_encode
-from ..models import MODELS, registered_class
-from ..models.capabilities import is_video_model
 from .spec import TrainerSpec, TrainingData
 
 
@@ -33,11 +32,8 @@ def prepare_image_data(cfg: TrainConfig, device, sp_group=None) -> TrainingData:
 
 
 def build_image_model(cfg: TrainConfig):
-    """The registered model ``model.name``; a model declaring ``is_video = True`` is refused."""
-    name = cfg.model.name
-    if name in MODELS and registered_class(name) is not None and is_video_model(registered_class(name)):
-        raise ConfigError(f"'model.name' {name!r} is a text-to-video model (it declares is_video = True): "
-                          f"train it with train_video.py.")
+    """The registered image model ``model.name`` (a video model is refused, naming train_video.py)."""
+    check_model_family(cfg.model.name, "image")
     return build_model_from_config(cfg)
 
 

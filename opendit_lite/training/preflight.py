@@ -15,13 +15,11 @@ import shutil
 import sys
 import uuid
 
+from ..build.family import check_model_family
 from ..checkpoint.catalog import META_FILE, list_checkpoints
 from ..checkpoint.layout import checkpoint_root, wants_resume
 from ..config import ConfigError
-from ..models import MODELS
-from ..models.capabilities import model_family
 
-SCRIPTS = {"image": "train.py", "video": "train_video.py"}
 # Bytes per parameter in one checkpoint, an upper bound: fp32 weights, fp32 EMA, fp32 master
 # shards and AdamW's two fp32 moments (bf16 working weights make it smaller).
 CHECKPOINT_BYTES_PER_PARAM = 4 * 5
@@ -29,7 +27,7 @@ CHECKPOINT_BYTES_PER_PARAM = 4 * 5
 
 def check_training_inputs(cfg, family: str) -> None:
     """The checks that need only the config and the file system (run them on every rank)."""
-    check_model_name(cfg.model.name, family)
+    check_model_family(cfg.model.name, family)
     check_writable(cfg.results_dir, "results_dir")
     check_writable(checkpoint_root(cfg), "checkpoint_dir" if cfg.checkpoint_dir else "results_dir")
     if cfg.resume_from:
@@ -38,16 +36,6 @@ def check_training_inputs(cfg, family: str) -> None:
         check_checkpoint_of_model(cfg.init_from, "init_from", cfg.model.name)
     check_fresh_run(cfg)
     check_data_path(cfg.data.type, cfg.data.path)
-
-
-def check_model_name(name: str, family: str) -> None:
-    if name in MODELS and model_family(name) == family:
-        return
-    names = ", ".join(sorted(n for n in MODELS if model_family(n) == family))
-    if name in MODELS:
-        raise ConfigError(f"'model.name' {name!r} is a {model_family(name)} model, trained with "
-                          f"{SCRIPTS[model_family(name)]}; {SCRIPTS[family]} takes {family} models: {names}.")
-    raise ConfigError(f"'model.name' {name!r} is not a registered model; {family} models are: {names}.")
 
 
 def check_writable(folder: str, key: str) -> None:

@@ -16,8 +16,9 @@ import torch.nn as nn
 class TrainingData:
     """A dataset and how one of its loader batches becomes the model's input.
 
-    ``batch_sampler(model, dp_rank, dp_size, world_size, log)``, when given, replaces the distributed
-    sampler with one that sets each batch's samples and size (the bucket sampler of
+    ``batch_sampler(model, dp_rank, dp_size, world_size, log, precision=...)`` (the run's resolved
+    ``opendit_lite.precision.Precision``, which ``bucket_batch: auto`` plans with), when given,
+    replaces the distributed sampler with one that sets each batch's samples and size (the bucket sampler of
     ``data/buckets.py``: the trainer then streams with ``BucketBatches``); ``loss_weight(batch)``
     scales a batch's loss (a bucket's ``loss_weight``)."""
 

@@ -1,10 +1,11 @@
 """One training run for any ``TrainerSpec`` (train.py: images, train_video.py: clips).
 
-The run, in order: plugin and mesh; the same model initialisation on every rank; data, model and
-weights from the spec; ``parallelize`` (kernels -> sequence parallelism -> activation
-checkpointing -> compile); the boosted optimizer, schedule and loader; per-data-parallel-rank
-seeds; EMA; resume; then the step loop of ``loop.py`` with "batch -> loss" built from the spec's
-``model_inputs`` and the diffusion objective.
+The run, in order: plugin and mesh (the precision resolved once); the same model initialisation on
+every rank; data, model and weights from the spec; ``parallelize_from_config`` (kernels -> sequence
+parallelism -> activation checkpointing -> compile); the ``TrainState`` (boosted optimizer,
+schedule and loader, the EMA); per-data-parallel-rank seeds; resume into the state; then the step
+loop of ``loop.py`` with "batch -> loss" built from the spec's ``model_inputs`` and the diffusion
+objective.
 """
 
 import os
@@ -14,10 +15,10 @@ import torch
 
 from ..build.lora import export_merged
 from ..build.objective import build_training_objective
+from ..build.parallelize import parallelize_from_config
 from ..checkpoint.layout import checkpoint_root, wants_resume
 from ..checkpoint.weights import load_weights
 from ..config import ConfigError, parse_cli, to_dict, validate_world
-from ..data.buckets import BucketBatches
 from ..data.indexed import IndexedDataset
 from ..diffusion.loss import objective_loss
 from ..diffusion.sampling_utils import SampleGenerators
@@ -26,20 +27,12 @@ from ..distributed.seed import seed_everything
 from ..models import MODELS, registered_class
 from ..models.capabilities import check_sp_mode, condition_dropout_kwarg
 from ..models.lora import apply_lora
-from ..transforms import parallelize
 from ..utils.exit_codes import script_main
-from .loop import (
-    ResumableBatches,
-    boost_training,
-    build_booster,
-    enable_ema,
-    restore_training,
-    run_steps,
-    write_run_config,
-)
+from .loop import build_booster, run_steps, write_run_config
 from .metrics import MetricsLogger
 from .preflight import check_disk_space, check_training_inputs
 from .spec import TrainerSpec
+from .state import build_train_state, restore_train_state
 
 
 def train(spec: TrainerSpec, cfg, info) -> str:
@@ -62,37 +55,26 @@ def train(spec: TrainerSpec, cfg, info) -> str:
         log.write(str(apply_lora(model, rank=cfg.lora.rank, alpha=cfg.lora.alpha, dropout=cfg.lora.dropout,
                                  targets=cfg.lora.targets)))
     # Every transformation of the serial model, in parallelize's order, before the plugin wraps it.
-    report = parallelize(model, sp_group=plugin.sp_group, sp_mode=cfg.sp_mode, sp_ring_size=cfg.sp_ring_size,
-                         fused_adaln=cfg.fused_adaln, fused_layernorm=cfg.fused_layernorm,
-                         attention_backend=cfg.attention_backend,
-                         selective_ratio=cfg.selective_ratio, ac_offload=cfg.ac_offload, compile=cfg.compile,
-                         cuda_graphs=cfg.cuda_graphs)
-    log.write(str(report))
+    log.write(str(parallelize_from_config(model, cfg, plugin.sp_group)))
     objective = build_training_objective(cfg)
     model.to(info.device)
     num_params = sum(p.numel() for p in model.parameters())
     check_disk_space(checkpoint_root(cfg), num_params)
     log.write(f"model {cfg.model.name}: {num_params / 1e6:.2f}M parameters, {spec.describe(cfg)}, "
-              f"{cfg.diffusion.objective}")
+              f"{cfg.diffusion.objective}, precision {plugin.precision.name}")
 
     batch_sampler = None
     if data.batch_sampler is not None:  # e.g. buckets of clip shapes
-        batch_sampler = data.batch_sampler(model, plugin.dp_rank, plugin.dp_size, info.world_size, log)
+        batch_sampler = data.batch_sampler(model, plugin.dp_rank, plugin.dp_size, info.world_size, log,
+                                           precision=plugin.precision)
     # Batches are [dataset indices, loader batch]: a sample's draws are keyed by its index (see batch_loss).
-    model, optimizer, lr_scheduler, dataloader, micro_batch = boost_training(cfg, plugin, booster, model,
-                                                                             IndexedDataset(data.dataset),
-                                                                             batch_sampler)
+    state = build_train_state(cfg, plugin, booster, model, IndexedDataset(data.dataset), batch_sampler)
     # Anything else random (data augmentation) draws from one stream per data-parallel rank, which
     # the ranks of a sequence-parallel group share.
     seed_everything(cfg.global_seed, plugin.dp_rank, plugin.dp_size)
-    ema_plugin = enable_ema(cfg, plugin, model, optimizer)
-    step, position, run_id, flops_per_step = restore_training(cfg, booster, plugin, ema_plugin, model, optimizer,
-                                                              lr_scheduler, log)
+    restore_train_state(state, cfg, booster, log)
     write_run_config(cfg, run_dir, info.is_main)
-    if batch_sampler is not None:
-        batches = BucketBatches(dataloader, position)
-    else:
-        batches = ResumableBatches(dataloader, micro_batch, position["epoch"], position["batch_in_epoch"])
+    model = state.model
 
     def batch_loss(indexed_batch, step: int) -> torch.Tensor:
         # Each sample's noise, time and condition dropout come from its own stream, seeded by
@@ -107,8 +89,7 @@ def train(spec: TrainerSpec, cfg, info) -> str:
         loss = objective_loss(objective, model, x, model_kwargs, draws)
         return loss * data.loss_weight(batch) if data.loss_weight is not None else loss
 
-    path = run_steps(cfg, info, log, booster, plugin, ema_plugin, model, optimizer, lr_scheduler, batches, step,
-                     batch_loss, run_id=run_id, after_save=after_save, flops_per_step=flops_per_step)
+    path = run_steps(state, cfg, booster, log, batch_loss, device=info.device, after_save=after_save)
     if cfg.lora.rank and cfg.lora.export_merged and info.is_main:
         merged = export_merged(spec.build_model(cfg), path, os.path.join(run_dir, "merged.safetensors"),
                                use_ema=cfg.ema.enable, lora=to_dict(cfg.lora))

@@ -23,6 +23,7 @@ from ..config.video_schema import VideoTrainConfig
 from ..data.buckets import BucketBatchSampler
 from ..encoders.video_vae import VideoVAE
 from ..errors import ConfigError
+from ..precision import Precision
 from .spec import TrainerSpec, TrainingData
 
 
@@ -67,13 +68,14 @@ def prepare_video_data(cfg, device, sp_group=None) -> TrainingData:
     if not buckets:
         return TrainingData(dataset, model_inputs)
 
-    def batch_sampler(model, dp_rank: int, dp_size: int, world_size: int, log) -> BucketBatchSampler:
+    def batch_sampler(model, dp_rank: int, dp_size: int, world_size: int, log,
+                      precision: Precision) -> BucketBatchSampler:
         sized = buckets
         check_bucket_shapes(sized, model.patch_size, vae.downsample if vae is not None else 1)
         if cfg.bucket_batch == "auto":
             from ..plan import plan_bucket_batches
 
-            sized = plan_bucket_batches(cfg, sized, world_size, log)
+            sized = plan_bucket_batches(cfg, sized, world_size, precision, log)
         sampler = build_bucket_sampler(sized, dataset, dp_rank, dp_size, cfg.global_seed)
         log.write(sampler.describe())
         return sampler

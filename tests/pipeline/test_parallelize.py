@@ -177,5 +177,5 @@ def test_trainers_read_is_video():
 
     with pytest.raises(ConfigError, match="declares is_video = True"):
         build_image_model(load_config(None, ["model.name=STDiT-tiny"]))
-    with pytest.raises(ConfigError, match="is not a text-to-video model"):
+    with pytest.raises(ConfigError, match="is an image model"):
         build_video_model(load_config(None, ["model.name=DiT-T/2"], schema=VideoTrainConfig))

@@ -222,6 +222,9 @@ def _facade_story(rank, world, root):
                                                                         vae.encode)
 
     assert isinstance(model, ModelWrapper) and isinstance(optimizer, OptimizerWrapper)
+    # parallelize_from_config, as the trainers: selective_ratio 0.5 checkpoints one of the two blocks
+    assert gen.parallelize_report.count("activation_checkpointing") == 1
+    assert gen.plugin.precision.name == "fp32"  # resolved once, held by the plugin
     assert isinstance(text_encoder, FullyShardedDataParallel) and isinstance(vae_encode, CompiledFunction)
     assert loader.batch_size == 8 // world
     x = torch.randn(5, 6)

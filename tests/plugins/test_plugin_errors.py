@@ -4,6 +4,8 @@ The checks depend only on the world size, so they run in this process with torch
 answers patched (world of 4, rank 0); every error is raised before any process group is made.
 """
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -41,10 +43,32 @@ def test_zero_degree_out_of_range(world_of_4, zero_degree):
 
 
 def test_unknown_precision_and_negative_clip(world_of_4):
-    with pytest.raises(ValueError, match=r"use one of \['bf16', 'fp16', 'fp32'\] or 'auto'"):
-        OpenDiTPlugin(precision="fp8")
+    with pytest.raises(ValueError, match="use one of auto, fp32, tf32, bf16, fp16, fp8"):
+        OpenDiTPlugin(precision="int8")
     with pytest.raises(ValueError, match="grad_clip=-1.0 must be >= 0"):
         OpenDiTPlugin(grad_clip=-1.0)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error raised where no CUDA GPU is visible")
+def test_fp8_needs_a_capable_gpu(world_of_4):
+    with pytest.raises(ValueError, match="precision=fp8 needs a CUDA GPU"):
+        OpenDiTPlugin(precision="fp8")
+
+
+def test_precision_as_a_name_or_a_resolved_value(world_of_4, monkeypatch):
+    """The README's ``OpenDiTPlugin(precision="bf16")`` and the trainers' resolved ``Precision`` alike."""
+    import opendit_lite.plugins.opendit_plugin as plugin_module
+    from opendit_lite.precision import resolve_precision
+
+    mesh = SimpleNamespace(sp_size=1, dp_size=4, sp_rank=0, dp_rank=0, sp_group=None, dp_group=None)
+    monkeypatch.setattr(plugin_module, "build_data_seq_mesh", lambda sp_size: mesh)
+    plugin = OpenDiTPlugin(precision="bf16")
+    assert plugin.precision == resolve_precision("bf16") and plugin.dtype == torch.bfloat16
+    value = resolve_precision("tf32", "cpu")
+    plugin = OpenDiTPlugin(precision=value)
+    assert plugin.precision is value and plugin.dtype is None  # fp32 weights, no autocast
+    assert OpenDiTPlugin().precision.name == ("bf16" if torch.cuda.is_available() else "fp32")  # auto
+    assert "auto" not in OpenDiTPlugin().supported_precisions()
 
 
 @pytest.mark.parametrize("sp_size", [3, 0, 8])

@@ -153,16 +153,17 @@ def test_checkpoint_probes(scripts, capsys, trained, tmp_path):
     # sample.py given a video checkpoint, and a missing one
     video = _video_ckpt(tmp_path)
     code, err = run_main(scripts, capsys, "sample", *TINY, f"results_dir={tmp_path}", f"sample.ckpt={video}")
-    assert_one_paragraph(code, err, "holds STDiT-tiny, a video model; sample.py samples image models")
+    assert_one_paragraph(code, err, "holds STDiT-tiny, which is a video model (it declares is_video = True): use "
+                                    "sample_video.py. sample.py samples image models")
     code, err = run_main(scripts, capsys, "sample", *TINY, f"results_dir={tmp_path}", "sample.ckpt=/nonexistent")
     assert_one_paragraph(code, err, "'sample.ckpt' '/nonexistent' does not exist")
     # sample_video.py given an image checkpoint
     code, err = run_main(scripts, capsys, "sample_video", *VIDEO, f"results_dir={tmp_path}",
                          f"sample.ckpt={ckpts}/t_step2")
-    assert_one_paragraph(code, err, "holds DiT-T/2, a image model")
+    assert_one_paragraph(code, err, "holds DiT-T/2, which is an image model")
     # train_video.py with an image model or an image checkpoint
     code, err = run_main(scripts, capsys, "train_video", *VIDEO, f"results_dir={tmp_path}", "model.name=DiT-T/2")
-    assert_one_paragraph(code, err, "is a image model")
+    assert_one_paragraph(code, err, "is an image model (it declares is_video = False): use train.py")
     code, err = run_main(scripts, capsys, "train_video", *VIDEO, f"results_dir={tmp_path}",
                          f"resume_from={ckpts}/t_step2")
     assert_one_paragraph(code, err, "the checkpoint is DiT-T/2, the config is STDiT-tiny")

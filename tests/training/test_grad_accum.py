@@ -3,7 +3,6 @@ on 2 DDP ranks equals one process taking one step on the whole global batch (CPU
 
 import json
 import os
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -42,6 +41,9 @@ class MicroBatches:
     def state_dict(self) -> dict:
         return {"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch}
 
+    def load_state_dict(self, position: dict) -> None:
+        raise AssertionError("this stream is not resumed")
+
 
 def _train(rank, world_size, results_dir):
     from colossalai.booster import Booster
@@ -51,6 +53,7 @@ def _train(rank, world_size, results_dir):
     from opendit_lite.plugins import OpenDiTPlugin
     from opendit_lite.training.loop import run_steps
     from opendit_lite.training.metrics import MetricsLogger
+    from opendit_lite.training.state import TrainState
 
     cfg = TrainConfig(exp_name="accum", results_dir=results_dir, max_steps=STEPS, grad_accum_steps=ACCUM,
                       global_batch_size=GLOBAL_BATCH, log_every=1, logger=[], precision="fp32", grad_clip=0.0)
@@ -61,10 +64,10 @@ def _train(rank, world_size, results_dir):
     optimizer = plugin.build_optimizer(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
     scheduler = build_lr_scheduler(optimizer, schedule="constant", warmup_steps=0, total_steps=STEPS)
     model, optimizer, _, _, scheduler = booster.boost(model, optimizer, lr_scheduler=scheduler)
-    info = SimpleNamespace(device=torch.device("cpu"), world_size=world_size, is_main=rank == 0)
     log = MetricsLogger(os.path.join(results_dir, "accum"), enabled=rank == 0, loggers=[])
-    run_steps(cfg, info, log, booster, plugin, None, model, optimizer, scheduler,
-              MicroBatches(plugin.dp_rank, plugin.dp_size), 0, batch_loss=lambda b, step: loss_fn(model, b))
+    state = TrainState(model, optimizer, scheduler, MicroBatches(plugin.dp_rank, plugin.dp_size))
+    run_steps(state, cfg, booster, log, batch_loss=lambda b, step: loss_fn(model, b), device=torch.device("cpu"))
+    assert state.step == STEPS
     return {n: p.detach().clone() for n, p in model.unwrap().named_parameters()}
 
 

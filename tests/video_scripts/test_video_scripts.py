@@ -136,5 +136,5 @@ def test_image_model_name_is_refused():
 
     cfg = load_config(None, ["model.name=DiT-S/2", "model.in_channels=3", "model.caption_channels=32"],
                       schema=VideoTrainConfig)
-    with pytest.raises(ConfigError, match="is not a text-to-video model"):
+    with pytest.raises(ConfigError, match="is an image model"):
         build_video_model(cfg)
