@@ -25,7 +25,6 @@ from ..distributed.launch import cleanup_distributed, init_distributed
 from ..distributed.seed import seed_everything
 from ..models import MODELS, registered_class
 from ..models.capabilities import check_sp_mode, condition_dropout_kwarg
-from ..models.lora import apply_lora
 from ..transforms import parallelize
 from ..utils.exit_codes import script_main
 from .loop import (
@@ -58,14 +57,13 @@ def train(spec: TrainerSpec, cfg, info) -> str:
     if cfg.init_from and not wants_resume(cfg):
         load_weights(model, cfg.init_from, use_ema=False)
         log.write(f"initialised weights from {cfg.init_from}")
-    if cfg.lora.rank:  # adapters on the frozen base, before parallelize swaps modules around them
-        log.write(str(apply_lora(model, rank=cfg.lora.rank, alpha=cfg.lora.alpha, dropout=cfg.lora.dropout,
-                                 targets=cfg.lora.targets)))
-    # Every transformation of the serial model, in parallelize's order, before the plugin wraps it.
+    # Every transformation of the serial model (LoRA adapters first), in parallelize's order, before
+    # the plugin wraps it.
     report = parallelize(model, sp_group=plugin.sp_group, sp_mode=cfg.sp_mode, fused_adaln=cfg.fused_adaln,
                          fused_layernorm=cfg.fused_layernorm, attention_backend=cfg.attention_backend,
                          selective_ratio=cfg.selective_ratio, ac_offload=cfg.ac_offload, compile=cfg.compile,
-                         cuda_graphs=cfg.cuda_graphs)
+                         cuda_graphs=cfg.cuda_graphs, lora_rank=cfg.lora.rank, lora_alpha=cfg.lora.alpha,
+                         lora_dropout=cfg.lora.dropout, lora_targets=cfg.lora.targets)
     log.write(str(report))
     objective = build_training_objective(cfg)
     model.to(info.device)
