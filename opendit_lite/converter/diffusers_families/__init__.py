@@ -6,4 +6,4 @@ several of them share. Importing this package registers them with the ``fused_ad
 classes are recognised once a model built from diffusers has imported them.
 """
 
-from . import cogvideox, flux, hunyuan_video, ltx_video, norms, sd3, wan  # noqa: F401
+from . import blocks, cogvideox, flux, hunyuan_video, ltx_video, norms, sd3, wan  # noqa: F401

@@ -13,20 +13,12 @@ feed-forward's residual, followed by the next block.
 """
 
 import torch
-import torch.nn as nn
 
-from ..adaln_protocol import register_adaln_block, register_adaln_model, residual_norm_modulate
-from ..class_swap import swap_class
+from ..adaln_protocol import register_adaln_model, residual_norm_modulate
 from ..foreign import is_exactly
-from .norms import fuse_child_norms, is_fusable_norm
+from .blocks import register_family_block
 
 MODULE = "diffusers.models.transformers.cogvideox_transformer_3d"
-
-
-def is_cogvideox_block(module: nn.Module) -> bool:
-    return (is_exactly(module, MODULE, "CogVideoXBlock") and is_fusable_norm(module.norm1)
-            and is_fusable_norm(module.norm2)
-            and is_exactly(module.norm2, "diffusers.models.normalization", "CogVideoXLayerNormZero"))
 
 
 class FusedCogVideoXBlock:
@@ -58,11 +50,10 @@ class FusedCogVideoXBlock:
         return hidden_states, encoder_hidden_states
 
 
-def _convert(block: nn.Module) -> nn.Module:
-    return swap_class(fuse_child_norms(block, ("norm1", "norm2")), FusedCogVideoXBlock)
-
-
-register_adaln_block("diffusers CogVideoXBlock", is_cogvideox_block, _convert)
+# The rebound forward reads norm2's modulation itself: norm2 must be diffusers' CogVideoXLayerNormZero.
+register_family_block(MODULE, "CogVideoXBlock", ("norm1", "norm2"), FusedCogVideoXBlock,
+                      fits=lambda block: is_exactly(block.norm2, "diffusers.models.normalization",
+                                                    "CogVideoXLayerNormZero"))
 register_adaln_model(
     MODULE, "CogVideoXTransformer3DModel",
     fused="blocks: CogVideoXLayerNormZero of both streams (the norm's affine folded into the modulation), "

@@ -5,7 +5,7 @@
   ``AdaLayerNormZero``, or ``AdaLayerNormContinuous`` in the last block (``context_pre_only``).
   All are fused through ``norms.py``. The residual that feeds ``norm2`` (and ``norm2_context``) runs
   with that norm and the feed-forward's modulation as one gated-residual kernel
-  (``residual.residual_feed_forward``): the attention's residual, or in a dual-attention layer the
+  (``blocks.residual_feed_forward``): the attention's residual, or in a dual-attention layer the
   second attention's (the first one's is followed by that residual, not by a norm, and stays).
   The last block returns no text stream, as in diffusers. Feed-forward chunking
   (``set_chunk_feed_forward``) is kept.
@@ -16,20 +16,12 @@ import functools
 
 import torch.nn as nn
 
-from ..adaln_protocol import register_adaln_block, register_adaln_model
-from ..class_swap import swap_class
-from ..foreign import is_exactly
-from .norms import fuse_child_norms, is_fusable_norm
-from .residual import residual_feed_forward
+from ..adaln_protocol import register_adaln_model
+from .blocks import register_family_block, residual_feed_forward
 
 
 def _norm_names(block: nn.Module):
     return ("norm1", "norm1_context", "norm2") + (() if block.context_pre_only else ("norm2_context",))
-
-
-def is_joint_block(module: nn.Module) -> bool:
-    return is_exactly(module, "diffusers.models.attention", "JointTransformerBlock") and all(
-        is_fusable_norm(getattr(module, name, None)) for name in _norm_names(module))
 
 
 def _feed_forward(block: nn.Module, ff: nn.Module):
@@ -76,11 +68,7 @@ class FusedJointTransformerBlock:
         return encoder_hidden_states, hidden_states
 
 
-def _convert(block: nn.Module) -> nn.Module:
-    return swap_class(fuse_child_norms(block, _norm_names(block)), FusedJointTransformerBlock)
-
-
-register_adaln_block("diffusers JointTransformerBlock", is_joint_block, _convert)
+register_family_block("diffusers.models.attention", "JointTransformerBlock", _norm_names, FusedJointTransformerBlock)
 register_adaln_model(
     "diffusers.models.transformers.transformer_sd3", "SD3Transformer2DModel",
     fused="joint blocks: AdaLayerNormZero / SD35AdaLayerNormZeroX (image) and AdaLayerNormZero / "

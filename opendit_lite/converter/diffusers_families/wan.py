@@ -13,19 +13,10 @@ residuals, each followed by the cross-attention or the next block rather than a 
 the final ``norm_out`` modulation, in the model's own forward once per step.
 """
 
-import torch.nn as nn
-
-from ..adaln_protocol import fuse_norms, norm_modulate, register_adaln_block, register_adaln_model
-from ..class_swap import swap_class
-from ..foreign import is_exactly
-from .norms import is_last_axis_layernorm
+from ..adaln_protocol import norm_modulate, register_adaln_model
+from .blocks import register_family_block
 
 MODULE = "diffusers.models.transformers.transformer_wan"
-
-
-def is_wan_block(module: nn.Module) -> bool:
-    return (is_exactly(module, MODULE, "WanTransformerBlock")
-            and is_last_axis_layernorm(module.norm1) and is_last_axis_layernorm(module.norm3))
 
 
 class FusedWanTransformerBlock:
@@ -57,11 +48,7 @@ class FusedWanTransformerBlock:
         return (hidden_states.float() + ff_output.float() * c_gate_msa).type_as(hidden_states)  # [B, N, D]
 
 
-def _convert(block: nn.Module) -> nn.Module:
-    return swap_class(fuse_norms(block, ("norm1", "norm3")), FusedWanTransformerBlock)
-
-
-register_adaln_block("diffusers WanTransformerBlock", is_wan_block, _convert)
+register_family_block(MODULE, "WanTransformerBlock", ("norm1", "norm3"), FusedWanTransformerBlock)
 register_adaln_model(
     MODULE, "WanTransformer3DModel",
     fused="blocks: norm1 and norm3 with their scale_shift_table modulation (per sample, or per token with "
