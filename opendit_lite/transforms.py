@@ -5,9 +5,14 @@ importable as ``from opendit_lite import parallelize``).
                          attention_backend="auto", selective_ratio=0.5, ac_offload=False, compile=True)
     print(report)   # a short table: step, what was swapped, how many, what was left and why
 
-It applies four small steps to the serial model, in place, each with explicit arguments, and the
+It applies five small steps to the serial model, in place, each with explicit arguments, and the
 booster plugin wraps (DDP) or shards (ZeRO) the result afterwards. The order, and why:
 
+0. ``apply_lora`` (``lora_rank`` > 0): peft adapters on the chosen linear layers, the rest frozen.
+   First, on the plain model: peft swaps ``nn.Linear`` children for adapter layers, which every
+   later step keeps (the converter's class swaps keep a block's children, checkpointing wraps the
+   block's forward, compile traces the adapted layers), and the plugin builds the optimizer from
+   the trainable parameters the adapters leave.
 1. ``apply_kernels``: backend swaps through the module converter (fused AdaLN, fused LayerNorm,
    flash attention). First, because the next step wraps whichever attention op is in place: the
    Ulysses op must wrap the final backend, not one about to be replaced.
@@ -29,20 +34,23 @@ error (every rank would compute the full sequence); a requested kernel swap that
 warns on stderr.
 """
 
+import textwrap
 import warnings
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import List, Optional, Sequence
 
 import torch.distributed as dist
 import torch.nn as nn
 
 from .activation_checkpointing import CheckpointReport
 from .activation_checkpointing import apply_activation_checkpointing as checkpoint_blocks
-from .converter import ConversionReport, ModuleConverter
+from .activation_checkpointing.wrap import BUILTIN_DISABLED, builtin_checkpointing_on
+from .converter import ConversionReport, ModuleConverter, adaln_model_notes
 from .errors import ConfigError, SequenceParallelError
 from .models.blocks import find_blocks
 from .models.capabilities import check_sp_mode, supports_gradient_checkpointing
+from .models.lora import apply_lora as inject_adapters
 
 
 @dataclass(frozen=True)
@@ -53,6 +61,10 @@ class StepRow:
     swapped: str
     count: int
     left: str = ""
+
+
+# Column widths past which the report's cells wrap onto continuation lines.
+_SWAPPED_WIDTH, _LEFT_WIDTH = 64, 72
 
 
 @dataclass
@@ -70,11 +82,18 @@ class ParallelizeReport:
     def __str__(self) -> str:
         header = StepRow("step", "swapped / applied", "count", "left, and why")  # type: ignore[arg-type]
         rows = [header, *self.rows]
-        widths = [max(len(str(getattr(r, name))) for r in rows) for name in ("step", "swapped", "count")]
+        # Long cells (a model family's notes) wrap within their column on continuation lines.
+        swapped = [textwrap.wrap(r.swapped, _SWAPPED_WIDTH) or [""] for r in rows]
+        left = [textwrap.wrap(r.left or "-", _LEFT_WIDTH) for r in rows]
+        widths = [max(len(r.step) for r in rows), max(len(line) for cell in swapped for line in cell),
+                  max(len(str(r.count)) for r in rows)]
         lines = ["parallelize:"]
-        for r in rows:
-            lines.append(f"  {r.step:<{widths[0]}}  {r.swapped:<{widths[1]}}  {str(r.count):>{widths[2]}}  "
-                         f"{r.left or '-'}".rstrip())
+        for r, swapped_lines, left_lines in zip(rows, swapped, left):
+            for i in range(max(len(swapped_lines), len(left_lines))):
+                step, count = (r.step, str(r.count)) if i == 0 else ("", "")
+                cell = swapped_lines[i] if i < len(swapped_lines) else ""
+                note = left_lines[i] if i < len(left_lines) else ""
+                lines.append(f"  {step:<{widths[0]}}  {cell:<{widths[1]}}  {count:>{widths[2]}}  {note}".rstrip())
         return "\n".join(lines)
 
 
@@ -91,15 +110,29 @@ def _group_size(sp_group: Optional[dist.ProcessGroup]) -> int:
 
 # ------------------------------------------------------------------------------------------ steps
 
+def apply_lora(model: nn.Module, *, rank: int = 0, alpha: float = 16.0, dropout: float = 0.0,
+               targets: Optional[Sequence[str]] = None) -> List[StepRow]:
+    """peft LoRA adapters of rank ``rank`` on the linear layers ``targets`` (None: the model's usual
+    ones, ``models.capabilities.lora_targets``), the rest of the model frozen; nothing for rank 0."""
+    if not rank:
+        return [StepRow("lora", "off", 0, "lora rank 0: every parameter trains")]
+    report = inject_adapters(model, rank=rank, alpha=alpha, dropout=dropout, targets=targets)
+    swapped = f"peft LoRA rank {rank}, alpha {alpha:g} on {', '.join(report.targets)}"
+    return [StepRow("lora", swapped, report.layers, str(report))]
+
+
 def apply_kernels(model: nn.Module, *, fused_adaln: bool = False, fused_layernorm: bool = False,
                   attention_backend: str = "sdpa"):
     """Backend swaps through the module converter; returns (rows, the converter's report).
 
     A swap that was asked for and replaced nothing warns: "fused_adaln" on a model without
-    ``LayerNormModulate``, "fused_layernorm" without an affine ``nn.LayerNorm``, and
-    ``attention_backend="flash"`` when flash-attn is not installed."""
+    ``LayerNormModulate`` or a block family it knows, "fused_layernorm" without an affine
+    ``nn.LayerNorm``, and ``attention_backend="flash"`` when flash-attn is not installed. For a model
+    class with registered fused-AdaLN notes (the diffusers families, ``register_adaln_model``) the
+    fused_adaln row says what was fused and what was left and why, and the warning gives that reason."""
     report = ModuleConverter(fused_adaln=fused_adaln, fused_layernorm=fused_layernorm,
                              attention_backend=attention_backend).convert(model)
+    notes = adaln_model_notes(model)
     rows = []
     for section in report.sections:
         pairs = Counter((r.old_type.__name__, r.new_type.__name__) for r in section.replaced)
@@ -112,9 +145,16 @@ def apply_kernels(model: nn.Module, *, fused_adaln: bool = False, fused_layernor
             rows.append(StepRow("kernels", f"{section.name}: off", 0, left))
             continue
         left = section.note or ""
+        family_notes = notes if section.name == "fused_adaln" and notes is not None else None
+        if family_notes is not None:
+            left = "; ".join((*family_notes.left, left)) if left else "; ".join(family_notes.left)
+            if section.replaced:
+                swapped = f"fused_adaln in {family_notes.model}: {family_notes.fused}"
         if not section.replaced:
-            _warn(f"{section.name} was requested but matched nothing in {type(model).__name__}: no module of the "
-                  f"type it replaces (see opendit_lite.converter.builtin); the model runs without it")
+            reason = ("; ".join(family_notes.left) if family_notes is not None else
+                      "no module of the type it replaces (see opendit_lite.converter.builtin)")
+            _warn(f"{section.name} was requested but matched nothing in {type(model).__name__}: {reason}; "
+                  f"the model runs without it")
             left = "matched nothing (warned)" + (f"; {left}" if left else "")
         rows.append(StepRow("kernels", swapped, len(section.replaced), left))
     return rows, report
@@ -197,17 +237,28 @@ def apply_sequence_parallel(model: nn.Module, *, sp_group: Optional[dist.Process
 
 def apply_activation_checkpointing(model: nn.Module, *, selective_ratio: float = 1.0, offload: bool = False):
     """Checkpoint all but a fraction ``selective_ratio`` of the model's blocks (offloading their
-    inputs to CPU with ``offload``); returns (rows, the CheckpointReport or None when off)."""
+    inputs to CPU with ``offload``); returns (rows, the CheckpointReport or None when off).
+
+    A diffusers model whose own gradient checkpointing is on gets it turned off with a warning
+    (its blocks would be checkpointed twice); with checkpointing off here, the row says diffusers'
+    is on."""
     if selective_ratio >= 1.0 and not offload:
-        return [StepRow("activation_checkpointing", "off", 0, "selective_ratio=1: no block checkpointed")], None
+        left = "selective_ratio=1: no block checkpointed"
+        if builtin_checkpointing_on(model):
+            left += "; the model's own gradient checkpointing (diffusers') is on and checkpoints every block"
+        return [StepRow("activation_checkpointing", "off", 0, left)], None
     if not supports_gradient_checkpointing(model):
         raise ConfigError(f"{type(model).__name__} declares supports_gradient_checkpointing = False; "
                           f"set selective_ratio=1 and ac_offload=false.")
     report = checkpoint_blocks(model, selective_ratio, offload=offload)
     kept = len(report.blocks) - len(report.checkpointed)
     what = f"{report.source}: checkpointed{' + inputs offloaded to CPU' if offload else ''}"
-    left = f"{kept} of {len(report.blocks)} blocks not (selective_ratio={selective_ratio})" if kept else ""
-    return [StepRow("activation_checkpointing", what, len(report.checkpointed), left)], report
+    notes = [f"{kept} of {len(report.blocks)} blocks not (selective_ratio={selective_ratio})"] if kept else []
+    if report.disabled_builtin:
+        _warn(f"{type(model).__name__}: {BUILTIN_DISABLED}; selective_ratio={selective_ratio} decides which blocks "
+              f"are checkpointed")
+        notes.append(BUILTIN_DISABLED + " (warned)")
+    return [StepRow("activation_checkpointing", what, len(report.checkpointed), "; ".join(notes))], report
 
 
 def apply_compile(model: nn.Module, *, enabled: bool = True, backend: Optional[str] = None,
@@ -235,16 +286,20 @@ def apply_compile(model: nn.Module, *, enabled: bool = True, backend: Optional[s
 def parallelize(model: nn.Module, *, sp_group: Optional[dist.ProcessGroup] = None, sp_mode: str = "ulysses",
                 sp_ring_size: Optional[int] = None, fused_adaln: bool = False, fused_layernorm: bool = False,
                 attention_backend: str = "sdpa", selective_ratio: float = 1.0, ac_offload: bool = False,
-                compile: bool = False, compile_backend: Optional[str] = None,
-                cuda_graphs: bool = False) -> ParallelizeReport:
-    """Apply kernels -> sequence parallelism -> activation checkpointing -> compile to ``model`` in
-    place (see the module docstring for why in this order) and return what was done.
+                compile: bool = False, compile_backend: Optional[str] = None, cuda_graphs: bool = False,
+                lora_rank: int = 0, lora_alpha: float = 16.0, lora_dropout: float = 0.0,
+                lora_targets: Optional[Sequence[str]] = None) -> ParallelizeReport:
+    """Apply LoRA -> kernels -> sequence parallelism -> activation checkpointing -> compile to
+    ``model`` in place (see the module docstring for why in this order) and return what was done.
 
     Call it on the serial, unwrapped model, once, before the booster plugin wraps it.
     ``compile_backend`` is the ``torch.compile`` backend (None: its default; "eager" for a quick check);
-    ``cuda_graphs`` replays the compiled blocks as CUDA graphs (mode "reduce-overhead")."""
+    ``cuda_graphs`` replays the compiled blocks as CUDA graphs (mode "reduce-overhead");
+    ``lora_*``: the adapters (rank 0: none; targets None: the model's usual layers)."""
     report = ParallelizeReport()
-    # 1. Kernels first: the sequence-parallel op wraps whichever attention backend is in place.
+    # 0. LoRA first, on the plain model: every later step keeps the adapter layers.
+    report.rows += apply_lora(model, rank=lora_rank, alpha=lora_alpha, dropout=lora_dropout, targets=lora_targets)
+    # 1. Kernels next: the sequence-parallel op wraps whichever attention backend is in place.
     rows, report.conversion = apply_kernels(model, fused_adaln=fused_adaln, fused_layernorm=fused_layernorm,
                                             attention_backend=attention_backend)
     report.rows += rows
@@ -266,6 +321,7 @@ __all__ = [
     "apply_activation_checkpointing",
     "apply_compile",
     "apply_kernels",
+    "apply_lora",
     "apply_sequence_parallel",
     "parallelize",
 ]

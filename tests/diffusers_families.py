@@ -1,97 +1,173 @@
-"""Tiny random-initialised models of the six diffusers families (sizes of diffusers' own model tests: 2
-heads, widths 16-32, 1-2 layers) and their forward inputs, for the sequence-parallel tests.
+"""Tiny diffusers transformers of the six families trained today, and forward inputs for each.
 
-``variant``: "even" (32 image tokens; Flux 16) or "uneven" (15 tokens: odd at sp 2, not a multiple of 4
-at sp 4). Text streams: Flux 7 text tokens (odd: text is never split), HunyuanVideo 12 with sample 0
-masking 3 (its key mask over [image, text]), LTX-Video 16 with sample 0 masking 5 (a cross-attention
-mask); the masks change the serial output by about 1e-2, so they are really exercised.
+The sizes are those of diffusers' own model tests (2 heads, widths 16-24, 1-2 layers); each family
+has 2 repeated blocks, so that selective checkpointing has one to checkpoint and one to leave. The
+variants exercise the other code paths of a family's blocks: SD3.5's dual attention
+(``SD35AdaLayerNormZeroX``), CogVideoX 1.5 (rotary embedding, temporal patches, ``ofs``) and
+Wan 2.2's per-token timesteps (per-token modulation).
+
+Every builder perturbs all weights (diffusers zero-initialises some output layers) so that every
+parameter gets a non-trivial gradient. ``forward_inputs(name)`` gives the keyword arguments of
+the model's forward; ``output(model, inputs)`` runs it and returns the prediction tensor.
 """
 
+from typing import Dict
+
 import torch
+import torch.nn as nn
 
-WAN = dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=4, out_channels=4,
-           text_dim=16, freq_dim=256, ffn_dim=32, num_layers=2, cross_attn_norm=True,
-           qk_norm="rms_norm_across_heads", rope_max_seq_len=32)
-FLUX = dict(patch_size=1, in_channels=4, num_layers=1, num_single_layers=1, attention_head_dim=16,
-            num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=32, axes_dims_rope=(4, 4, 8),
-            guidance_embeds=True)
-COGVIDEOX = dict(num_attention_heads=2, attention_head_dim=8, in_channels=4, out_channels=4, time_embed_dim=2,
-                 text_embed_dim=8, num_layers=1, sample_width=8, sample_height=8, sample_frames=8, patch_size=2,
-                 temporal_compression_ratio=4, max_text_seq_length=8)
-HUNYUAN_VIDEO = dict(in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=10, num_layers=1,
-                     num_single_layers=1, num_refiner_layers=1, patch_size=1, patch_size_t=1, guidance_embeds=True,
-                     text_embed_dim=16, pooled_projection_dim=8, rope_axes_dim=(2, 4, 4), image_condition_type=None)
-LTX_VIDEO = dict(in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=8, cross_attention_dim=16,
-                 num_layers=1, qk_norm="rms_norm_across_heads", caption_channels=16)
-SD3 = dict(sample_size=32, patch_size=1, in_channels=4, num_layers=2, attention_head_dim=8, num_attention_heads=4,
-           caption_projection_dim=32, joint_attention_dim=32, pooled_projection_dim=64, out_channels=4,
-           pos_embed_max_size=96, dual_attention_layers=(0,), qk_norm="rms_norm")   # SD3.5: dual attention, qk norm
+FAMILIES = (
+    "WanTransformer3DModel",
+    "FluxTransformer2DModel",
+    "SD3Transformer2DModel",
+    "CogVideoXTransformer3DModel",
+    "HunyuanVideoTransformer3DModel",
+    "LTXVideoTransformer3DModel",
+)
 
-CONFIGS = {"wan": ("WanTransformer3DModel", WAN), "flux": ("FluxTransformer2DModel", FLUX),
-           "cogvideox": ("CogVideoXTransformer3DModel", COGVIDEOX),
-           "hunyuan_video": ("HunyuanVideoTransformer3DModel", HUNYUAN_VIDEO),
-           "ltx_video": ("LTXVideoTransformer3DModel", LTX_VIDEO), "sd3": ("SD3Transformer2DModel", SD3)}
-FAMILIES = list(CONFIGS)
+CONFIGS: Dict[str, dict] = {
+    "WanTransformer3DModel": dict(
+        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=4, out_channels=4,
+        text_dim=32, freq_dim=256, ffn_dim=32, num_layers=2, cross_attn_norm=True, qk_norm="rms_norm_across_heads",
+        rope_max_seq_len=32),
+    "FluxTransformer2DModel": dict(
+        patch_size=1, in_channels=16, num_layers=1, num_single_layers=1, attention_head_dim=8, num_attention_heads=2,
+        joint_attention_dim=32, pooled_projection_dim=16, guidance_embeds=True, axes_dims_rope=[2, 2, 4]),
+    "SD3Transformer2DModel": dict(
+        sample_size=32, patch_size=2, in_channels=4, num_layers=2, attention_head_dim=8, num_attention_heads=2,
+        caption_projection_dim=16, joint_attention_dim=32, pooled_projection_dim=32, out_channels=4,
+        pos_embed_max_size=32, dual_attention_layers=(), qk_norm="rms_norm"),
+    "CogVideoXTransformer3DModel": dict(
+        num_attention_heads=2, attention_head_dim=8, in_channels=4, out_channels=4, time_embed_dim=2,
+        text_embed_dim=32, num_layers=2, sample_width=8, sample_height=8, sample_frames=9, patch_size=2,
+        patch_size_t=None, temporal_compression_ratio=4, max_text_seq_length=8),
+    "HunyuanVideoTransformer3DModel": dict(
+        in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=10, num_layers=1,
+        num_single_layers=1, num_refiner_layers=1, patch_size=1, patch_size_t=1, guidance_embeds=True,
+        text_embed_dim=16, pooled_projection_dim=16, rope_axes_dim=(2, 4, 4)),
+    "LTXVideoTransformer3DModel": dict(
+        in_channels=8, out_channels=8, num_attention_heads=2, attention_head_dim=8, cross_attention_dim=16,
+        num_layers=2, qk_norm="rms_norm_across_heads", caption_channels=32),
+}
 
-# (F, H, W) latent grids per variant: tokens = F * H/p * W/p
-_GRIDS = {"wan": {"even": (2, 8, 8), "uneven": (1, 6, 10)}, "flux": {"even": (4, 4), "uneven": (3, 5)},
-          "cogvideox": {"even": (2, 8, 8), "uneven": (1, 6, 10)},
-          "hunyuan_video": {"even": (2, 4, 4), "uneven": (1, 3, 5)},
-          "ltx_video": {"even": (2, 4, 4), "uneven": (1, 3, 5)}, "sd3": {"even": (4, 8), "uneven": (3, 5)}}
+# name -> (family, overrides)
+VARIANTS: Dict[str, tuple] = {
+    "SD3.5-dual-attention": ("SD3Transformer2DModel", dict(dual_attention_layers=(0,))),
+    # CogVideoX 1.5: 3-D RoPE (head dim split 1/4 : 3/8 : 3/8, so 16), temporal patches, ofs embedding.
+    "CogVideoX1.5": ("CogVideoXTransformer3DModel", dict(patch_size_t=2, attention_head_dim=16,
+                                                         use_rotary_positional_embeddings=True, ofs_embed_dim=2)),
+    "Wan2.2-per-token": ("WanTransformer3DModel", {}),
+}
+
+TEXT_TOKENS = 6
+# Latent sizes [C, T, H, W] (images [C, H, W]): small, with token counts that are not powers of two.
+FRAMES, HEIGHT, WIDTH = 3, 4, 6
 
 
-def build(family: str, seed: int = 0, **overrides):
-    """A tiny fp32 model of ``family`` in train mode, the same weights for the same seed."""
+def family_of(name: str) -> str:
+    return VARIANTS[name][0] if name in VARIANTS else name
+
+
+def perturb(model: nn.Module, seed: int = 0, scale: float = 0.05) -> nn.Module:
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * scale)
+    return model
+
+
+def build(name: str, seed: int = 0, **overrides) -> nn.Module:
+    """The tiny model ``name`` (a family or a variant), weights seeded and perturbed, in train mode."""
     import diffusers
 
-    cls_name, config = CONFIGS[family]
+    family = family_of(name)
+    config = dict(CONFIGS[family], **(VARIANTS[name][1] if name in VARIANTS else {}), **overrides)
     torch.manual_seed(seed)
-    return getattr(diffusers, cls_name)(**{**config, **overrides}).float().train()
+    return perturb(getattr(diffusers, family)(**config), seed).train()
 
 
-def inputs(family: str, model, batch: int = 2, variant: str = "uneven", seed: int = 1) -> dict:
-    """Forward keyword arguments of ``model`` (of ``family``) for a batch of ``variant`` token counts."""
+def forward_inputs(name: str, batch: int = 2, seed: int = 1) -> dict:
+    """Keyword arguments of the model's forward for a batch of ``batch`` samples."""
     g = torch.Generator().manual_seed(seed)
-    cfg = model.config
-    grid = _GRIDS[family][variant]
 
-    def rand(*shape):
+    def randn(*shape):
         return torch.randn(*shape, generator=g)
 
-    def steps():
-        return torch.randint(0, 1000, (batch,), generator=g)
+    family = family_of(name)
+    config = dict(CONFIGS[family], **(VARIANTS[name][1] if name in VARIANTS else {}))
+    times = torch.rand(batch, generator=g)                                     # [B] in [0, 1)
+    mask = torch.arange(TEXT_TOKENS)[None] < torch.tensor([TEXT_TOKENS, TEXT_TOKENS - 2] * batch)[:batch, None]
+    if family == "WanTransformer3DModel":
+        timestep = times * 1000
+        if name == "Wan2.2-per-token":  # one timestep per latent token (after patching)
+            tokens = FRAMES * (HEIGHT // 2) * (WIDTH // 2)
+            timestep = torch.rand(batch, tokens, generator=g) * 1000           # [B, N]
+        return dict(hidden_states=randn(batch, 4, FRAMES, HEIGHT, WIDTH), timestep=timestep,
+                    encoder_hidden_states=randn(batch, TEXT_TOKENS, config["text_dim"]), return_dict=False)
+    if family == "FluxTransformer2DModel":
+        h, w = HEIGHT // 2, WIDTH // 2                                         # 2x2-packed latent grid
+        grid = torch.meshgrid(torch.zeros(1), torch.arange(float(h)), torch.arange(float(w)), indexing="ij")
+        img_ids = torch.stack(grid, dim=-1).reshape(-1, 3)                     # [N, 3]: (0, row, column)
+        return dict(hidden_states=randn(batch, h * w, config["in_channels"]), timestep=times,
+                    guidance=torch.full((batch,), 3.5), pooled_projections=randn(batch, 16),
+                    encoder_hidden_states=randn(batch, TEXT_TOKENS, 32), txt_ids=torch.zeros(TEXT_TOKENS, 3),
+                    img_ids=img_ids, return_dict=False)
+    if family == "SD3Transformer2DModel":
+        return dict(hidden_states=randn(batch, 4, HEIGHT * 2, WIDTH), timestep=times * 1000,
+                    encoder_hidden_states=randn(batch, TEXT_TOKENS, 32), pooled_projections=randn(batch, 32),
+                    return_dict=False)
+    if family == "CogVideoXTransformer3DModel":
+        frames, height, width = (2, 8, 6) if name == "CogVideoX1.5" else (FRAMES, 8, WIDTH)
+        inputs = dict(hidden_states=randn(batch, frames, 4, height, width), timestep=(times * 1000).long(),
+                      encoder_hidden_states=randn(batch, config["max_text_seq_length"], 32), return_dict=False)
+        if name == "CogVideoX1.5":
+            inputs.update(ofs=torch.full((batch,), 2.0), image_rotary_emb=_cogvideox_rope(frames, height, width))
+        return inputs
+    if family == "HunyuanVideoTransformer3DModel":
+        return dict(hidden_states=randn(batch, 4, FRAMES, HEIGHT, WIDTH), timestep=times * 1000,
+                    encoder_hidden_states=randn(batch, TEXT_TOKENS, 16), encoder_attention_mask=mask,
+                    pooled_projections=randn(batch, 16), guidance=torch.full((batch,), 1000.0), return_dict=False)
+    if family == "LTXVideoTransformer3DModel":
+        return dict(hidden_states=randn(batch, FRAMES * HEIGHT * WIDTH, 8), timestep=times * 1000,
+                    encoder_hidden_states=randn(batch, TEXT_TOKENS, 32), encoder_attention_mask=mask.long(),
+                    num_frames=FRAMES, height=HEIGHT, width=WIDTH, return_dict=False)
+    raise KeyError(name)
 
-    if family == "wan":
-        return dict(hidden_states=rand(batch, cfg.in_channels, *grid), timestep=steps(),
-                    encoder_hidden_states=rand(batch, 12, cfg.text_dim), return_dict=False)
-    if family == "flux":
-        h, w = grid
-        img_ids = torch.zeros(h, w, 3)
-        img_ids[..., 1], img_ids[..., 2] = torch.arange(h)[:, None], torch.arange(w)[None, :]
-        return dict(hidden_states=rand(batch, h * w, cfg.in_channels), encoder_hidden_states=rand(batch, 7, 32),
-                    pooled_projections=rand(batch, cfg.pooled_projection_dim), timestep=torch.rand(batch, generator=g),
-                    guidance=torch.full((batch,), 3.5), img_ids=img_ids.reshape(h * w, 3), txt_ids=torch.zeros(7, 3),
-                    return_dict=False)
-    if family == "cogvideox":
-        f, h, w = grid
-        return dict(hidden_states=rand(batch, f, cfg.in_channels, h, w),
-                    encoder_hidden_states=rand(batch, cfg.max_text_seq_length, cfg.text_embed_dim),
-                    timestep=steps(), return_dict=False)
-    if family == "hunyuan_video":
-        mask = torch.ones(batch, 12)
-        mask[0, 9:] = 0
-        return dict(hidden_states=rand(batch, cfg.in_channels, *grid), timestep=steps().float(),
-                    encoder_hidden_states=rand(batch, 12, cfg.text_embed_dim), encoder_attention_mask=mask,
-                    pooled_projections=rand(batch, cfg.pooled_projection_dim), guidance=torch.full((batch,), 6.0),
-                    return_dict=False)
-    if family == "ltx_video":
-        f, h, w = grid
-        mask = torch.ones(batch, 16)
-        mask[0, 11:] = 0
-        return dict(hidden_states=rand(batch, f * h * w, cfg.in_channels),
-                    encoder_hidden_states=rand(batch, 16, cfg.caption_channels), timestep=steps(),
-                    encoder_attention_mask=mask, num_frames=f, height=h, width=w, return_dict=False)
-    if family == "sd3":
-        return dict(hidden_states=rand(batch, cfg.in_channels, *grid), encoder_hidden_states=rand(batch, 10, 32),
-                    pooled_projections=rand(batch, cfg.pooled_projection_dim), timestep=steps(), return_dict=False)
-    raise KeyError(family)
+
+def _cogvideox_rope(frames: int, height: int, width: int):
+    """(cos, sin) of CogVideoX 1.5's 3-D rotary embedding for a latent of that size (patch 2, p_t 2)."""
+    from diffusers.models.embeddings import get_3d_rotary_pos_embed
+
+    return get_3d_rotary_pos_embed(embed_dim=16, crops_coords=None, grid_size=(height // 2, width // 2),
+                                   temporal_size=frames // 2, grid_type="slice", max_size=(height // 2, width // 2))
+
+
+def output(model: nn.Module, inputs: dict) -> torch.Tensor:
+    """The model's prediction for ``inputs`` (the first element of its return tuple)."""
+    return model(**inputs)[0]
+
+
+def loss(model: nn.Module, inputs: dict, target: torch.Tensor = None) -> torch.Tensor:
+    """Mean squared prediction (or error against ``target``) in fp32: a loss every parameter feeds."""
+    out = output(model, inputs).float()
+    return ((out - target) ** 2).mean() if target is not None else (out ** 2).mean()
+
+
+# Inputs shared by every sample (position ids, a rotary table): not split with the batch.
+SHARED_INPUTS = ("img_ids", "txt_ids", "image_rotary_emb")
+
+
+def batch_slice(inputs: dict, start: int, stop: int) -> dict:
+    """Samples ``start:stop`` of ``forward_inputs``: a data-parallel rank's share of the batch."""
+    return {k: v[start:stop] if torch.is_tensor(v) and k not in SHARED_INPUTS else v for k, v in inputs.items()}
+
+
+def randomize_adapters(model: nn.Module, seed: int = 2, scale: float = 0.1) -> nn.Module:
+    """Give every LoRA B matrix random values (peft starts them at zero, so A would get no
+    gradient), the same for every model of the same structure."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters()):
+            if ".lora_B." in name:
+                p.copy_(torch.randn(p.shape, generator=g) * scale)
+    return model

@@ -18,6 +18,11 @@ Why this composes with the rest of the stack:
   same blocks (the choice depends only on the model structure and the ratio).
 * Conversions that swap submodules inside a block (attention backends, the Ulysses op) may run
   before or after this: the original forward looks its submodules up when it runs.
+* diffusers' transformers checkpoint their blocks themselves once ``enable_gradient_checkpointing()``
+  was called (each block through diffusers' own ``torch.utils.checkpoint`` call, inside the
+  model's forward). Both at once would checkpoint every chosen block twice and undo the selective
+  ratio, so this turns diffusers' off (``disable_gradient_checkpointing()``) and says so in the
+  report; callers print it.
 """
 
 import contextlib
@@ -29,6 +34,7 @@ import torch.nn as nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 
+from ..models.blocks import blocks_source
 from .blocks import find_checkpoint_blocks, select_blocks
 from .offload import ActivationOffloader
 
@@ -41,6 +47,7 @@ class CheckpointReport:
     blocks: Tuple[str, ...]        # qualified names of all blocks, in order
     checkpointed: Tuple[int, ...]  # indices into ``blocks`` of the checkpointed ones
     offload: bool                  # checkpointed blocks' inputs wait for backward in CPU memory
+    disabled_builtin: bool = False  # the model's own (diffusers') gradient checkpointing was on and turned off
 
     @property
     def checkpointed_names(self) -> Tuple[str, ...]:
@@ -51,7 +58,19 @@ class CheckpointReport:
         kept = [name for i, name in enumerate(self.blocks) if i not in chosen]
         return (f"activation checkpointing: {len(chosen)}/{len(self.blocks)} blocks ({self.source})"
                 f"{', inputs offloaded to CPU' if self.offload else ''}; "
-                f"not checkpointed: {', '.join(kept) if kept else 'none'}")
+                f"not checkpointed: {', '.join(kept) if kept else 'none'}"
+                f"{'; ' + BUILTIN_DISABLED if self.disabled_builtin else ''}")
+
+
+BUILTIN_DISABLED = ("the model's own gradient checkpointing (diffusers' enable_gradient_checkpointing) was on and "
+                    "is turned off, so that no block is checkpointed twice")
+
+
+def builtin_checkpointing_on(model: nn.Module) -> bool:
+    """Whether diffusers' own gradient checkpointing is switched on for ``model`` (its ModelMixin API:
+    ``is_gradient_checkpointing`` and ``disable_gradient_checkpointing``)."""
+    return (bool(getattr(model, "is_gradient_checkpointing", False))
+            and callable(getattr(model, "disable_gradient_checkpointing", None)))
 
 
 class _CheckpointedForward:
@@ -106,11 +125,12 @@ def apply_activation_checkpointing(model: nn.Module, selective_ratio: float,
         raise RuntimeError(f"activation checkpointing is already applied to {type(model).__name__} "
                            f"(blocks {', '.join(done)}); apply it once per model.")
 
+    disabled_builtin = builtin_checkpointing_on(model)
+    if disabled_builtin:
+        model.disable_gradient_checkpointing()
     offloader = ActivationOffloader() if offload else None
     for i in chosen:
         blocks[i].forward = _CheckpointedForward(blocks[i].forward, offloader)
 
-    declared = callable(getattr(model, "get_fsdp_wrap_module_list", None))
-    kind = "get_fsdp_wrap_module_list()" if declared else f"detected {type(blocks[0]).__name__} blocks"
-    return CheckpointReport(source=kind, blocks=tuple(names[id(b)] for b in blocks),
-                            checkpointed=tuple(chosen), offload=offload)
+    return CheckpointReport(source=blocks_source(model), blocks=tuple(names[id(b)] for b in blocks),
+                            checkpointed=tuple(chosen), offload=offload, disabled_builtin=disabled_builtin)

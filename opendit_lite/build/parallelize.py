@@ -16,18 +16,22 @@ def parallelize_from_config(model: nn.Module, cfg, sp_group: Optional[dist.Proce
     """``parallelize(model, ...)`` with ``cfg``'s settings, over ``sp_group`` (the plugin's or the
     sampling mesh's sequence-parallel group; None: one rank).
 
-    Training reads ``fused_adaln``, ``fused_layernorm``, ``attention_backend``, ``sp_mode``,
+    Training reads ``lora.*``, ``fused_adaln``, ``fused_layernorm``, ``attention_backend``, ``sp_mode``,
     ``sp_ring_size``, ``selective_ratio``, ``ac_offload``, ``compile`` and ``cuda_graphs``. With ``sampling`` the
-    kernels and sequence parallelism are the same; no block is checkpointed (there is no backward
-    whose activations would be saved), and ``sample.compile`` replaces ``compile`` (without CUDA
-    graphs: sampled shapes vary with ``sample.*``)."""
+    kernels and sequence parallelism are the same; no adapters are added (the sampler loads a run's
+    adapters merged), no block is checkpointed (there is no backward whose activations would be
+    saved), and ``sample.compile`` replaces ``compile`` (without CUDA graphs: sampled shapes vary
+    with ``sample.*``)."""
     if sampling:
         selective_ratio, ac_offload, compile, cuda_graphs = 1.0, False, cfg.sample.compile, False
+        lora = dict(lora_rank=0)
     else:
         selective_ratio, ac_offload = cfg.selective_ratio, cfg.ac_offload
         compile, cuda_graphs = cfg.compile, cfg.cuda_graphs
+        lora = dict(lora_rank=cfg.lora.rank, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
+                    lora_targets=cfg.lora.targets)
     return parallelize(model, sp_group=sp_group, sp_mode=cfg.sp_mode, sp_ring_size=cfg.sp_ring_size,
                        fused_adaln=cfg.fused_adaln, fused_layernorm=cfg.fused_layernorm,
                        attention_backend=cfg.attention_backend,
                        selective_ratio=selective_ratio, ac_offload=ac_offload, compile=compile,
-                       cuda_graphs=cuda_graphs)
+                       cuda_graphs=cuda_graphs, **lora)

@@ -346,8 +346,10 @@ def validate(cfg: TrainConfig) -> None:
     if unknown:
         raise ConfigError(f"'logger' lists {unknown}; the metric sinks are {', '.join(LOGGERS)} "
                           f"(metrics.jsonl is always written).")
-    if cfg.lora.rank < 0 or not 0.0 <= cfg.lora.dropout < 1.0 or (cfg.lora.rank > 0 and not cfg.lora.targets):
-        raise ConfigError(f"'lora' needs rank >= 0 (0: off), dropout in [0, 1) and at least one target; got "
+    if cfg.lora.rank < 0 or not 0.0 <= cfg.lora.dropout < 1.0 or (cfg.lora.targets is not None
+                                                                   and not cfg.lora.targets):
+        raise ConfigError(f"'lora' needs rank >= 0 (0: off), dropout in [0, 1) and at least one target (or "
+                          f"targets unset for the model's usual ones); got "
                           f"rank={cfg.lora.rank}, dropout={cfg.lora.dropout}, targets={cfg.lora.targets}.")
     if cfg.lora.rank > 0 and cfg.zero_degree == 3:
         raise ConfigError("LoRA (lora.rank > 0) trains with zero_degree 0, 1 or 2; Gemini (zero_degree=3) shards "

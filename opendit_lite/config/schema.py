@@ -94,9 +94,10 @@ class LoRAConfig:
     rank: int = _f(0, "adapter rank r; > 0 fine-tunes low-rank adapters (peft) on a frozen base, 0: full training")
     alpha: float = _f(16.0, "adapter scale numerator: updates are scaled by alpha / rank")
     dropout: float = _f(0.0, "dropout on the adapters' input")
-    targets: List[str] = _f(["qkv", "proj", "fc1", "fc2"], "linear layers that get adapters: a name, a dotted "
-                                                           "suffix (attn.proj) or a regular expression over full "
-                                                           "names; default: attention qkv/proj and MLP fc1/fc2")
+    targets: Optional[List[str]] = _f(None, "linear layers that get adapters: names, dotted suffixes (attn.proj) or "
+                                            "regular expressions over full names; None: the model's usual targets "
+                                            "(zoo: attention qkv/proj, MLP fc1/fc2; diffusers families: to_q/to_k/"
+                                            "to_v/to_out.0, the text stream's projections and the feed-forward)")
     export_merged: bool = _f(True, "at the end of training also write <run dir>/merged.safetensors: the adapters "
                                    "merged into the base (EMA weights where kept), for sample.ckpt or init_from")
 

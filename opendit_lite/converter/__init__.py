@@ -9,7 +9,8 @@ Register a conversion for your own module type with ``register_conversion`` (see
 for the factory signature and the order conversions run in). Importing this package registers the
 built-in conversions (``builtin.py``), fused AdaLN for blocks of Meta's DiT and diffusers and for
 blocks following the ``adaln_norms`` protocol (``adaln_protocol.py``, ``meta_dit.py``,
-``diffusers_blocks.py``), and the adapters giving timm's and diffusers' attention an ``attn_op``
+``diffusers_blocks.py``; the families trained today, Wan, Flux, SD3, CogVideoX, HunyuanVideo and
+LTX-Video, in ``diffusers_families/``), and the adapters giving timm's and diffusers' attention an ``attn_op``
 (``attention_adapters.py``, using ``opendit_lite.parallel.foreign``). Sequence parallelism is not a conversion:
 ``opendit_lite.transforms.parallelize`` applies it with ``opendit_lite.parallel``.
 """
@@ -17,8 +18,17 @@ blocks following the ``adaln_norms`` protocol (``adaln_protocol.py``, ``meta_dit
 # Importing these registers the conversions: the built-ins, fused AdaLN for foreign blocks (and the
 # families of Meta's DiT and diffusers), and the timm / diffusers attention adapters.
 from . import diffusers_blocks as _diffusers_blocks  # noqa: F401
+from . import diffusers_families as _diffusers_families  # noqa: F401
 from . import meta_dit as _meta_dit  # noqa: F401
-from .adaln_protocol import AdaLNLayerNorm, norm_modulate, register_adaln_block
+from .adaln_protocol import (
+    AdaLNLayerNorm,
+    AdaLNModelNotes,
+    adaln_model_notes,
+    norm_modulate,
+    register_adaln_block,
+    register_adaln_model,
+    residual_norm_modulate,
+)
 from .attention_adapters import register_attention_adapters
 from .builtin import register_builtin_conversions
 from .converter import ConversionReport, ConversionSection, ModuleConverter, Replacement
@@ -48,7 +58,11 @@ __all__ = [
     "register_conversion",
     "register_builtin_conversions",
     "AdaLNLayerNorm",
+    "AdaLNModelNotes",
+    "adaln_model_notes",
     "norm_modulate",
     "register_adaln_block",
+    "register_adaln_model",
+    "residual_norm_modulate",
     "register_attention_adapters",
 ]

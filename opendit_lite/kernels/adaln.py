@@ -10,7 +10,14 @@ writes ``y`` once, and keeps for the backward only ``x`` and two fp32 numbers pe
   strides (the chunks of the adaLN projection); only a non-contiguous feature axis is copied;
 * the output has the dtype torch's type promotion gives ``x``, ``shift`` and ``scale`` (the dtype
   ``LayerNormModulate`` returns), computed in fp32 and rounded once; gradients come back in each
-  input's own dtype.
+  input's own dtype;
+* optionally the LayerNorm has its own affine ``weight``, ``bias`` [D] (CogVideoX's norms):
+  ``(LayerNorm(x) * weight + bias) * (1 + scale) + shift`` is the same row map with the
+  multiplier ``weight * (1 + scale)`` and the offset ``bias * (1 + scale) + shift``, folded on the
+  small [B, 1|N, D] modulation tensors in fp32 (``fold_affine``) before the one pass over ``x``;
+  autograd takes the gradients of the folded tensors back to weight, bias, shift and scale (each
+  summed in fp32 and rounded once to its own dtype). The output dtype is the promotion of all five
+  inputs with ``x``.
 
 The kernels are the torch custom op ``opendit_lite::norm_affine_fwd`` (``ops.py``), so
 ``torch.compile`` keeps them in its graph. Dispatch: the Triton kernels run on CUDA tensors, and on
@@ -18,6 +25,8 @@ any tensor when Triton's interpreter is on (``TRITON_INTERPRET=1`` set before th
 imported). Otherwise (CPU tensors, or Triton not installed) the torch path below computes the same
 function with the same numerics: fp32 statistics and arithmetic, one rounding at the end.
 """
+
+from typing import Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -59,30 +68,68 @@ def _output_dtype(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> 
     return torch.promote_types(x.dtype, torch.promote_types(shift.dtype, scale.dtype))
 
 
-def adaln_torch(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: float) -> torch.Tensor:
+def fold_affine(shift: torch.Tensor, scale: torch.Tensor, weight: Optional[torch.Tensor],
+                bias: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(offset, multiplier) of ``(LayerNorm(x) * weight + bias) * (1 + scale) + shift`` written as
+    ``LayerNorm(x) * multiplier + offset``: ``weight * (1 + scale)`` and ``bias * (1 + scale) + shift``.
+
+    shift, scale: [B, 1|N, D]; weight, bias: [D] or None (None: 1 and 0). Both results are fp32
+    [B, 1|N, D], so that low-precision weights lose nothing in the fold."""
+    one_plus_scale = 1 + scale.float()                                      # [B, 1|N, D]
+    multiplier = one_plus_scale * weight.float() if weight is not None else one_plus_scale
+    offset = shift.float() + one_plus_scale * bias.float() if bias is not None else shift.float()
+    return offset, multiplier
+
+
+def _affine_output_dtype(dtype: torch.dtype, *modulation: Optional[torch.Tensor]) -> torch.dtype:
+    """The dtype of the unfused ``(LayerNorm(x) * weight + bias) * (1 + scale) + shift`` for an ``x``
+    of ``dtype``: its promotion with every modulation tensor given (None: absent)."""
+    for t in modulation:
+        dtype = torch.promote_types(dtype, t.dtype) if t is not None else dtype
+    return dtype
+
+
+def _check_affine(x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor], who: str) -> None:
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is not None and tuple(t.shape) != (x.size(-1),):
+            raise ValueError(f"{who}: the LayerNorm's {name} has shape {tuple(t.shape)}; for x of shape "
+                             f"{tuple(x.shape)} it must be [D] = [{x.size(-1)}]")
+
+
+def adaln_torch(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: float,
+                weight: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The torch path: same function and numerics as the kernel (fp32 throughout, one rounding)."""
-    out_dtype = _output_dtype(x, shift, scale)
     D = x.size(-1)
-    shift = _as_modulation(x, shift, "shift").float()          # [B, 1|N, D]
-    scale = _as_modulation(x, scale, "scale").float()          # [B, 1|N, D]
+    shift = _as_modulation(x, shift, "shift")                  # [B, 1|N, D]
+    scale = _as_modulation(x, scale, "scale")                  # [B, 1|N, D]
+    out_dtype = _affine_output_dtype(x.dtype, shift, scale, weight, bias)
+    offset, multiplier = fold_affine(shift, scale, weight, bias)           # fp32 [B, 1|N, D]
     normed = F.layer_norm(x.float(), (D,), eps=eps)            # [B, N, D]
-    return (normed * (1 + scale) + shift).to(out_dtype)        # [B, N, D]
+    return (normed * multiplier + offset).to(out_dtype)        # [B, N, D]
 
 
-def fused_adaln(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """``LayerNorm(x) * (1 + scale) + shift`` (affine-free LayerNorm, fp32 statistics).
+def fused_adaln(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: float = 1e-6,
+                weight: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``LayerNorm(x) * (1 + scale) + shift`` (fp32 statistics); with ``weight``/``bias`` [D], the
+    LayerNorm's own affine map comes first: ``(LayerNorm(x) * weight + bias) * (1 + scale) + shift``.
 
     x: [B, N, D]; shift, scale: [B, D] / [B, 1, D] per sample or [B, N, D] per token.
     Returns [B, N, D]. Takes the Triton kernels when they can run on ``x`` (see the module
     docstring), the torch path otherwise.
     """
     _check_inputs(x, shift, scale)
+    _check_affine(x, weight, bias, "fused_adaln")
     if triton_runs_on(x):
         shift3 = _as_modulation(x, shift, "shift")            # [B, 1|N, D]
         scale3 = _as_modulation(x, scale, "scale")            # [B, 1|N, D]
-        y, _, _ = ops.norm_affine_fwd(x, shift3, scale3, eps, True, _output_dtype(x, shift, scale))
+        if weight is None and bias is None:
+            y, _, _ = ops.norm_affine_fwd(x, shift3, scale3, eps, True, _output_dtype(x, shift, scale))
+            return y                                           # [B, N, D]
+        offset, multiplier = fold_affine(shift3, scale3, weight, bias)     # fp32 [B, 1|N, D] each
+        y, _, _ = ops.norm_affine_fwd(x, offset, multiplier, eps, False,
+                                      _affine_output_dtype(x.dtype, shift, scale, weight, bias))
         return y                                               # [B, N, D]
-    return adaln_torch(x, shift, scale, eps)
+    return adaln_torch(x, shift, scale, eps, weight, bias)
 
 
 class FusedNormModule(nn.Module):

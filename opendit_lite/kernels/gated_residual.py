@@ -13,17 +13,20 @@ per-token) dgate, dshift, dscale, the per-sample ones from deterministic fp32 pa
   modulated output the promotion of that with shift and scale. ``x_new`` is rounded to its dtype
   before it is normalised, exactly as the unfused module normalises the stored residual.
 
+With the LayerNorm's own ``weight``/``bias`` [D] (CogVideoX), the modulation is folded as in
+``fused_adaln`` (``adaln.fold_affine``) and the kernel multiplies by the folded multiplier.
+
 Dispatch as ``fused_adaln``: the custom op ``opendit_lite::gated_residual_norm_fwd`` where the
 Triton kernels run, a torch path with the same numerics elsewhere.
 """
 
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 
 from . import ops
-from .adaln import FusedNormModule, _as_modulation, _check_inputs
+from .adaln import FusedNormModule, _affine_output_dtype, _as_modulation, _check_affine, _check_inputs, fold_affine
 from .triton_dispatch import triton_runs_on
 
 
@@ -40,34 +43,49 @@ def _check_residual(x: torch.Tensor, h: torch.Tensor, gate: torch.Tensor, shift:
             raise TypeError(f"gated_residual_adaln: {name} must be a floating-point tensor, got {t.dtype}")
 
 
-def gated_residual_adaln_torch(x, h, gate, shift, scale, eps) -> Tuple[torch.Tensor, torch.Tensor]:
+def _residual_dtype(x: torch.Tensor, h: torch.Tensor, gate: torch.Tensor) -> torch.dtype:
+    """The dtype of ``x + gate * h``: torch's promotion of the three."""
+    return torch.promote_types(x.dtype, torch.promote_types(h.dtype, gate.dtype))
+
+
+def gated_residual_adaln_torch(x, h, gate, shift, scale, eps, weight=None, bias=None
+                               ) -> Tuple[torch.Tensor, torch.Tensor]:
     """The torch path: fp32 arithmetic, x_new rounded once, then normalised in fp32 and rounded once."""
-    xn_dtype = torch.promote_types(x.dtype, torch.promote_types(h.dtype, gate.dtype))
-    out_dtype = torch.promote_types(xn_dtype, torch.promote_types(shift.dtype, scale.dtype))
+    xn_dtype = _residual_dtype(x, h, gate)
+    out_dtype = _affine_output_dtype(xn_dtype, shift, scale, weight, bias)
     gate = _as_modulation(x, gate, "gate").float()                     # [B, 1|N, D]
-    shift = _as_modulation(x, shift, "shift").float()                  # [B, 1|N, D]
-    scale = _as_modulation(x, scale, "scale").float()                  # [B, 1|N, D]
+    offset, multiplier = fold_affine(_as_modulation(x, shift, "shift"), _as_modulation(x, scale, "scale"),
+                                     weight, bias)                     # fp32 [B, 1|N, D] each
     x_new = (x.float() + gate * h.float()).to(xn_dtype)                # [B, N, D]
     normed = F.layer_norm(x_new.float(), (x.size(-1),), eps=eps)       # [B, N, D]
-    return x_new, (normed * (1 + scale) + shift).to(out_dtype)         # 2 x [B, N, D]
+    return x_new, (normed * multiplier + offset).to(out_dtype)         # 2 x [B, N, D]
 
 
 def gated_residual_adaln(x: torch.Tensor, h: torch.Tensor, gate: torch.Tensor, shift: torch.Tensor,
-                         scale: torch.Tensor, eps: float = 1e-6) -> Tuple[torch.Tensor, torch.Tensor]:
-    """``x_new = x + gate * h`` and ``LayerNorm(x_new) * (1 + scale) + shift`` (affine-free LayerNorm).
+                         scale: torch.Tensor, eps: float = 1e-6, weight: Optional[torch.Tensor] = None,
+                         bias: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``x_new = x + gate * h`` and ``LayerNorm(x_new) * (1 + scale) + shift``; with ``weight``/``bias``
+    [D] the LayerNorm's affine map comes first, as in ``fused_adaln``.
 
     x, h: [B, N, D]; gate, shift, scale: [B, D] / [B, 1, D] or [B, N, D]. Returns (x_new, y), both
     [B, N, D]. Takes the Triton kernels when they can run on ``x``, the torch path otherwise.
     """
     _check_inputs(x, shift, scale)
     _check_residual(x, h, gate, shift)
+    _check_affine(x, weight, bias, "gated_residual_adaln")
     if triton_runs_on(x):
         gate3 = _as_modulation(x, gate, "gate")                        # [B, 1|N, D]
         shift3 = _as_modulation(x, shift, "shift")                     # [B, 1|N, D]
         scale3 = _as_modulation(x, scale, "scale")                     # [B, 1|N, D]
-        x_new, y, _, _ = ops.gated_residual_norm_fwd(x, h, gate3, shift3, scale3, eps)
+        xn_dtype = _residual_dtype(x, h, gate)
+        out_dtype = _affine_output_dtype(xn_dtype, shift, scale, weight, bias)
+        if weight is None and bias is None:
+            x_new, y, _, _ = ops.gated_residual_norm_fwd(x, h, gate3, shift3, scale3, eps, True, out_dtype)
+        else:
+            offset, multiplier = fold_affine(shift3, scale3, weight, bias)  # fp32 [B, 1|N, D] each
+            x_new, y, _, _ = ops.gated_residual_norm_fwd(x, h, gate3, offset, multiplier, eps, False, out_dtype)
         return x_new, y
-    return gated_residual_adaln_torch(x, h, gate, shift, scale, eps)
+    return gated_residual_adaln_torch(x, h, gate, shift, scale, eps, weight, bias)
 
 
 class FusedGatedResidualNorm(FusedNormModule):

@@ -321,15 +321,15 @@ def norm_affine_forward(
 
 def gated_residual_norm_forward(
     x: torch.Tensor, h: torch.Tensor, gate: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: float,
-    xn_dtype: torch.dtype, out_dtype: torch.dtype,
+    scale_plus_one: bool, xn_dtype: torch.dtype, out_dtype: torch.dtype,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Launch the forward kernel with the gated residual: ``x_new = x + gate * h`` and
-    ``LayerNorm(x_new) * (1 + scale) + shift``.
+    ``LayerNorm(x_new) * a + shift`` with ``a = 1 + scale`` (``scale_plus_one``) or ``scale``.
 
     x, h: contiguous [B, N, D]; gate, shift, scale: [B|1, N|1, D] with unit stride over D.
     Returns x_new [B, N, D] in ``xn_dtype``, y [B, N, D] in ``out_dtype``, fp32 mean, rstd [B * N].
     """
-    return _forward(x, h, gate, xn_dtype, shift, scale, eps, True, out_dtype)
+    return _forward(x, h, gate, xn_dtype, shift, scale, eps, scale_plus_one, out_dtype)
 
 
 def _backward(dy, dxn, x, h, gate, scale, mean, rstd, scale_plus_one, dx_dtype, shift_dtype):
@@ -383,7 +383,8 @@ def norm_affine_backward(
 
 def gated_residual_norm_backward(
     dy: torch.Tensor, dxn: Optional[torch.Tensor], x_new: torch.Tensor, h: torch.Tensor, gate: torch.Tensor,
-    scale: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor, x_dtype: torch.dtype, shift_dtype: torch.dtype,
+    scale: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor, scale_plus_one: bool, x_dtype: torch.dtype,
+    shift_dtype: torch.dtype,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Launch the backward kernel with the gated residual.
 
@@ -391,4 +392,4 @@ def gated_residual_norm_backward(
     gradient of x_new from its other uses; x_new, h: contiguous [B, N, D]; gate, scale as in the
     forward. Returns dx (``x_dtype``), dh [B, N, D] and dgate, dshift, dscale [B, N|1, D].
     """
-    return _backward(dy, dxn, x_new, h, gate, scale, mean, rstd, True, x_dtype, shift_dtype)
+    return _backward(dy, dxn, x_new, h, gate, scale, mean, rstd, scale_plus_one, x_dtype, shift_dtype)

@@ -9,10 +9,11 @@ matching backward op:
   of x [B, N, D] then ``* a + shift`` with ``a = 1 + scale`` (AdaLN) or ``scale`` (LayerNorm);
   shift, scale: [B|1, N|1, D];
 * ``norm_affine_bwd(dy, x, scale, mean, rstd, scale_plus_one, shift_dtype) -> (dx, dshift, dscale)``;
-* ``gated_residual_norm_fwd(x, h, gate, shift, scale, eps) -> (x_new, y, mean, rstd)``:
-  ``x_new = x + gate * h`` and AdaLN of x_new; gate, shift, scale: [B, 1|N, D];
-* ``gated_residual_norm_bwd(dy, dx_new, x_new, h, gate, scale, mean, rstd, x_dtype, shift_dtype)
-  -> (dx, dh, dgate, dshift, dscale)``.
+* ``gated_residual_norm_fwd(x, h, gate, shift, scale, eps, scale_plus_one, out_dtype)
+  -> (x_new, y, mean, rstd)``: ``x_new = x + gate * h`` (in the promotion of the three dtypes) and
+  LayerNorm of x_new then ``* a + shift`` (``a`` as above); gate, shift, scale: [B, 1|N, D];
+* ``gated_residual_norm_bwd(dy, dx_new, x_new, h, gate, scale, mean, rstd, scale_plus_one, x_dtype,
+  shift_dtype) -> (dx, dh, dgate, dshift, dscale)``.
 
 mean and rstd (fp32, [B * N]) are outputs only so that the backward can use them; they carry no
 gradient. The ops take any strides (they make what the kernels need contiguous) and return new
@@ -91,34 +92,33 @@ norm_affine_fwd.register_autograd(_norm_affine_backward, setup_context=_norm_aff
 
 @torch_ops.custom_op("opendit_lite::gated_residual_norm_fwd", mutates_args=())
 def gated_residual_norm_fwd(x: Tensor, h: Tensor, gate: Tensor, shift: Tensor, scale: Tensor,
-                            eps: float) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+                            eps: float, scale_plus_one: bool,
+                            out_dtype: torch.dtype) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     xn_dtype = torch.promote_types(x.dtype, torch.promote_types(h.dtype, gate.dtype))
-    out_dtype = torch.promote_types(xn_dtype, torch.promote_types(shift.dtype, scale.dtype))
     return norm_affine_triton.gated_residual_norm_forward(
         x.contiguous(), h.contiguous(), _unit_stride(gate), _unit_stride(shift), _unit_stride(scale), eps,
-        xn_dtype, out_dtype,
+        scale_plus_one, xn_dtype, out_dtype,
     )
 
 
 @gated_residual_norm_fwd.register_fake
-def _(x, h, gate, shift, scale, eps):
+def _(x, h, gate, shift, scale, eps, scale_plus_one, out_dtype):
     xn_dtype = torch.promote_types(x.dtype, torch.promote_types(h.dtype, gate.dtype))
-    out_dtype = torch.promote_types(xn_dtype, torch.promote_types(shift.dtype, scale.dtype))
     return (x.new_empty(x.shape, dtype=xn_dtype), x.new_empty(x.shape, dtype=out_dtype), *_stats_like(x))
 
 
 @torch_ops.custom_op("opendit_lite::gated_residual_norm_bwd", mutates_args=())
 def gated_residual_norm_bwd(dy: Tensor, dx_new: Optional[Tensor], x_new: Tensor, h: Tensor, gate: Tensor,
-                            scale: Tensor, mean: Tensor, rstd: Tensor, x_dtype: torch.dtype,
+                            scale: Tensor, mean: Tensor, rstd: Tensor, scale_plus_one: bool, x_dtype: torch.dtype,
                             shift_dtype: torch.dtype) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     return norm_affine_triton.gated_residual_norm_backward(
         dy.contiguous(), None if dx_new is None else dx_new.contiguous(), x_new.contiguous(), h.contiguous(),
-        _unit_stride(gate), _unit_stride(scale), mean, rstd, x_dtype, shift_dtype,
+        _unit_stride(gate), _unit_stride(scale), mean, rstd, scale_plus_one, x_dtype, shift_dtype,
     )
 
 
 @gated_residual_norm_bwd.register_fake
-def _(dy, dx_new, x_new, h, gate, scale, mean, rstd, x_dtype, shift_dtype):
+def _(dy, dx_new, x_new, h, gate, scale, mean, rstd, scale_plus_one, x_dtype, shift_dtype):
     mod_shape = (x_new.shape[0], scale.shape[1], x_new.shape[2])
     return (x_new.new_empty(x_new.shape, dtype=x_dtype), h.new_empty(h.shape),
             x_new.new_empty(mod_shape, dtype=gate.dtype), x_new.new_empty(mod_shape, dtype=shift_dtype),
@@ -126,10 +126,10 @@ def _(dy, dx_new, x_new, h, gate, scale, mean, rstd, x_dtype, shift_dtype):
 
 
 def _gated_residual_setup(ctx, inputs, output):
-    x, h, gate, shift, scale, _ = inputs
+    x, h, gate, shift, scale, _, scale_plus_one, _ = inputs
     x_new, _, mean, rstd = output
     ctx.save_for_backward(x_new, h, gate, scale, mean, rstd)
-    ctx.x_dtype, ctx.shift_dtype = x.dtype, shift.dtype
+    ctx.scale_plus_one, ctx.x_dtype, ctx.shift_dtype = scale_plus_one, x.dtype, shift.dtype
     ctx.shapes = (gate.shape, shift.shape, scale.shape)
 
 
@@ -138,10 +138,11 @@ def _gated_residual_backward(ctx, dx_new, dy, _dmean, _drstd):
     if dy is None:  # only x_new was used downstream: the norm contributes nothing
         dy = torch.zeros_like(x_new, dtype=torch.promote_types(x_new.dtype, scale.dtype))
     dx, dh, dgate, dshift, dscale = gated_residual_norm_bwd(
-        dy, dx_new, x_new, h, gate, scale, mean, rstd, ctx.x_dtype, ctx.shift_dtype
+        dy, dx_new, x_new, h, gate, scale, mean, rstd, ctx.scale_plus_one, ctx.x_dtype, ctx.shift_dtype
     )
     gate_shape, shift_shape, scale_shape = ctx.shapes
-    return dx, dh, dgate.reshape(gate_shape), dshift.reshape(shift_shape), dscale.reshape(scale_shape), None
+    return (dx, dh, dgate.reshape(gate_shape), dshift.reshape(shift_shape), dscale.reshape(scale_shape),
+            None, None, None)
 
 
 gated_residual_norm_fwd.register_autograd(_gated_residual_backward, setup_context=_gated_residual_setup)

@@ -5,16 +5,21 @@ shards the tokens at the block list of a model without split/gather markers) all
 A diffusion transformer spends nearly all of its activation memory inside a stack of identical
 blocks, so the blocks are the unit of activation checkpointing and offload (as they are of FSDP
 wrapping, hence the method name a model may define to declare them: ``get_fsdp_wrap_module_list``).
-Models that do not declare their blocks get them detected: the repeated structure is the
+A model that cannot define that method (another library's class, e.g. diffusers' Flux, whose double-
+and single-stream blocks are two lists of one block each in a tiny config) has the attribute names
+of its block lists declared instead, as the ``block_lists`` capability (``capabilities.py``).
+Models that declare neither get their blocks detected: the repeated structure is the
 ``nn.ModuleList``/``nn.Sequential`` containers whose children all share one class, and the class
 whose containers hold the most parameters wins. That finds DiT's ``blocks``, blocks nested in a
 submodule (``model.transformer.blocks``), spatial and temporal lists of one block class (both are
 returned), and blocks kept in an ``nn.Sequential``.
 """
 
-from typing import Dict, List, Type
+from typing import Dict, List, Sequence, Type
 
 import torch.nn as nn
+
+from .capabilities import block_lists
 
 
 def _is_callable_block(module: nn.Module) -> bool:
@@ -29,6 +34,27 @@ def _declared_blocks(model: nn.Module) -> List[nn.Module]:
     if not blocks:
         raise ValueError(f"{owner} returned no modules; return the model's repeated blocks, or remove "
                          "the method so that the blocks are detected automatically.")
+    return _checked_blocks(model, blocks, owner)
+
+
+def _listed_blocks(model: nn.Module, names: Sequence[str]) -> List[nn.Module]:
+    """The children of the model's declared block lists, list after list."""
+    owner = f"{type(model).__name__}'s declared block_lists {tuple(names)}"
+    blocks = []
+    for name in names:
+        container = getattr(model, name, None)
+        if not isinstance(container, (nn.ModuleList, nn.Sequential)):
+            raise ValueError(f"{owner}: {type(model).__name__}.{name} is "
+                             f"{type(container).__name__ if container is not None else 'missing'}, not an "
+                             f"nn.ModuleList of blocks; fix the declaration (models/capabilities.py).")
+        blocks += list(container)
+    if not blocks:
+        raise ValueError(f"{owner} hold no blocks.")
+    return _checked_blocks(model, blocks, owner)
+
+
+def _checked_blocks(model: nn.Module, blocks: List[nn.Module], owner: str) -> List[nn.Module]:
+    """``blocks``, checked to be distinct, callable submodules of ``model``."""
     submodules = {id(m) for m in model.modules()}
     seen = set()
     for i, block in enumerate(blocks):
@@ -76,7 +102,8 @@ def _detected_blocks(model: nn.Module) -> List[nn.Module]:
 
 def find_blocks(model: nn.Module) -> List[nn.Module]:
     """The model's repeated blocks in order: ``model.get_fsdp_wrap_module_list()`` when the model
-    defines it, otherwise detected (see the module docstring). Raises ``ValueError`` when the
+    defines it, else the children of its declared ``block_lists``, otherwise detected (see the
+    module docstring). Raises ``ValueError`` when the
     model has no repeated structure and declares none.
 
     Detected blocks come in module order: for interleaved spatial and temporal lists, all spatial
@@ -85,4 +112,17 @@ def find_blocks(model: nn.Module) -> List[nn.Module]:
     """
     if callable(getattr(model, "get_fsdp_wrap_module_list", None)):
         return _declared_blocks(model)
+    names = block_lists(model)
+    if names is not None:
+        return _listed_blocks(model, names)
     return _detected_blocks(model)
+
+
+def blocks_source(model: nn.Module) -> str:
+    """Where ``find_blocks`` takes the model's blocks from, for reports."""
+    if callable(getattr(model, "get_fsdp_wrap_module_list", None)):
+        return "get_fsdp_wrap_module_list()"
+    names = block_lists(model)
+    if names is not None:
+        return f"declared block lists {', '.join(names)}"
+    return f"detected {type(_detected_blocks(model)[0]).__name__} blocks"

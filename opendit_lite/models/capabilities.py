@@ -19,13 +19,23 @@ below for models that do not declare them (a model we did not write):
   trainers then draw each sample's dropout from that sample's own stream, so a run does not depend
   on the rank layout; None: the model drops conditions itself, from each rank's global RNG.
 * ``get_fsdp_wrap_module_list()`` (default: detected, see ``blocks.py``):
-  its repeated blocks, the unit of activation checkpointing, offload and per-block compile.
+  its repeated blocks, the unit of activation checkpointing, offload and per-block compile;
+* ``block_lists`` (default None): the names of the ``nn.ModuleList`` attributes holding those
+  blocks, in the order the forward runs them (``("transformer_blocks", "single_transformer_blocks")``),
+  for a model that does not define ``get_fsdp_wrap_module_list``;
+* ``lora_targets`` (default ``DEFAULT_LORA_TARGETS``, the zoo's attention and MLP layers): the
+  linear layers LoRA adapts when the config names none (see ``models/lora.py``).
+
+A class of another library (diffusers' transformers) cannot carry these attributes, so they are
+declared for it by name with ``declare_capabilities("module.ClassName", ...)`` (the diffusers
+families trained today: ``diffusers_families.py``), which imports nothing. A reader takes the
+class's own attribute first, then a declaration for the class or one of its bases, then the default.
 
 Each reader takes a model instance or its class, so a capability can be checked from the
 registry (``registered_class(name)``) before the model is built.
 """
 
-from typing import Optional, Tuple, Union
+from typing import Any, Dict, Optional, Tuple, Union
 
 import torch.nn as nn
 
@@ -34,16 +44,54 @@ from ..errors import ConfigError
 
 GUIDANCE_LAYOUTS = ("concat", "paired")
 
+# The zoo's attention and MLP linear layers (DiT, STDiT and Vchitect name them alike).
+DEFAULT_LORA_TARGETS = ("qkv", "proj", "fc1", "fc2")
+
+CAPABILITIES = ("is_video", "supported_sp_modes", "guidance_layout", "supports_gradient_checkpointing",
+                "condition_dropout_kwarg", "block_lists", "lora_targets")
+
 ModelOrClass = Union[nn.Module, type]
+
+# "module.QualName" of a class we did not write -> its declared capabilities.
+_DECLARED: Dict[str, Dict[str, Any]] = {}
+
+
+def declare_capabilities(class_path: str, **capabilities: Any) -> None:
+    """Declare capabilities (names in ``CAPABILITIES``) for the class ``class_path``
+    ("package.module.ClassName", as ``cls.__module__ + "." + cls.__qualname__``), a class of another
+    library that cannot declare them itself. Several calls for one class add up; declaring one
+    capability twice is an error."""
+    unknown = sorted(set(capabilities) - set(CAPABILITIES))
+    if unknown:
+        raise ValueError(f"declare_capabilities({class_path!r}): unknown capabilities {unknown}; "
+                         f"known: {', '.join(CAPABILITIES)}")
+    declared = _DECLARED.setdefault(class_path, {})
+    again = sorted(set(capabilities) & set(declared))
+    if again:
+        raise ValueError(f"declare_capabilities({class_path!r}): {again} already declared as "
+                         f"{ {k: declared[k] for k in again} }")
+    declared.update(capabilities)
 
 
 def _cls(model: ModelOrClass) -> type:
     return model if isinstance(model, type) else type(model)
 
 
+def _capability(model: ModelOrClass, name: str, default: Any) -> Any:
+    """The class's own attribute ``name``, else a declaration for it or a base class, else ``default``."""
+    cls = _cls(model)
+    if hasattr(cls, name):
+        return getattr(cls, name)
+    for base in cls.__mro__:
+        declared = _DECLARED.get(f"{base.__module__}.{base.__qualname__}", {})
+        if name in declared:
+            return declared[name]
+    return default
+
+
 def is_video_model(model: ModelOrClass) -> bool:
     """True when the model declares ``is_video = True`` (clips and captions in)."""
-    return bool(getattr(_cls(model), "is_video", False))
+    return bool(_capability(model, "is_video", False))
 
 
 def model_family(name: str) -> str:
@@ -60,7 +108,7 @@ AUTO_SP_MODES = ("ulysses", "usp", "ring")  # what sp_mode=auto chooses among (d
 
 def supported_sp_modes(model: ModelOrClass) -> Tuple[str, ...]:
     """The sequence-parallel modes the model declares (default: ulysses, ring and usp)."""
-    modes = tuple(getattr(_cls(model), "supported_sp_modes", DEFAULT_SP_MODES))
+    modes = tuple(_capability(model, "supported_sp_modes", DEFAULT_SP_MODES))
     unknown = [m for m in modes if m not in SP_MODES]
     if unknown:
         raise ValueError(f"{_cls(model).__qualname__}.supported_sp_modes lists {unknown}; known modes: {SP_MODES}")
@@ -88,7 +136,7 @@ def check_sp_mode(model: ModelOrClass, sp_mode: str, modes: Optional[Tuple[str, 
 def guidance_layout(model: ModelOrClass) -> Optional[str]:
     """How the model's ``forward_with_cfg`` lays out its batch: "concat", "paired", or None when the
     model declares no guided forward."""
-    layout = getattr(_cls(model), "guidance_layout", None)
+    layout = _capability(model, "guidance_layout", None)
     if layout is not None and layout not in GUIDANCE_LAYOUTS:
         raise ValueError(f"{_cls(model).__qualname__}.guidance_layout is {layout!r}; "
                          f"expected one of {GUIDANCE_LAYOUTS}")
@@ -97,9 +145,25 @@ def guidance_layout(model: ModelOrClass) -> Optional[str]:
 
 def supports_gradient_checkpointing(model: ModelOrClass) -> bool:
     """False only when the model declares ``supports_gradient_checkpointing = False``."""
-    return bool(getattr(_cls(model), "supports_gradient_checkpointing", True))
+    return bool(_capability(model, "supports_gradient_checkpointing", True))
 
 
 def condition_dropout_kwarg(model: ModelOrClass) -> Optional[str]:
     """The forward keyword through which the trainer sets condition dropout, or None (see above)."""
-    return getattr(_cls(model), "condition_dropout_kwarg", None)
+    return _capability(model, "condition_dropout_kwarg", None)
+
+
+def block_lists(model: ModelOrClass) -> Optional[Tuple[str, ...]]:
+    """The declared names of the model's block lists (``nn.ModuleList`` attributes), or None."""
+    names = _capability(model, "block_lists", None)
+    if names is None:
+        return None
+    if isinstance(names, str) or not names or not all(isinstance(n, str) for n in names):
+        raise ValueError(f"{_cls(model).__qualname__}: block_lists must be a non-empty tuple of attribute names, "
+                         f"got {names!r}")
+    return tuple(names)
+
+
+def lora_targets(model: ModelOrClass) -> Tuple[str, ...]:
+    """The linear layers LoRA adapts by default in this model (``lora_target_names`` patterns)."""
+    return tuple(_capability(model, "lora_targets", DEFAULT_LORA_TARGETS))

@@ -15,18 +15,19 @@ writing the merged weights as one ``.safetensors`` file (``export_merged``), are
 
     model = build_model_from_config(cfg)
     load_weights(model, "pretrained.pt")
-    print(apply_lora(model, rank=8, alpha=16, dropout=0.0, targets=["qkv", "proj", "fc1", "fc2"]))
+    print(apply_lora(model, rank=8, alpha=16, dropout=0.0, targets=None))   # None: the model's usual targets
     ...  # train; the checkpoint holds base and adapters
     export_merged(build_model_from_config(cfg), checkpoint, "merged.safetensors", use_ema=True, lora=to_dict(cfg.lora))
 """
 
 import re
 from dataclasses import dataclass
-from typing import List, Sequence
+from typing import List, Optional, Sequence
 
 import torch.nn as nn
 
 from ..errors import ConfigError
+from .capabilities import lora_targets
 
 
 def lora_target_names(model: nn.Module, targets: Sequence[str]) -> List[str]:
@@ -52,6 +53,7 @@ class LoRAReport:
     layers: int
     trainable: int
     total: int
+    targets: Sequence[str] = ()
 
     def __str__(self) -> str:
         # AdamW keeps 2 fp32 moments per trained value, plus its gradient: the memory full training
@@ -63,12 +65,16 @@ class LoRAReport:
                 f"gradients + AdamW state {state_mib:.1f} MiB instead of {full_mib:.1f} MiB for full training")
 
 
-def apply_lora(model: nn.Module, *, rank: int, alpha: float, dropout: float, targets: Sequence[str]) -> LoRAReport:
+def apply_lora(model: nn.Module, *, rank: int, alpha: float, dropout: float,
+               targets: Optional[Sequence[str]] = None) -> LoRAReport:
     """Add rank-``rank`` adapters (scale ``alpha / rank``, input dropout ``dropout``) to the linear
-    layers named by ``targets`` and freeze everything else, in place. A ConfigError says so when no
-    linear layer matches. Adapters start as an exact no-op (peft initialises B to zero)."""
+    layers named by ``targets`` and freeze everything else, in place. ``targets`` None: the model's
+    declared ``lora_targets`` (the zoo's ``qkv``/``proj``/``fc1``/``fc2``; for a diffusers family
+    the layers diffusers' LoRA scripts adapt, see ``diffusers_families.py``). A ConfigError says so
+    when no linear layer matches. Adapters start as an exact no-op (peft initialises B to zero)."""
     from peft import LoraConfig, inject_adapter_in_model
 
+    targets = lora_targets(model) if targets is None else tuple(targets)
     names = lora_target_names(model, targets)
     if not names:
         linear = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
@@ -80,7 +86,7 @@ def apply_lora(model: nn.Module, *, rank: int, alpha: float, dropout: float, tar
         p.requires_grad_(".lora_" in name)
     trainable = [p for p in model.parameters() if p.requires_grad]
     return LoRAReport(layers=len(names), trainable=sum(p.numel() for p in trainable),
-                      total=sum(p.numel() for p in model.parameters()))
+                      total=sum(p.numel() for p in model.parameters()), targets=targets)
 
 
 def merge_lora(model: nn.Module) -> nn.Module:

@@ -241,8 +241,8 @@ class OpenDiTPlugin(DPPluginBase):
         if pretrained_dir is not None or bnb_quantization_config is not None:
             raise NotImplementedError("OpenDiTPlugin adds new adapters only: load trained adapters with the run's "
                                       "checkpoint (resume_from) instead of pretrained_dir, and no quantization")
-        targets = lora_config.target_modules
-        targets = [targets] if isinstance(targets, str) else sorted(targets)
+        targets = lora_config.target_modules  # None: the model's usual targets (models.capabilities.lora_targets)
+        targets = [targets] if isinstance(targets, str) else None if targets is None else sorted(targets)
         apply_lora(model, rank=lora_config.r, alpha=lora_config.lora_alpha, dropout=lora_config.lora_dropout,
                    targets=targets)
         return model

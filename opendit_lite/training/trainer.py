@@ -26,7 +26,6 @@ from ..distributed.launch import cleanup_distributed, init_distributed
 from ..distributed.seed import seed_everything
 from ..models import MODELS, registered_class
 from ..models.capabilities import check_sp_mode, condition_dropout_kwarg
-from ..models.lora import apply_lora
 from ..utils.exit_codes import script_main
 from .loop import build_booster, run_steps, write_run_config
 from .metrics import MetricsLogger
@@ -51,10 +50,8 @@ def train(spec: TrainerSpec, cfg, info) -> str:
     if cfg.init_from and not wants_resume(cfg):
         load_weights(model, cfg.init_from, use_ema=False)
         log.write(f"initialised weights from {cfg.init_from}")
-    if cfg.lora.rank:  # adapters on the frozen base, before parallelize swaps modules around them
-        log.write(str(apply_lora(model, rank=cfg.lora.rank, alpha=cfg.lora.alpha, dropout=cfg.lora.dropout,
-                                 targets=cfg.lora.targets)))
-    # Every transformation of the serial model, in parallelize's order, before the plugin wraps it.
+    # Every transformation of the serial model (LoRA adapters first), in parallelize's order, before
+    # the plugin wraps it.
     log.write(str(parallelize_from_config(model, cfg, plugin.sp_group)))
     objective = build_training_objective(cfg)
     model.to(info.device)

@@ -185,3 +185,41 @@ def test_column_block_leaves_no_idle_lanes_at_dit_widths():
         block = triton_kernels.column_block(D)
         lanes = -(-D // block) * block
         assert (lanes - D) / lanes <= triton_kernels.MAX_IDLE_FRACTION, (D, block)
+
+
+def reference_affine_adaln(x, shift, scale, weight, bias, eps=EPS):
+    """LayerNorm with its own affine ``weight``, ``bias`` [D], then ``* (1 + scale) + shift``."""
+    if shift.dim() == 2:
+        shift, scale = shift.unsqueeze(1), scale.unsqueeze(1)       # [B, 1, D]
+    return F.layer_norm(x, x.shape[-1:], weight, bias, eps=eps) * (1 + scale) + shift
+
+
+@pytest.mark.parametrize("path", ["triton", "torch"])
+@pytest.mark.parametrize("layout", ["sample", "token"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_affine_layernorm(monkeypatch, layout, path, dtype):
+    """The LayerNorm's own weight and bias (CogVideoX) folded into the modulation: output and the
+    gradients of x, shift, scale, weight and bias against float64."""
+    if path == "torch":
+        monkeypatch.setattr(adaln_module, "triton_runs_on", lambda x: False)
+    x, shift, scale, dy = make_inputs(3, 7, 40, layout, dtype)
+    gen = torch.Generator().manual_seed(5)
+    weight = (1 + 0.3 * torch.randn(40, generator=gen)).to(DEVICE, dtype).requires_grad_()
+    bias = (0.3 * torch.randn(40, generator=gen)).to(DEVICE, dtype).requires_grad_()
+    leaves = [t.detach().clone().requires_grad_() for t in (x, shift, scale)]
+    y = fused_adaln(*leaves, EPS, weight=weight, bias=bias)
+    y.backward(dy.to(y.dtype))
+    ref_leaves = [t.detach().double().requires_grad_() for t in (x, shift, scale, weight, bias)]
+    expected = reference_affine_adaln(*ref_leaves)
+    expected.backward(dy.to(y.dtype).double())
+    assert y.dtype == dtype
+    for what, got, ref in zip(("y", "dx", "dshift", "dscale", "dweight", "dbias"),
+                              [y.detach()] + [t.grad for t in leaves] + [weight.grad, bias.grad],
+                              [expected.detach()] + [t.grad for t in ref_leaves]):
+        assert_close(got, ref, f"{what} ({layout}, {path}, {dtype})")
+
+
+def test_affine_weight_of_the_wrong_width_raises():
+    x, shift, scale, _ = make_inputs(2, 3, 8, "sample", torch.float32)
+    with pytest.raises(ValueError, match=r"weight has shape \(7,\).*\[D\] = \[8\]"):
+        fused_adaln(x, shift, scale, weight=torch.ones(7, device=DEVICE))

@@ -118,3 +118,29 @@ def test_mismatched_layouts_raise():
         gated_residual_adaln(x, h, gate.unsqueeze(1).expand(2, 3, 8), shift, scale)
     with pytest.raises(ValueError, match="must match"):
         gated_residual_adaln(x, h[:, :2], gate, shift, scale)
+
+
+def reference_affine_gated_residual(x, h, gate, shift, scale, weight, bias, eps=EPS):
+    """As ``reference_gated_residual`` with the LayerNorm's own affine map before the modulation."""
+    if gate.dim() == 2:
+        gate, shift, scale = gate.unsqueeze(1), shift.unsqueeze(1), scale.unsqueeze(1)   # [B, 1, D]
+    x_new = x + gate * h
+    return x_new, F.layer_norm(x_new, x.shape[-1:], weight, bias, eps=eps) * (1 + scale) + shift
+
+
+@pytest.mark.parametrize("path", ["triton", "torch"])
+@pytest.mark.parametrize("layout", ["sample", "token"])
+def test_affine_layernorm(monkeypatch, layout, path):
+    """CogVideoX's norms carry weight and bias: outputs and every gradient, weight and bias included."""
+    if path == "torch":
+        monkeypatch.setattr(residual_module, "triton_runs_on", lambda x: False)
+    gen = torch.Generator().manual_seed(3)
+    inputs, upstream = make_inputs(3, 7, 40, layout, torch.float32)
+    affine = [(1 + 0.3 * torch.randn(40, generator=gen)).to(DEVICE), (0.3 * torch.randn(40, generator=gen)).to(DEVICE)]
+    outs, grads = run(lambda *a: gated_residual_adaln(*a[:5], eps=EPS, weight=a[5], bias=a[6]),
+                      list(inputs) + affine, upstream)
+    ref_outs, ref_grads = run(reference_affine_gated_residual, [t.double() for t in list(inputs) + affine],
+                              [u.double() for u in upstream])
+    for what, a, e in zip(("x_new", "y", "dx", "dh", "dgate", "dshift", "dscale", "dweight", "dbias"),
+                          outs + grads, ref_outs + ref_grads):
+        assert_close(a, e, f"{what} ({layout}, {path})")

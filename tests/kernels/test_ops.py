@@ -32,17 +32,20 @@ def test_opcheck_norm_affine(mod_rows):
                                                 torch.float32))
 
 
+@pytest.mark.parametrize("scale_plus_one", [True, False])
 @pytest.mark.parametrize("mod_rows", [1, 5])
-def test_opcheck_gated_residual(mod_rows):
+def test_opcheck_gated_residual(mod_rows, scale_plus_one):
     torch.manual_seed(0)
     x, h = _randn(2, 5, 24, grad=True), _randn(2, 5, 24, grad=True)
     gate, shift, scale = (_randn(2, mod_rows, 24, grad=True) for _ in range(3))
-    torch_ops.opcheck(ops.gated_residual_norm_fwd, (x, h, gate, shift, scale, 1e-6))
-    x_new, y, mean, rstd = ops.gated_residual_norm_fwd(*(t.detach() for t in (x, h, gate, shift, scale)), 1e-6)
+    torch_ops.opcheck(ops.gated_residual_norm_fwd, (x, h, gate, shift, scale, 1e-6, scale_plus_one,
+                                                      torch.float32))
+    x_new, y, mean, rstd = ops.gated_residual_norm_fwd(*(t.detach() for t in (x, h, gate, shift, scale)), 1e-6,
+                                                       scale_plus_one, torch.float32)
     for dx_new in (torch.randn_like(x_new), None):
         torch_ops.opcheck(ops.gated_residual_norm_bwd, (torch.randn_like(y), dx_new, x_new, h.detach(),
                                                             gate.detach(), scale.detach(), mean, rstd,
-                                                            torch.float32, torch.float32))
+                                                            scale_plus_one, torch.float32, torch.float32))
 
 
 def test_compiled_block_has_no_graph_break_and_matches_eager():

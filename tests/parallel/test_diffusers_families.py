@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from tests import diffusers_families as fam
+from tests.parallel import tiny_families as fam
 from tests.parallel.outcome import error_message
 from tests.parallel.spawn import rank_checks
 from tests.parallel.spawn import results as spawn_results

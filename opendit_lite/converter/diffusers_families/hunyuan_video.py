@@ -1,0 +1,44 @@
+"""Fused AdaLN in diffusers' ``HunyuanVideoTransformer3DModel``.
+
+* ``HunyuanVideoTransformerBlock`` (double stream): ``norm1`` / ``norm1_context`` are
+  ``AdaLayerNormZero`` (``norms.py``); each stream's attention residual and ``norm2`` /
+  ``norm2_context`` with the feed-forward's modulation run as one gated-residual kernel
+  (``blocks.double_stream_forward``). Like diffusers' forward, it ignores the extra positional
+  arguments the model passes (token-replace inputs).
+* ``HunyuanVideoSingleTransformerBlock``: ``AdaLayerNormZeroSingle`` (``norms.py``).
+* ``norm_out``: ``AdaLayerNormContinuous`` (``norms.py``).
+
+Left: the token refiner's blocks (affine LayerNorms, no modulation: ``fused_layernorm``'s kind),
+and the blocks built for ``image_condition_type="token_replace"``, whose first-frame tokens take a
+modulation of their own (``HunyuanVideoTokenReplace*`` norms).
+"""
+
+from ..adaln_protocol import register_adaln_model
+from .blocks import DOUBLE_AND_SINGLE_STREAM_FUSED, DOUBLE_STREAM_NORMS, double_stream_forward, register_family_block
+
+MODULE = "diffusers.models.transformers.transformer_hunyuan_video"
+
+
+class FusedHunyuanVideoTransformerBlock:
+    """``HunyuanVideoTransformerBlock.forward`` with the gated residual + norm2 of each stream fused."""
+
+    class_prefix = "FusedAdaLN"
+
+    def forward(self, hidden_states, encoder_hidden_states, temb, attention_mask=None, freqs_cis=None,
+                *args, **kwargs):
+        def attend(norm_hidden_states, norm_encoder_hidden_states):
+            return self.attn(hidden_states=norm_hidden_states, encoder_hidden_states=norm_encoder_hidden_states,
+                             attention_mask=attention_mask, image_rotary_emb=freqs_cis)
+
+        hidden_states, encoder_hidden_states, _ = double_stream_forward(
+            self, hidden_states, encoder_hidden_states, temb, attend)              # [B, N, D], [B, M, D]
+        return hidden_states, encoder_hidden_states
+
+
+register_family_block(MODULE, "HunyuanVideoTransformerBlock", DOUBLE_STREAM_NORMS, FusedHunyuanVideoTransformerBlock)
+register_adaln_model(
+    MODULE, "HunyuanVideoTransformer3DModel",
+    fused=DOUBLE_AND_SINGLE_STREAM_FUSED,
+    left=("token refiner blocks: affine LayerNorms without modulation (fused_layernorm's kind) and gates only",
+          "image_condition_type='token_replace' blocks: their first-frame tokens take a modulation of their own",
+          "each block's last residual: the next norm is in the next block"))

@@ -1,0 +1,99 @@
+"""Tiny random-initialised models of the six diffusers families (sizes of diffusers' own model tests: 2
+heads, widths 16-32, 1-2 layers) and their forward inputs, for the sequence-parallel tests: token
+counts that do not divide the group and masked text streams (``tests/diffusers_families.py`` holds
+the kernel, checkpointing, LoRA and plugin tests' models, with perturbed weights and variants).
+
+``variant``: "even" (32 image tokens; Flux 16) or "uneven" (15 tokens: odd at sp 2, not a multiple of 4
+at sp 4). Text streams: Flux 7 text tokens (odd: text is never split), HunyuanVideo 12 with sample 0
+masking 3 (its key mask over [image, text]), LTX-Video 16 with sample 0 masking 5 (a cross-attention
+mask); the masks change the serial output by about 1e-2, so they are really exercised.
+"""
+
+import torch
+
+WAN = dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=4, out_channels=4,
+           text_dim=16, freq_dim=256, ffn_dim=32, num_layers=2, cross_attn_norm=True,
+           qk_norm="rms_norm_across_heads", rope_max_seq_len=32)
+FLUX = dict(patch_size=1, in_channels=4, num_layers=1, num_single_layers=1, attention_head_dim=16,
+            num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=32, axes_dims_rope=(4, 4, 8),
+            guidance_embeds=True)
+COGVIDEOX = dict(num_attention_heads=2, attention_head_dim=8, in_channels=4, out_channels=4, time_embed_dim=2,
+                 text_embed_dim=8, num_layers=1, sample_width=8, sample_height=8, sample_frames=8, patch_size=2,
+                 temporal_compression_ratio=4, max_text_seq_length=8)
+HUNYUAN_VIDEO = dict(in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=10, num_layers=1,
+                     num_single_layers=1, num_refiner_layers=1, patch_size=1, patch_size_t=1, guidance_embeds=True,
+                     text_embed_dim=16, pooled_projection_dim=8, rope_axes_dim=(2, 4, 4), image_condition_type=None)
+LTX_VIDEO = dict(in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=8, cross_attention_dim=16,
+                 num_layers=1, qk_norm="rms_norm_across_heads", caption_channels=16)
+SD3 = dict(sample_size=32, patch_size=1, in_channels=4, num_layers=2, attention_head_dim=8, num_attention_heads=4,
+           caption_projection_dim=32, joint_attention_dim=32, pooled_projection_dim=64, out_channels=4,
+           pos_embed_max_size=96, dual_attention_layers=(0,), qk_norm="rms_norm")   # SD3.5: dual attention, qk norm
+
+CONFIGS = {"wan": ("WanTransformer3DModel", WAN), "flux": ("FluxTransformer2DModel", FLUX),
+           "cogvideox": ("CogVideoXTransformer3DModel", COGVIDEOX),
+           "hunyuan_video": ("HunyuanVideoTransformer3DModel", HUNYUAN_VIDEO),
+           "ltx_video": ("LTXVideoTransformer3DModel", LTX_VIDEO), "sd3": ("SD3Transformer2DModel", SD3)}
+FAMILIES = list(CONFIGS)
+
+# (F, H, W) latent grids per variant: tokens = F * H/p * W/p
+_GRIDS = {"wan": {"even": (2, 8, 8), "uneven": (1, 6, 10)}, "flux": {"even": (4, 4), "uneven": (3, 5)},
+          "cogvideox": {"even": (2, 8, 8), "uneven": (1, 6, 10)},
+          "hunyuan_video": {"even": (2, 4, 4), "uneven": (1, 3, 5)},
+          "ltx_video": {"even": (2, 4, 4), "uneven": (1, 3, 5)}, "sd3": {"even": (4, 8), "uneven": (3, 5)}}
+
+
+def build(family: str, seed: int = 0, **overrides):
+    """A tiny fp32 model of ``family`` in train mode, the same weights for the same seed."""
+    import diffusers
+
+    cls_name, config = CONFIGS[family]
+    torch.manual_seed(seed)
+    return getattr(diffusers, cls_name)(**{**config, **overrides}).float().train()
+
+
+def inputs(family: str, model, batch: int = 2, variant: str = "uneven", seed: int = 1) -> dict:
+    """Forward keyword arguments of ``model`` (of ``family``) for a batch of ``variant`` token counts."""
+    g = torch.Generator().manual_seed(seed)
+    cfg = model.config
+    grid = _GRIDS[family][variant]
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=g)
+
+    def steps():
+        return torch.randint(0, 1000, (batch,), generator=g)
+
+    if family == "wan":
+        return dict(hidden_states=rand(batch, cfg.in_channels, *grid), timestep=steps(),
+                    encoder_hidden_states=rand(batch, 12, cfg.text_dim), return_dict=False)
+    if family == "flux":
+        h, w = grid
+        img_ids = torch.zeros(h, w, 3)
+        img_ids[..., 1], img_ids[..., 2] = torch.arange(h)[:, None], torch.arange(w)[None, :]
+        return dict(hidden_states=rand(batch, h * w, cfg.in_channels), encoder_hidden_states=rand(batch, 7, 32),
+                    pooled_projections=rand(batch, cfg.pooled_projection_dim), timestep=torch.rand(batch, generator=g),
+                    guidance=torch.full((batch,), 3.5), img_ids=img_ids.reshape(h * w, 3), txt_ids=torch.zeros(7, 3),
+                    return_dict=False)
+    if family == "cogvideox":
+        f, h, w = grid
+        return dict(hidden_states=rand(batch, f, cfg.in_channels, h, w),
+                    encoder_hidden_states=rand(batch, cfg.max_text_seq_length, cfg.text_embed_dim),
+                    timestep=steps(), return_dict=False)
+    if family == "hunyuan_video":
+        mask = torch.ones(batch, 12)
+        mask[0, 9:] = 0
+        return dict(hidden_states=rand(batch, cfg.in_channels, *grid), timestep=steps().float(),
+                    encoder_hidden_states=rand(batch, 12, cfg.text_embed_dim), encoder_attention_mask=mask,
+                    pooled_projections=rand(batch, cfg.pooled_projection_dim), guidance=torch.full((batch,), 6.0),
+                    return_dict=False)
+    if family == "ltx_video":
+        f, h, w = grid
+        mask = torch.ones(batch, 16)
+        mask[0, 11:] = 0
+        return dict(hidden_states=rand(batch, f * h * w, cfg.in_channels),
+                    encoder_hidden_states=rand(batch, 16, cfg.caption_channels), timestep=steps(),
+                    encoder_attention_mask=mask, num_frames=f, height=h, width=w, return_dict=False)
+    if family == "sd3":
+        return dict(hidden_states=rand(batch, cfg.in_channels, *grid), encoder_hidden_states=rand(batch, 10, 32),
+                    pooled_projections=rand(batch, cfg.pooled_projection_dim), timestep=steps(), return_dict=False)
+    raise KeyError(family)
