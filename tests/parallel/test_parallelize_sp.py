@@ -40,6 +40,10 @@ class MyModel(nn.Module):
         return x
 
 
+def _unwrapped(report) -> str:
+    """The report's rows as whole lines (``str(report)`` wraps long cells within their columns)."""
+    return "\n".join(f"{row.step}  {row.swapped}  {row.count}  {row.left}" for row in report.rows)
+
 def _stdit():
     torch.manual_seed(0)
     return build_model("STDiT-tiny", in_channels=3, caption_channels=8, model_max_length=4)
@@ -59,8 +63,8 @@ def _rank_world2(rank, world_size):
     dsp = parallelize(_stdit(), sp_group=group, sp_mode="dsp")
     out["ulysses"] = (ulysses.count("sequence_parallel"), str(ulysses))
     out["dsp"] = (dsp.count("sequence_parallel"), str(dsp))
-    out["auto_4_heads"] = str(parallelize(_dit(4), sp_group=group, sp_mode="auto"))
-    out["auto_3_heads"] = str(parallelize(_dit(3), sp_group=group, sp_mode="auto"))
+    out["auto_4_heads"] = _unwrapped(parallelize(_dit(4), sp_group=group, sp_mode="auto"))
+    out["auto_3_heads"] = _unwrapped(parallelize(_dit(3), sp_group=group, sp_mode="auto"))
     out["ulysses_3_heads"] = error_message(lambda: parallelize(_dit(3), sp_group=group, sp_mode="ulysses"))
     out["ring_size_without_usp"] = error_message(lambda: parallelize(_dit(4), sp_group=group, sp_mode="ring",
                                                               sp_ring_size=2))

@@ -25,14 +25,20 @@ TRAINING = {
     "ac_offload": ("ac_offload", True),
     "compile": ("compile", True),
     "cuda_graphs": ("cuda_graphs", True),
+    "lora_rank": ("lora.rank", 4),
+    "lora_alpha": ("lora.alpha", 8.0),
+    "lora_dropout": ("lora.dropout", 0.1),
+    "lora_targets": ("lora.targets", ["qkv"]),
 }
+SAMPLING_NEVER = {"lora_rank": 0}  # the sampler loads a run's adapters merged: none are added
 NOT_FROM_A_CONFIG = {"model", "sp_group", "compile_backend"}  # the caller's objects; no config field
 
 
 def every_field_set() -> TrainConfig:
     cfg = TrainConfig()
     for field, value in TRAINING.values():
-        setattr(cfg, field, value)
+        owner, _, name = field.rpartition(".")
+        setattr(getattr(cfg, owner) if owner else cfg, name, value)
     cfg.sample.compile = True
     return cfg
 
@@ -59,8 +65,9 @@ def test_training_passes_every_field(calls):
 
 def test_sampling_keeps_kernels_and_sp_drops_checkpointing(calls):
     parallelize_from_config(nn.Linear(2, 2), every_field_set(), None, sampling=True)
-    expected = {name: value for name, (_, value) in TRAINING.items()}
-    expected.update(sp_group=None, selective_ratio=1.0, ac_offload=False, compile=True, cuda_graphs=False)
+    expected = {name: value for name, (_, value) in TRAINING.items() if not name.startswith("lora_")}
+    expected.update(SAMPLING_NEVER, sp_group=None, selective_ratio=1.0, ac_offload=False, compile=True,
+                    cuda_graphs=False)
     assert calls == [expected]
     cfg = every_field_set()
     cfg.sample.compile = False
