@@ -13,7 +13,7 @@ from .diffusers_dit import (
     use_meta_timestep_frequencies,
 )
 from .diffusers_families import LORA_MODES, LORA_WEIGHT_NAME, export_family, unwrap_model
-from .files import make_readable
+from .files import check_pretrained_folder, make_readable
 
 __all__ = [
     "LORA_MODES",
@@ -21,6 +21,7 @@ __all__ = [
     "export_family",
     "make_readable",
     "unwrap_model",
+    "check_pretrained_folder",
     "diffusers_dit_config",
     "diffusers_to_dit_state_dict",
     "dit_to_diffusers_state_dict",
