@@ -43,6 +43,9 @@ class ModelConfig:
     num_classes: Optional[int] = _f(None, "class-label vocabulary; None: from the dataset")
     learn_sigma: bool = _f(True, "predict the variance too (output channels doubled), as DiT")
     class_dropout_prob: float = _f(0.1, "label dropout probability for classifier-free guidance")
+    timestep_spacing: str = _f("meta", "timestep frequency spacing: meta (the DiT reference's) or diffusers (a plain "
+                               "DiTTransformer2DModel.from_pretrained of the export is then exact); DiT only",
+                               choices=("meta", "diffusers"))
 
 
 @dataclass
