@@ -49,7 +49,6 @@ def train(spec: TrainerSpec, cfg, info) -> str:
 
     data = spec.prepare_data(cfg, info.device, plugin.sp_group)
     model = spec.build_model(cfg)
-    drop_kwarg = condition_dropout_kwarg(model) if cfg.model.class_dropout_prob > 0 else None
     if cfg.init_from and not wants_resume(cfg):
         load_weights(model, cfg.init_from, use_ema=False)
         log.write(f"initialised weights from {cfg.init_from}")
@@ -74,7 +73,11 @@ def train(spec: TrainerSpec, cfg, info) -> str:
     seed_everything(cfg.global_seed, plugin.dp_rank, plugin.dp_size)
     restore_train_state(state, cfg, booster, log)
     write_run_config(cfg, run_dir, info.is_main)
-    model = state.model
+    # What the objective calls: the boosted model, or (a diffusers family) it through its adapter;
+    # the capabilities are declared by the serial model's class or by that denoiser.
+    denoiser = spec.denoiser(cfg, model, state.model) if spec.denoiser is not None else state.model
+    declared = model if denoiser is state.model else denoiser
+    drop_kwarg = condition_dropout_kwarg(declared) if cfg.model.class_dropout_prob > 0 else None
 
     def batch_loss(indexed_batch, step: int) -> torch.Tensor:
         # Each sample's noise, time and condition dropout come from its own stream, seeded by
@@ -86,7 +89,7 @@ def train(spec: TrainerSpec, cfg, info) -> str:
         if drop_kwarg is not None:
             u = draws.uniform((len(draws),), x.device, torch.float32)      # [B]
             model_kwargs[drop_kwarg] = u < cfg.model.class_dropout_prob
-        loss = objective_loss(objective, model, x, model_kwargs, draws)
+        loss = objective_loss(objective, denoiser, x, model_kwargs, draws)
         return loss * data.loss_weight(batch) if data.loss_weight is not None else loss
 
     path = run_steps(state, cfg, booster, log, batch_loss, device=info.device, after_save=after_save)
