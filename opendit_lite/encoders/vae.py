@@ -24,8 +24,11 @@ def load_vae(path: str, dtype: torch.dtype = torch.float32, device="cpu"):
     try:
         vae = AutoencoderKL.from_pretrained(path, torch_dtype=dtype, local_files_only=True)
     except Exception as e:  # diffusers raises OSError, ValueError, EnvironmentError, UnpicklingError, ...
-        cause = e.__cause__ or e.__context__ or e
-        if "Weights only load failed" in str(e) or isinstance(cause, pickle.UnpicklingError):
+        chain, cause = [], e
+        while cause is not None and len(chain) < 8:  # diffusers re-raises torch's refusal as an OSError
+            chain.append(cause)
+            cause = cause.__cause__ or cause.__context__
+        if any(isinstance(c, pickle.UnpicklingError) or "Weights only load failed" in str(c) for c in chain):
             why = ("its weights file holds pickled Python objects besides tensors, and loading it would run code "
                    "from the file, so it is refused; re-save the VAE with AutoencoderKL.save_pretrained (safetensors)")
         else:

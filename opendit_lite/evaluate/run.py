@@ -22,15 +22,15 @@ def check_eval_config(cfg) -> None:
         raise ConfigError(f"'eval.reference' {e.reference!r} does not exist.")
     if e.precision_recall and not e.reference:
         raise ConfigError("'eval.precision_recall' compares with reference images: set eval.reference.")
-    if e.score:
-        load_inception(e.inception_path, "cpu")  # exits with where to put the weights, or why they are wrong
-    elif e.reference or e.precision_recall:
+    if not e.score and (e.reference or e.precision_recall):
         raise ConfigError("'eval.score'=false only writes samples, but eval.reference / eval.precision_recall ask "
                           "for metrics: remove them, or set eval.score=true with eval.inception_path.")
     if e.samples:
-        check_images_file(e.samples)  # its format, before anything else runs
+        check_images_file(e.samples)  # the files' formats from their headers: cheap, so first
     if e.reference:
         check_reference_file(e.reference)
+    if e.score:
+        load_inception(e.inception_path, "cpu")  # exits with where to put the weights, or why they are wrong
 
 
 def score(cfg, samples_path: str, out_dir: str) -> dict:
