@@ -139,7 +139,7 @@ class SampleConfig(BaseSampleConfig):
     num_sampling_steps: int = _f(250, "respaced number of sampling steps", at_least=1)
     class_labels: Optional[List[int]] = _f(None, "labels to sample, one grid row each; None: every class", at_least=0)
     samples_per_class: int = _f(8, "images per class label (grid columns)", at_least=1)
-    output: Optional[str] = _f(None, "PNG path of the grid; None: <run dir>/samples.png")
+    output: Optional[str] = _f(None, "PNG path of the grid; None: <run dir>/samples/<checkpoint name>.png")
     batch_size: int = _f(32, "samples per forward on each data-parallel rank (guidance runs twice as many rows)",
                          at_least=1)
 

@@ -89,7 +89,7 @@ class VideoSampleConfig(BaseSampleConfig):
     height: Optional[int] = _f(None, "frame height to sample in pixels; None: the trained clip's", at_least=1)
     width: Optional[int] = _f(None, "frame width to sample in pixels; None: the trained clip's", at_least=1)
     fps: int = _f(4, "frames per second of the written videos", at_least=1)
-    output_dir: Optional[str] = _f(None, "folder for the videos and contact sheet; None: <run dir>/samples")
+    output_dir: Optional[str] = _f(None, "folder for the videos and contact sheet; None: <run dir>/samples/<checkpoint name>")
 
 
 @dataclass

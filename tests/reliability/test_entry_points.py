@@ -269,6 +269,37 @@ def test_help_names_the_program(capsys):
     assert usage.startswith("usage: python ") and usage.split()[2] not in ("[--config", ""), usage
 
 
+def test_make_demo_is_rerunnable_and_clean_keeps_the_venv():
+    makefile = subprocess.run(["make", "-n", "demo", "clean"], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                              env={**os.environ, "MAKEFLAGS": ""})
+    lines = [line for line in makefile.stdout.splitlines() if "train" in line or "rm " in line]
+    assert any("train.py --config configs/demo.yaml auto_resume=true" in line for line in lines), makefile.stdout
+    assert not any(".venv" in line for line in lines if line.startswith("rm ")), lines
+    distclean = subprocess.run(["make", "-n", "distclean"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert "rm -rf .venv" in distclean.stdout
+
+
+@pytest.mark.slow
+def test_a_rerun_continues_says_so_and_samples_per_checkpoint(entry, capsys, tmp_path):
+    """The demo's way (auto_resume=true) run twice: the first starts from step 0 and says so, the
+    second finds the run complete and says there is nothing left to train; sample.py on a LoRA run
+    says it merged the adapters, and samples of two checkpoints land in two files."""
+    args = [*TINY, f"results_dir={tmp_path}", "exp_name=r", "max_steps=2", "ckpt_every=1", "auto_resume=true",
+            "lora.rank=2", "lora.export_merged=false"]
+    code, out = run_main(entry, capsys, "train", *args)
+    assert code == 0 and "auto_resume: no checkpoint of experiment 'r' yet, starting from step 0" in out, out
+    code, out = run_main(entry, capsys, "train", *args)
+    assert code == 0 and "nothing left to train" in out and "r_step2 is at step 2 and max_steps=2" in out, out
+    sample = [*TINY, f"results_dir={tmp_path}", "exp_name=r", "sample.num_sampling_steps=2",
+              "sample.samples_per_class=1"]
+    code, out = run_main(entry, capsys, "sample", *sample)
+    assert code == 0 and "merged the LoRA adapters of" in out and "(rank 2, alpha 16)" in out, out
+    first = tmp_path / "r" / "checkpoints" / "r_step1"
+    code, out = run_main(entry, capsys, "sample", *sample, f"sample.ckpt={first}")
+    assert code == 0, out
+    assert sorted(os.listdir(tmp_path / "r" / "samples")) == ["r_step1.png", "r_step2.png"]
+
+
 QUIET_ENV = {k: v for k, v in os.environ.items() if k not in ("OPENDIT_DEBUG", "PYTHONWARNINGS")}
 NOISE = ("Warning", "warn", "deprecat", "Please install", "Failed to load", "kernels-community")
 
