@@ -1,4 +1,4 @@
-"""Export a DiT trained here to diffusers, or import a diffusers DiT for fine-tuning here.
+"""Export a model trained here to diffusers, or import a diffusers DiT for fine-tuning here.
 
     # a DiTTransformer2DModel folder (EMA weights unless --no-ema):
     python scripts/export_diffusers.py --checkpoint results/exp/checkpoint_step10000 --output out/dit-diffusers
@@ -10,10 +10,13 @@
 
 Load the export with ``DiTTransformer2DModel.from_pretrained(OUTPUT)`` (or ``subfolder="transformer"``
 for a pipeline). diffusers embeds timesteps with a slightly different frequency spacing than Meta's
-DiT and ours; for outputs equal to ours call
-``opendit_lite.interop.use_meta_timestep_frequencies(transformer)`` after loading (see
-``opendit_lite/interop/diffusers_dit.py`` for the measured difference). Errors print one paragraph
-and exit with code 2.
+DiT; a model trained with ``model.timestep_spacing: diffusers`` uses diffusers' spacing and its
+export loads exactly. The export measures the difference on the weights it writes: a model with
+Meta's spacing (the default) is refused unless ``--allow-inexact`` is given (then a warning names the
+measured difference; ``opendit_lite.interop.use_meta_timestep_frequencies(transformer)`` after
+loading makes it exact). Files get mode 0644 (the umask's plain-file mode); an existing --output
+folder is replaced only when it holds an earlier export. Errors print one paragraph and exit with
+code 2.
 """
 
 import argparse
@@ -23,7 +26,12 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from opendit_lite.config import ConfigError, resolve_aliases  # noqa: E402
+from opendit_lite.interop import check_pretrained_folder  # noqa: E402
 from opendit_lite.utils.exit_codes import script_main  # noqa: E402
+
+# Largest output difference between the model and a plain from_pretrained of its export that counts
+# as exact: fp32 rounding of the same function is ~1e-6; Meta's spacing gives ~1e-2 to 1e-1.
+EXACT_TOL = 1e-4
 
 
 def _model_from_checkpoint(checkpoint: str, use_ema: bool):
@@ -40,10 +48,11 @@ def _model_from_checkpoint(checkpoint: str, use_ema: bool):
                           f"written by train.py.")
     m = saved["model"]
     size = m["input_size"]
+    spacing = {"timestep_spacing": m["timestep_spacing"]} if m.get("timestep_spacing", "meta") != "meta" else {}
     try:
         model = build_model(m["name"], input_size=(size[0], size[-1]), in_channels=m["in_channels"],
                             num_classes=m["num_classes"], learn_sigma=m["learn_sigma"],
-                            class_dropout_prob=m["class_dropout_prob"])
+                            class_dropout_prob=m["class_dropout_prob"], **spacing)
         load_weights(model, checkpoint, use_ema=use_ema)
     except (KeyError, ValueError, FileNotFoundError, RuntimeError) as e:
         raise ConfigError(f"cannot rebuild the model of --checkpoint {checkpoint!r}: {e}") from None
@@ -68,22 +77,66 @@ def _scheduler(diffusion: dict):
                          beta_end=scale * 0.02, clip_sample=False)
 
 
-def export(checkpoint: str, output: str, vae: str = None, use_ema: bool = True) -> str:
+def _check_output(output: str) -> None:
+    """--output must be a new path or an earlier export (a folder with a config or model index)."""
+    if os.path.isfile(output) or (os.path.lexists(output) and not os.path.isdir(output)):
+        raise ConfigError(f"--output {output!r} is an existing file; give a folder path for the export (a new one, "
+                          f"or an earlier export to replace).")
+    if os.path.isdir(output) and os.listdir(output) and not any(
+            os.path.isfile(os.path.join(output, name)) for name in ("config.json", "model_index.json")):
+        raise ConfigError(f"--output {output!r} is a folder that holds other files, not an earlier diffusers export; "
+                          f"give a new folder path (an earlier export is replaced).")
+
+
+def _check_exact(model, allow_inexact: bool) -> None:
+    """Refuse (or with ``allow_inexact`` warn about) an export whose plain from_pretrained differs."""
+    from opendit_lite.interop import timestep_frequency_mismatch
+
+    difference = timestep_frequency_mismatch(model)
+    if difference <= EXACT_TOL:
+        return
+    spacing = "Meta's timestep frequency spacing (model.timestep_spacing: meta, the default)"
+    if not allow_inexact:
+        raise ConfigError(
+            f"this DiT uses {spacing}; diffusers' DiTTransformer2DModel spaces the frequencies differently and its "
+            f"config cannot say otherwise, so a plain from_pretrained of the export differs from the model by up to "
+            f"{difference:.3g} (measured on these weights). Train with model.timestep_spacing=diffusers for an exact "
+            f"export, or pass --allow-inexact and call opendit_lite.interop.use_meta_timestep_frequencies(transformer) "
+            f"after loading.")
+    print(f"warning: this DiT uses {spacing}: a plain from_pretrained of the export differs from the model by up to "
+          f"{difference:.3g} (measured on these weights); call opendit_lite.interop.use_meta_timestep_frequencies("
+          f"transformer) after loading for the exact model.", file=sys.stderr)
+
+
+def _publish(output: str, write) -> str:
+    """``write(folder)`` into a temporary sibling of ``output``, moved into place when complete."""
+    from opendit_lite.checkpoint.files import atomic_path
+    from opendit_lite.interop import make_readable
+
+    with atomic_path(output) as tmp:
+        write(tmp)
+        make_readable(tmp)
+    return output
+
+
+def export(checkpoint: str, output: str, vae: str = None, use_ema: bool = True, allow_inexact: bool = False) -> str:
     from opendit_lite.interop import to_diffusers_dit
 
+    _check_output(output)
     model, diffusion = _model_from_checkpoint(checkpoint, use_ema)
+    _check_exact(model, allow_inexact)
     transformer = to_diffusers_dit(model)
     if vae is None:
-        transformer.save_pretrained(output)
-        return output
+        return _publish(output, transformer.save_pretrained)
     from diffusers import AutoencoderKL, DiTPipeline
 
     scheduler = _scheduler(diffusion)
+    check_pretrained_folder(vae, f"--vae {vae!r}")
     try:
-        autoencoder = AutoencoderKL.from_pretrained(vae)
-    except (OSError, ValueError) as e:
+        autoencoder = AutoencoderKL.from_pretrained(vae, use_safetensors=True)
+    except (OSError, ValueError, TypeError) as e:
         raise ConfigError(f"--vae {vae!r} is not a diffusers AutoencoderKL folder: {e}") from None
-    DiTPipeline(transformer=transformer, vae=autoencoder, scheduler=scheduler).save_pretrained(output)
+    _publish(output, DiTPipeline(transformer=transformer, vae=autoencoder, scheduler=scheduler).save_pretrained)
     classes = model.y_embedder.num_classes
     if classes != 1000:
         print(f"warning: DiTPipeline's classifier-free guidance uses label 1000 as the null class (ImageNet's); this "
@@ -100,15 +153,22 @@ def import_diffusers(source: str, output: str) -> str:
 
     if not output.endswith(".safetensors"):
         raise ConfigError(f"--output {output!r} must name a .safetensors file when importing with --from-diffusers.")
+    if os.path.isdir(output):
+        raise ConfigError(f"--output {output!r} is a folder; give the path of a .safetensors file to write.")
     subfolder = "transformer" if os.path.isdir(os.path.join(source, "transformer")) else None
+    check_pretrained_folder(os.path.join(source, subfolder or ""), f"--from-diffusers {source!r}"
+                            + (" (its transformer/)" if subfolder else ""))
     try:
-        transformer = DiTTransformer2DModel.from_pretrained(source, subfolder=subfolder)
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"--from-diffusers {source!r} is not a diffusers DiT (pipeline or transformer "
-                          f"folder): {e}") from None
+        transformer = DiTTransformer2DModel.from_pretrained(source, subfolder=subfolder, use_safetensors=True)
+    except (OSError, ValueError, TypeError) as e:
+        raise ConfigError(f"--from-diffusers {source!r} is not a diffusers DiT (pipeline or transformer folder): "
+                          f"{e}") from None
     model = from_diffusers_dit(transformer)
     os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, output)
+    if model.t_embedder.spacing != "meta":
+        print(f"note: this diffusers DiT uses diffusers' timestep spacing; fine-tune it with "
+              f"model.timestep_spacing={model.t_embedder.spacing} to keep its outputs.", file=sys.stderr)
     return output
 
 
@@ -121,14 +181,17 @@ def main(argv) -> str:
     p.add_argument("--output", required=True, help="output folder (export) or .safetensors file (import)")
     p.add_argument("--vae", help="diffusers AutoencoderKL folder: write a full DiTPipeline")
     p.add_argument("--no-ema", action="store_true", help="export the trained weights instead of the EMA")
+    p.add_argument("--allow-inexact", action="store_true",
+                   help="export a DiT with Meta's timestep spacing anyway (warns with the measured difference)")
     args = p.parse_args(argv)
     if args.from_diffusers:
-        if args.vae or args.no_ema:
-            raise ConfigError("--vae and --no-ema apply to --checkpoint exports, not to --from-diffusers imports.")
+        if args.vae or args.no_ema or args.allow_inexact:
+            raise ConfigError("--vae, --no-ema and --allow-inexact apply to --checkpoint exports, not to "
+                              "--from-diffusers imports.")
         out = import_diffusers(args.from_diffusers, args.output)
         print(f"wrote our DiT's weights from {args.from_diffusers} to {out}")
         return out
-    out = export(args.checkpoint, args.output, vae=args.vae, use_ema=not args.no_ema)
+    out = export(args.checkpoint, args.output, vae=args.vae, use_ema=not args.no_ema, allow_inexact=args.allow_inexact)
     kind = "DiTPipeline" if args.vae else "DiTTransformer2DModel"
     print(f"wrote a diffusers {kind} ({'trained' if args.no_ema else 'EMA'} weights) from {args.checkpoint} to {out}")
     return out

@@ -9,7 +9,7 @@ from ..config import TrainConfig
 from ..data import build_dataset
 from ..data.skip_bad import SkipBadSamples
 from ..errors import ConfigError
-from ..models import build_model
+from ..models import MODELS, build_model, registered_class
 
 
 def build_dataset_from_config(cfg: TrainConfig):
@@ -62,10 +62,16 @@ def model_input_hw(cfg: TrainConfig) -> Tuple[int, int]:
 
 def build_model_from_config(cfg: TrainConfig) -> nn.Module:
     m = cfg.model
+    spacing = {}  # passed only when not the default, so models without the choice build as before
+    if m.timestep_spacing != "meta" and m.name in MODELS:  # an unknown name: build_model says so below
+        if m.timestep_spacing not in getattr(registered_class(m.name), "timestep_spacings", ("meta",)):
+            raise ConfigError(f"model.timestep_spacing={m.timestep_spacing!r} is not available for {m.name!r} (only "
+                              f"DiT models take it, to match diffusers' DiTTransformer2DModel); remove the setting.")
+        spacing = {"timestep_spacing": m.timestep_spacing}
     try:
         return build_model(m.name, input_size=model_input_hw(cfg), in_channels=m.in_channels,
                            num_classes=m.num_classes, learn_sigma=m.learn_sigma,
-                           class_dropout_prob=m.class_dropout_prob)
+                           class_dropout_prob=m.class_dropout_prob, **spacing)
     except KeyError as e:  # unknown name
         raise ConfigError(f"'model.name': {e.args[0]}") from None
     except ValueError as e:  # e.g. an input size the patch size does not divide

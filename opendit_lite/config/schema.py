@@ -43,6 +43,9 @@ class ModelConfig:
     num_classes: Optional[int] = _f(None, "class-label vocabulary; None: from the dataset")
     learn_sigma: bool = _f(True, "predict the variance too (output channels doubled), as DiT")
     class_dropout_prob: float = _f(0.1, "label dropout probability for classifier-free guidance")
+    timestep_spacing: str = _f("meta", "timestep frequency spacing: meta (the DiT reference's) or diffusers (a plain "
+                               "DiTTransformer2DModel.from_pretrained of the export is then exact); DiT only",
+                               choices=("meta", "diffusers"))
 
 
 @dataclass
@@ -71,6 +74,8 @@ class DiffusionConfig:
     diffusion_steps: int = _f(1000, "number of diffusion timesteps used in training")
     timestep_sampling: str = _f("logit-normal", "rflow: distribution the training times are drawn from",
                                 choices=("uniform", "logit-normal"))
+    shift: Optional[float] = _f(None, "rflow: time shift s (t -> s t / (1 + (s - 1) t)) of training and sampling "
+                                      "times; vpred: divides the SNR; null: none (a diffusers family: its recipe's)")
 
 
 @dataclass

@@ -1,5 +1,7 @@
 """Moving models between opendit_lite and other libraries: ``diffusers_dit`` maps our DiT to
-diffusers' ``DiTTransformer2DModel`` and back (``scripts/export_diffusers.py`` writes the folders)."""
+diffusers' ``DiTTransformer2DModel`` and back (``scripts/export_diffusers.py`` writes the folders);
+``diffusers_families`` writes the diffusers transformers trained here (Wan, Flux, ...) back to
+folders their own class loads; ``files`` gives exported files the mode of a plain file."""
 
 from .diffusers_dit import (
     diffusers_dit_config,
@@ -10,8 +12,16 @@ from .diffusers_dit import (
     to_diffusers_dit,
     use_meta_timestep_frequencies,
 )
+from .diffusers_families import LORA_MODES, LORA_WEIGHT_NAME, export_family, unwrap_model
+from .files import check_pretrained_folder, make_readable
 
 __all__ = [
+    "LORA_MODES",
+    "LORA_WEIGHT_NAME",
+    "export_family",
+    "make_readable",
+    "unwrap_model",
+    "check_pretrained_folder",
     "diffusers_dit_config",
     "diffusers_to_dit_state_dict",
     "dit_to_diffusers_state_dict",

@@ -23,17 +23,23 @@ the final layer); export writes ours into every block, import requires the copie
 diffusers' label table always has the null-class row; a model trained without label dropout gets
 a zero row there.
 
-Timestep frequencies. Meta's DiT (and ours) embeds t with frequencies ``exp(-ln(10^4) * i / 128)``;
-diffusers' ``Timesteps(256, flip_sin_to_cos=True, downscale_freq_shift=1)`` in
-``CombinedTimestepLabelEmbeddings`` divides by 127 instead of 128. With exactly mapped weights the
+Timestep frequencies. Meta's DiT (and ours by default) embeds t with frequencies
+``exp(-ln(10^4) * i / 128)``; diffusers' ``Timesteps(256, flip_sin_to_cos=True, downscale_freq_shift=1)``
+in ``CombinedTimestepLabelEmbeddings`` divides by 127 instead of 128. With exactly mapped weights the
 outputs of the two models therefore differ (measured on a 2-block, 64-wide DiT with perturbed
 random weights: 0.07 to 0.10 largest absolute difference for outputs of magnitude 1.4 to 1.5, over
-timesteps 0..999; ``timestep_frequency_mismatch`` measures it for any model, e.g. a trained one). The
-config of ``DiTTransformer2DModel`` does not expose that setting, so the exact mode is a call after
-loading: ``use_meta_timestep_frequencies(transformer)`` sets ``downscale_freq_shift = 0`` on every
-block's ``Timesteps`` module, after which the outputs equal ours to float rounding.
-``from_diffusers_dit`` imports a model trained with diffusers' spacing into ours (Meta's spacing), a
-change of the same small size that fine-tuning absorbs.
+timesteps 0..999; ``timestep_frequency_mismatch`` measures it for any model, e.g. a trained one).
+The config of ``DiTTransformer2DModel`` does not expose that setting, so a folder cannot carry it.
+Two ways to exactness:
+
+* train with diffusers' spacing (``DiT(timestep_spacing="diffusers")``, the config's
+  ``model.timestep_spacing: diffusers``): a plain ``from_pretrained`` of the export is then the model;
+* after loading, ``use_meta_timestep_frequencies(transformer)`` sets ``downscale_freq_shift = 0``
+  on every block's ``Timesteps`` module (a Python call, not saved with the folder).
+
+``scripts/export_diffusers.py`` measures the difference on the weights it exports and refuses an
+inexact export unless asked. ``from_diffusers_dit`` builds our DiT with the spacing the diffusers
+model uses, so an import is exact either way.
 
 diffusers' DiT is square (``sample_size``) and its norms use ``norm_eps`` (exported as 1e-6, Meta's).
 """
@@ -144,6 +150,12 @@ def use_meta_timestep_frequencies(transformer: nn.Module) -> nn.Module:
     return transformer
 
 
+def timestep_spacing_of(transformer: nn.Module) -> str:
+    """Our ``timestep_spacing`` name for the spacing a diffusers DiT embeds timesteps with."""
+    shift = transformer.transformer_blocks[0].norm1.emb.time_proj.downscale_freq_shift
+    return "meta" if shift == 0 else "diffusers"
+
+
 def to_diffusers_dit(model: nn.Module, exact_timesteps: bool = False) -> nn.Module:
     """A ``DiTTransformer2DModel`` with ``model``'s weights (fp32, eval mode). ``exact_timesteps``:
     also apply ``use_meta_timestep_frequencies`` (not saved by ``save_pretrained``)."""
@@ -161,7 +173,8 @@ def to_diffusers_dit(model: nn.Module, exact_timesteps: bool = False) -> nn.Modu
 
 
 def from_diffusers_dit(transformer: nn.Module, class_dropout_prob: float = 0.1) -> nn.Module:
-    """Our ``DiT`` with the weights of a diffusers ``DiTTransformer2DModel`` (for fine-tuning)."""
+    """Our ``DiT`` with the weights of a diffusers ``DiTTransformer2DModel`` (for fine-tuning), with
+    its timestep spacing (``timestep_spacing_of``): the same outputs."""
     from opendit_lite.models.dit import DiT
 
     c = transformer.config
@@ -171,7 +184,8 @@ def from_diffusers_dit(transformer: nn.Module, class_dropout_prob: float = 0.1) 
     model = DiT(input_size=c.sample_size, patch_size=c.patch_size, in_channels=c.in_channels,
                 hidden_size=c.num_attention_heads * c.attention_head_dim, depth=c.num_layers,
                 num_heads=c.num_attention_heads, class_dropout_prob=class_dropout_prob,
-                num_classes=c.num_embeds_ada_norm, learn_sigma=transformer.out_channels == 2 * c.in_channels)
+                num_classes=c.num_embeds_ada_norm, learn_sigma=transformer.out_channels == 2 * c.in_channels,
+                timestep_spacing=timestep_spacing_of(transformer))
     state = diffusers_to_dit_state_dict({k: v.float() for k, v in transformer.state_dict().items()})
     table = state["y_embedder.embedding_table.weight"]
     rows = model.y_embedder.embedding_table.weight.shape[0]
@@ -185,8 +199,9 @@ def from_diffusers_dit(transformer: nn.Module, class_dropout_prob: float = 0.1) 
 
 @torch.no_grad()
 def timestep_frequency_mismatch(model: nn.Module, batch: int = 4, seed: int = 0) -> float:
-    """Largest output difference between ``model`` and its diffusers export with diffusers' default
-    timestep spacing, on random inputs (eval mode; the size of the difference the docstring names)."""
+    """Largest output difference between ``model`` and a plain ``from_pretrained`` of its diffusers
+    export (diffusers' default timestep spacing), on random inputs in eval mode: the size of the
+    difference the docstring names for a model with Meta's spacing, float rounding with diffusers'."""
     transformer = to_diffusers_dit(model)
     g = torch.Generator().manual_seed(seed)
     height, width = model.x_embedder.img_size

@@ -109,6 +109,9 @@ class DiT(nn.Module):
             (classifier-free guidance); 0 builds a table without the null class.
         num_classes: number of class labels (1000 for ImageNet).
         learn_sigma: also predict the variance (output channels doubled), as improved DDPM does.
+        timestep_spacing: frequency spacing of the timestep features, "meta" (the reference's) or
+            "diffusers" (that of diffusers' ``DiTTransformer2DModel``, whose plain ``from_pretrained``
+            then reproduces this model exactly; see ``interop/diffusers_dit.py``).
     """
 
     # Capabilities (see models/capabilities.py): class-conditional images, Ulysses, ring or USP
@@ -120,6 +123,7 @@ class DiT(nn.Module):
     condition_dropout_kwarg = "force_drop_ids"  # the trainer's per-sample condition dropout
     # Inputs a mixed-precision wrapper must not cast: fractional diffusion times lose up to 4 steps in bf16.
     fp32_inputs = ("t",)
+    timestep_spacings = tuple(TimestepEmbedder.SPACING_SHIFTS)  # model.timestep_spacing choices
 
     def __init__(
         self,
@@ -134,6 +138,7 @@ class DiT(nn.Module):
         num_classes: int = 1000,
         learn_sigma: bool = True,
         variable_size: bool = False,
+        timestep_spacing: str = "meta",
     ):
         super().__init__()
         self.learn_sigma = learn_sigma
@@ -144,7 +149,7 @@ class DiT(nn.Module):
 
         self.x_embedder = PatchEmbed(input_size, patch_size, in_channels, hidden_size, bias=True,
                                      strict_img_size=not variable_size)
-        self.t_embedder = TimestepEmbedder(hidden_size)
+        self.t_embedder = TimestepEmbedder(hidden_size, spacing=timestep_spacing)
         self.y_embedder = LabelEmbedder(num_classes, hidden_size, class_dropout_prob)
         self.input_size = self.x_embedder.img_size
         # A fixed table, but kept as a frozen Parameter (not a buffer) exactly as the reference

@@ -133,25 +133,33 @@ class TimestepEmbedder(nn.Module):
     the model has been cast to bf16/fp16 for mixed-precision training.
     """
 
-    def __init__(self, hidden_size: int, frequency_embedding_size: int = 256):
+    # Frequency spacings: Meta's DiT divides the exponent by half the dimension; diffusers'
+    # ``Timesteps(downscale_freq_shift=1)`` (its DiT, PixArt, SD3, ...) by half minus one.
+    SPACING_SHIFTS = {"meta": 0, "diffusers": 1}
+
+    def __init__(self, hidden_size: int, frequency_embedding_size: int = 256, spacing: str = "meta"):
         super().__init__()
+        if spacing not in self.SPACING_SHIFTS:
+            raise ValueError(f"timestep spacing {spacing!r} is not one of {', '.join(self.SPACING_SHIFTS)}")
         self.mlp = nn.Sequential(
             nn.Linear(frequency_embedding_size, hidden_size, bias=True),
             nn.SiLU(),
             nn.Linear(hidden_size, hidden_size, bias=True),
         )
         self.frequency_embedding_size = frequency_embedding_size
+        self.spacing = spacing
 
     @staticmethod
-    def timestep_embedding(t: torch.Tensor, dim: int, max_period: float = 10000.0) -> torch.Tensor:
+    def timestep_embedding(t: torch.Tensor, dim: int, max_period: float = 10000.0, shift: int = 0) -> torch.Tensor:
         """t: [B] (may be fractional) -> float32 [B, dim] laid out as ``[cos(t * f), sin(t * f)]``.
 
-        Frequencies ``f_i = max_period ** (-i / (dim // 2))`` span periods from 2*pi up to about
-        ``max_period``; the cos-before-sin order (opposite to the positional tables) is the one
-        pretrained DiT checkpoints expect. An odd ``dim`` gets one zero column at the end.
+        Frequencies ``f_i = max_period ** (-i / (dim // 2 - shift))`` span periods from 2*pi up to
+        about ``max_period`` (shift 0, Meta's spacing; 1 is diffusers'); the cos-before-sin order
+        (opposite to the positional tables) is the one pretrained DiT checkpoints expect. An odd
+        ``dim`` gets one zero column at the end.
         """
         half = dim // 2
-        exponents = torch.arange(half, dtype=torch.float32, device=t.device) / half     # [half]
+        exponents = torch.arange(half, dtype=torch.float32, device=t.device) / (half - shift)  # [half]
         freqs = torch.exp(-math.log(max_period) * exponents)                             # [half]
         args = t.float()[:, None] * freqs[None, :]                                       # [B, half]
         embedding = torch.cat([torch.cos(args), torch.sin(args)], dim=-1)                # [B, 2*half]
@@ -160,7 +168,8 @@ class TimestepEmbedder(nn.Module):
         return embedding
 
     def forward(self, t: torch.Tensor) -> torch.Tensor:
-        t_freq = self.timestep_embedding(t, self.frequency_embedding_size)  # [B, F] float32
+        shift = self.SPACING_SHIFTS[self.spacing]
+        t_freq = self.timestep_embedding(t, self.frequency_embedding_size, shift=shift)  # [B, F] float32
         return self.mlp(t_freq.to(self.mlp[0].weight.dtype))                # [B, D]
 
 
