@@ -14,6 +14,7 @@ from ..build.diffusers_model import (
     is_family,
     resolve_family_text,
 )
+from ..build.family import check_model_family
 from ..build.video import (
     CaptionEncoder,
     bucket_loss_weights,
@@ -32,6 +33,7 @@ from ..config.video_schema import VideoTrainConfig
 from ..data.buckets import BucketBatchSampler
 from ..encoders.video_vae import VideoVAE
 from ..errors import ConfigError
+from ..parallel.modes import ulysses_heads_error
 from ..precision import Precision
 from .spec import TrainerSpec, TrainingData
 
@@ -45,11 +47,15 @@ def validate_video_config(cfg) -> None:
     if cfg.data.num_frames < 1 or cfg.data.image_size < 1 or cfg.text_encoder.max_length < 1:
         raise ConfigError("'data.num_frames', 'data.image_size' and 'text_encoder.max_length' must be positive.")
     m = cfg.model
+    if not is_family(m.name):
+        check_model_family(m.name, "video")  # an unknown name lists the zoo's and the diffusers classes
     if not is_family(m.name) and (m.path or m.config):
         raise ConfigError(f"'model.path' and 'model.config' are for the diffusers classes; {m.name} is a model of the "
                           f"zoo (built from model.name and the data): remove them.")
-    if is_family(m.name):
-        diffusers_config(cfg)  # model.path / model.config checked before anything starts
+    if is_family(m.name):  # model.path / model.config and the heads checked before anything starts
+        heads = diffusers_config(cfg)["num_attention_heads"]
+        if cfg.sp_size > 1 and cfg.sp_mode == "ulysses" and heads % cfg.sp_size:
+            raise ulysses_heads_error(heads, cfg.sp_size, f"{m.name}'s attention")
     d = cfg.diffusion
     if not is_family(m.name):  # the zoo's video models: rectified flow with logit-normal times unless set
         d.objective = d.objective or "rflow"
