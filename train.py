@@ -17,7 +17,11 @@ Batch arithmetic: samples per optimizer step = global_batch_size
     = per-rank micro-batch x grad_accum_steps x data-parallel ranks (world size / sp_size).
 """
 
-from opendit_lite.utils.quiet import quiet_third_party_startup
+from opendit_lite.utils.exit_codes import exit_at_once_on_stop_signals
+
+exit_at_once_on_stop_signals()  # a Ctrl-C or SIGTERM during the imports below: exit 130 at once
+
+from opendit_lite.utils.quiet import quiet_third_party_startup  # noqa: E402
 
 quiet_third_party_startup()  # before colossalai is imported
 

@@ -24,7 +24,11 @@ Batch arithmetic: clips per optimizer step = global_batch_size
 the sp_size ranks of a group share each clip, each holding 1/sp_size of its tokens.
 """
 
-from opendit_lite.utils.quiet import quiet_third_party_startup
+from opendit_lite.utils.exit_codes import exit_at_once_on_stop_signals
+
+exit_at_once_on_stop_signals()  # a Ctrl-C or SIGTERM during the imports below: exit 130 at once
+
+from opendit_lite.utils.quiet import quiet_third_party_startup  # noqa: E402
 
 quiet_third_party_startup()  # before colossalai is imported
 

@@ -6,7 +6,8 @@ these. Other modules re-export them where users already import them (``opendit_l
 each class is defined here only.
 
     0    done
-    2    bad input: a setting, a path, the data or a checkpoint (one paragraph says what and what to do)
+    2    bad input: a setting, a path, the data or a checkpoint, or no room to save (one paragraph says
+         what and what to do)
     3    a non-finite loss or weights: the run stopped, no checkpoint was written after the first bad step
     130  interrupted (Ctrl-C / SIGTERM); the checkpoint written at the stop lets auto_resume continue
 
@@ -32,6 +33,15 @@ class CheckpointError(RuntimeError):
     """A checkpoint is missing, incomplete, truncated or corrupted; the message names the file."""
 
 
+class StorageError(RuntimeError):
+    """A save found no room: the disk or a quota is full, a file-size limit was hit, or the file system
+    is read-only. The message names the folder and the bytes; complete checkpoints are kept."""
+
+
+class RunLockedError(ConfigError):
+    """Another live run holds the run folder's lock; the message names it."""
+
+
 class NonFiniteError(RuntimeError):
     """The loss (or the weights) became NaN/inf; the message names the step."""
 
@@ -41,6 +51,6 @@ class RunInterrupted(Exception):
 
 
 # Exceptions a user can act on, and the exit code each maps to (checked in this order).
-USER_ERRORS = ((ConfigError, EXIT_BAD_INPUT), (CheckpointError, EXIT_BAD_INPUT),
+USER_ERRORS = ((ConfigError, EXIT_BAD_INPUT), (CheckpointError, EXIT_BAD_INPUT), (StorageError, EXIT_BAD_INPUT),
                (NonFiniteError, EXIT_NON_FINITE), (RunInterrupted, EXIT_INTERRUPTED),
                (KeyboardInterrupt, EXIT_INTERRUPTED))

@@ -8,6 +8,7 @@
 from ..config import TrainConfig
 from ..config.video_schema import VideoTrainConfig
 from ..errors import ConfigError
+from ..families import FAMILY_ADAPTERS
 from ..models import MODELS
 from ..models.capabilities import model_family
 
@@ -25,6 +26,8 @@ def config_schema(tree: dict) -> type:
     is a registered video model, or (an unregistered name) when it has a ``text_encoder`` section;
     else ``TrainConfig``."""
     name = (tree.get("model") or {}).get("name")
+    if name in FAMILY_ADAPTERS:  # a diffusers family: trained by train_video.py
+        return VideoTrainConfig
     video = model_family(name) == "video" if name in MODELS else "text_encoder" in tree
     return VideoTrainConfig if video else TrainConfig
 
@@ -35,11 +38,18 @@ def check_model_family(name: str, family: str, *, role: str = "train", subject: 
     ``subject`` says where the name comes from (default: "'model.name' '<name>'")."""
     if name in MODELS and model_family(name) == family:
         return
+    if name in FAMILY_ADAPTERS and family == "video":  # the diffusers families train as clips (images: 1 frame)
+        return
     subject = subject or f"'model.name' {name!r}"
     names = ", ".join(sorted(n for n in MODELS if model_family(n) == family))
     script = SCRIPTS[family][role]
+    if name in FAMILY_ADAPTERS and family == "image":
+        raise ConfigError(f"{subject} is a diffusers class of the families trained today: use "
+                          f"{SCRIPTS['video'][role]} (the image families Flux and SD3 train there on 1-frame clips).")
     if name not in MODELS:
-        raise ConfigError(f"{subject} is not a registered model; {family} models are: {names}.")
+        families = (f"; or a diffusers class of the families trained today: {', '.join(sorted(FAMILY_ADAPTERS))}"
+                    if family == "video" else "")
+        raise ConfigError(f"{subject} is not a registered model; {family} models are: {names}{families}.")
     other = model_family(name)
     article = "an" if other == "image" else "a"
     raise ConfigError(f"{subject} is {article} {other} model (it declares is_video = {other == 'video'}): use "

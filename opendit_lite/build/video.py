@@ -21,6 +21,7 @@ from ..distributed.mesh import node_group
 from ..encoders.video_vae import VideoVAE
 from ..errors import ConfigError
 from ..models import build_model
+from .diffusers_model import build_diffusers_model, diffusers_config, family_adapter, is_family
 from .family import check_model_family
 from .image import with_bad_sample_skipping
 
@@ -186,9 +187,19 @@ def sample_clip_shape(cfg, downsample: int = 1, patch_size: Tuple[int, int, int]
     return C, T, H, W
 
 
+def model_patch_size(cfg, model: nn.Module) -> Tuple[int, int, int]:
+    """(pt, ph, pw) of the model's tokens: a zoo model's ``patch_size``, a diffusers family's from its adapter."""
+    if is_family(cfg.model.name):
+        return family_adapter(cfg.model.name).patch_size(diffusers_config(cfg))
+    return tuple(model.patch_size)
+
+
 def build_video_model(cfg) -> nn.Module:
-    """The registered video model ``model.name`` (an image model is refused, naming train.py)."""
+    """The registered video model ``model.name`` (an image model is refused, naming train.py), or a
+    diffusers transformer of a registered family (``build_diffusers_model``)."""
     m = cfg.model
+    if is_family(m.name):
+        return build_diffusers_model(cfg)
     check_model_family(m.name, "video")
     return build_model(m.name, in_channels=m.in_channels, caption_channels=m.caption_channels,
                         model_max_length=cfg.text_encoder.max_length, class_dropout_prob=m.class_dropout_prob,

@@ -1,38 +1,75 @@
 """Atomic publication of files and folders, and loading that never unpickles arbitrary objects.
 
-A checkpoint (or a LiteGen ``save_*`` file) is written under ``<name>.tmp-<uid>`` and renamed to its
-final name by rank 0 once every rank has written its part, so a process killed midway leaves only
-the ``*.tmp-*`` name, which no reader takes for a checkpoint. Torch files are read with
+A checkpoint (or a LiteGen ``save_*`` file) is written under ``<name>.tmp-<uid>-<pid>@<host>`` (rank
+0's process id and host: ``litter.py`` removes the ones whose owner died) and renamed to its final
+name by rank 0 once every rank has written its part, so a process killed midway leaves only the
+``*.tmp-*`` name, which no reader takes for a checkpoint. Torch files are read with
 ``weights_only`` forced on, also inside library loaders we do not own (Colossal-AI's).
 """
 
+import errno
 import os
+import re
 import shutil
 import uuid
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 import torch
 
 from ..distributed.ranks import barrier, from_rank0, global_rank
 from ..errors import CheckpointError
+from ..utils.processes import owner_stamp
 
 TMP_TAG = ".tmp-"
 OLD_TAG = ".old-"  # a complete checkpoint moved aside while a re-save of its step is published
 
 
-def _remove(path: str) -> None:
+# Write failures that are the storage's, not the data's: the disk or a quota is full, a file-size
+# limit was hit, the file system is read-only.
+STORAGE_ERRNOS = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EROFS)
+# The same seen through libraries that do not raise OSError: safetensors ("... (os error 28)") and
+# torch's zip writer, whose short write reports no errno ("unexpected pos", "file write failed").
+_STORAGE_TEXT = re.compile(r"os error (%s)\b|unexpected pos \d+ vs \d+|file write failed|failed writing"
+                           % "|".join(str(n) for n in STORAGE_ERRNOS))
+
+
+def storage_failure(error: BaseException) -> Optional[str]:
+    """Why ``error`` (or an exception it was raised from) is the storage's failure, in words; None
+    when it is not one."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno in STORAGE_ERRNOS:
+            return os.strerror(error.errno)
+        match = _STORAGE_TEXT.search(str(error))
+        if match:
+            return (os.strerror(int(match.group(1))) if match.group(1)
+                    else "a write came up short (a full disk or a file-size limit)")
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def remove_path(path: str) -> None:
     if os.path.isdir(path) and not os.path.islink(path):
         shutil.rmtree(path)
     elif os.path.lexists(path):
         os.remove(path)
 
 
+def _remove_quietly(path: str) -> None:
+    try:
+        remove_path(path)
+    except OSError:
+        pass
+
+
 @contextmanager
 def atomic_path(final_path: str) -> Iterator[str]:
     """Collective: yields the same temporary sibling of ``final_path`` on every rank; when the block
     has completed on every rank, rank 0 renames it to ``final_path`` (file or folder), replacing an
-    older one, and every rank waits for the rename.
+    older one, and every rank waits for the rename. When the block raises (a full disk, a second
+    Ctrl-C), the rank that raised removes the temporary object before passing the error on.
 
     A file replaces a file in one atomic ``os.replace``. A folder (which POSIX cannot replace
     atomically) that already exists is first renamed to ``<final>.old-<uid>``, the new one is moved
@@ -40,23 +77,27 @@ def atomic_path(final_path: str) -> Iterator[str]:
     old copy under ``*.old-*``, which ``catalog.list_checkpoints`` considers when the final name is
     missing, so there is never a moment without a complete object for this name.
     """
-    uid = from_rank0(uuid.uuid4().hex[:12])
+    uid = from_rank0(f"{uuid.uuid4().hex[:12]}-{owner_stamp()}")  # rank 0 publishes, so rank 0 owns it
     tmp = f"{final_path}{TMP_TAG}{uid}"
     if global_rank() == 0:
         os.makedirs(os.path.dirname(os.path.abspath(final_path)), exist_ok=True)
     barrier()
-    yield tmp
+    try:
+        yield tmp
+    except BaseException:  # a failed or interrupted write: its partial object goes with it
+        _remove_quietly(tmp)
+        raise
     barrier()
     if global_rank() == 0:
         if not os.path.lexists(tmp):
             raise CheckpointError(f"nothing was written to {tmp}; cannot publish {final_path}")
         old = None
         if os.path.isdir(final_path) or (os.path.lexists(final_path) and os.path.isdir(tmp)):
-            old = f"{final_path}{OLD_TAG}{uid}"
+            old = f"{final_path}{OLD_TAG}{uid.split('-', 1)[0]}"
             os.rename(final_path, old)
         os.replace(tmp, final_path)
         if old is not None:
-            _remove(old)
+            remove_path(old)
     barrier()
 
 

@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..distributed.ranks import from_rank0, global_rank
 from ..errors import CheckpointError, ConfigError
-from .catalog import checkpoint_name, list_checkpoints, verify_checkpoint
+from .catalog import META_FILE, checkpoint_name, list_checkpoints, verify_checkpoint
 
 # LiteGen's file suffixes, by what the file holds.
 SUFFIXES = {"model": ".pth", "optimizer": ".optim_state.pth", "ema": ".ema.pth"}
@@ -106,7 +106,7 @@ def pick_resume_checkpoint(cfg, needs: Optional[Sequence[str]] = None,
     """LiteGen's priority: resume_from > auto_resume (the newest checkpoint that verifies) > nothing.
     ``needs``: the LiteGen companion files a model file must have to count (default: the optimizer,
     and the EMA when ``ema.enable``). Checkpoint folders that all fail to verify are an error, not
-    a fresh start."""
+    a fresh start, unless ``overwrite`` says to start afresh."""
     if cfg.resume_from:
         return cfg.resume_from
     if cfg.auto_resume:
@@ -114,17 +114,30 @@ def pick_resume_checkpoint(cfg, needs: Optional[Sequence[str]] = None,
             needs = ("optimizer",) + (("ema",) if cfg.ema.enable else ())
         root = checkpoint_root(cfg)
         found = find_resume_checkpoint(root, cfg.exp_name, needs, report)
-        if found is None and list_checkpoints(root, cfg.exp_name):
-            raise CheckpointError(f"auto_resume: no checkpoint of experiment '{cfg.exp_name}' under {root!r} verifies "
-                                  f"(each one skipped is listed above); restore one from a backup, or move them away "
-                                  f"to start afresh.")
+        damaged = marked_checkpoint_folders(root, cfg.exp_name)
+        if found is None and damaged and not cfg.overwrite:
+            raise CheckpointError(f"auto_resume: no checkpoint of experiment '{cfg.exp_name}' under {root!r} verifies: "
+                                  f"{', '.join(os.path.basename(p) for p in damaged)} (the reason for each is above). "
+                                  f"Restore one from a backup, or set overwrite=true to start afresh next to them.")
         return found
     return None
 
 
+def marked_checkpoint_folders(root: str, exp_name: str) -> List[str]:
+    """Folders ``<root>/<exp_name>_step<N>`` holding a ``meta.json``, readable or not: what was once
+    published as a checkpoint (a folder without one is an interrupted save or prune)."""
+    if not os.path.isdir(root):
+        return []
+    pattern = re.compile(rf"{re.escape(exp_name)}_step(\d+)")
+    found = [(int(m.group(1)), os.path.join(root, name)) for name in os.listdir(root)
+             if (m := pattern.fullmatch(name)) and os.path.isfile(os.path.join(root, name, META_FILE))]
+    return [path for _, path in sorted(found)]
+
+
 def wants_resume(cfg) -> bool:
-    """Whether this run continues a checkpoint (cheap: no file is read)."""
-    return bool(cfg.resume_from) or (cfg.auto_resume and bool(list_checkpoints(checkpoint_root(cfg), cfg.exp_name)))
+    """Whether this run continues a checkpoint (cheap: no file is checksummed)."""
+    return bool(cfg.resume_from) or (cfg.auto_resume and bool(marked_checkpoint_folders(checkpoint_root(cfg),
+                                                                                         cfg.exp_name)))
 
 
 def resolve_sample_checkpoint(cfg, ckpt: Optional[str], train_script: str) -> str:

@@ -12,8 +12,13 @@ interfaces (``EMAState``, ``MasterWeightShards``), so any EMA or plugin with tho
 Atomicity. Everything is written under ``<name>.tmp-<uid>``; after a barrier (all ranks finished
 writing) rank 0 writes ``meta.json`` and renames the folder to its final name. A process killed
 before the rename leaves only the ``*.tmp-*`` folder, which ``catalog.find_latest_checkpoint`` never
-returns. Leftover ``*.tmp-*`` folders can be deleted by hand. The root must be a file system every
-rank sees.
+returns; a later run of the same experiment removes it at start-up (``litter.py``). The root must be
+a file system every rank sees.
+
+Room. Before writing, rank 0 checks the free space against the size of the newest checkpoint of
+the experiment; a save that still fails for want of room (ENOSPC, EFBIG, EDQUOT, EROFS) removes its
+partial folder and raises :class:`StorageError`, leaving every complete checkpoint in place, so a
+retry with ``auto_resume`` continues from the newest one once space is freed.
 
 Safety and integrity. Loading never unpickles arbitrary objects: weights are safetensors, and the
 torch files (optimizer shards, LR scheduler, RNG) are read with ``weights_only`` forced on, also
@@ -45,7 +50,7 @@ from safetensors.torch import load_file, save_file
 
 from ..distributed.ranks import barrier, from_rank0, global_rank, global_world_size
 from ..distributed.rng import get_rng_state, set_rng_state
-from ..errors import CheckpointError
+from ..errors import CheckpointError, StorageError
 from .catalog import (
     DEFAULT_EXP_NAME,
     EMA_FILE,
@@ -63,7 +68,7 @@ from .catalog import (
     read_meta,
     verify_checkpoint,
 )
-from .files import atomic_path, load_torch_file, weights_only_loads
+from .files import atomic_path, load_torch_file, storage_failure, weights_only_loads
 
 logger = logging.getLogger(__name__)
 
@@ -194,11 +199,72 @@ def save_checkpoint(
         raise ValueError(f"save_checkpoint: extra_state['step']={extra['step']} contradicts step={step}")
     extra.pop("step", None)
     extra = json.loads(json.dumps(extra, default=_json_value))  # fail before writing anything
-    rank, world = global_rank(), global_world_size()
+    rank = global_rank()
     final = os.path.join(ckpt_dir_root, checkpoint_name(exp_name, step))
     finite = all_finite(model)
     masters = _master_shards(booster, model, optimizer)
 
+    problem = from_rank0(_room_problem(ckpt_dir_root, exp_name, step) if rank == 0 else None)
+    if problem:
+        raise StorageError(problem)
+    try:
+        _write(booster, final, step, model, optimizer, lr_scheduler, ema, extra, finite, masters, exp_name, run_id)
+    except Exception as e:
+        reason = storage_failure(e)
+        if reason is None:
+            raise
+        raise StorageError(_storage_paragraph(final, reason, ckpt_dir_root, exp_name)) from e
+
+    if keep_last and rank == 0:
+        _prune(ckpt_dir_root, exp_name, keep_last, final, run_id)
+    barrier()
+    return final
+
+
+def _bytes_of(ckpt: str) -> int:
+    return sum(record["size"] for record in read_meta(ckpt)["files"].values())
+
+
+def _free_bytes(folder: str) -> int:
+    while not os.path.isdir(folder):  # not created yet: the disk it will be on
+        folder = os.path.dirname(os.path.abspath(folder))
+    return shutil.disk_usage(folder).free
+
+
+def _room_problem(root: str, exp_name: str, step: int) -> Optional[str]:
+    """Why ``root`` lacks room for step ``step`` (free space below the newest checkpoint's size), else None."""
+    found = list_checkpoints(root, exp_name)
+    if not found:
+        return None
+    try:
+        need = _bytes_of(found[-1][1])
+    except CheckpointError:
+        return None
+    free = _free_bytes(root)
+    if free >= need:
+        return None
+    return (f"no room to save step {step} in {root!r}: it has {free} bytes free and the previous checkpoint "
+            f"{found[-1][1]} takes {need} bytes; nothing was written and every checkpoint is kept. Free at least "
+            f"{need - free} bytes there (or set checkpoint_dir to a larger disk), then rerun the same command with "
+            f"auto_resume=true to continue from step {found[-1][0]}.")
+
+
+def _storage_paragraph(final: str, reason: str, root: str, exp_name: str) -> str:
+    found = list_checkpoints(root, exp_name)
+    newest = f"the newest is step {found[-1][0]}" if found else "there is none yet"
+    try:
+        free = f"{_free_bytes(root)} bytes free"
+    except OSError:
+        free = "its free space unknown"
+    return (f"saving {final!r} failed: {reason}. The partial folder was removed and every complete checkpoint "
+            f"is kept ({newest}); {root!r} has {free}. Free space, raise the quota or file-size limit, or set "
+            f"checkpoint_dir to another disk, then rerun the same command with auto_resume=true.")
+
+
+def _write(booster, final: str, step: int, model, optimizer, lr_scheduler, ema, extra, finite, masters,
+           exp_name: str, run_id) -> None:
+    """The collective write of one checkpoint folder, published atomically as ``final``."""
+    rank, world = global_rank(), global_world_size()
     with atomic_path(final) as tmp:
         if rank == 0:
             os.makedirs(os.path.join(tmp, RNG_DIR))
@@ -244,11 +310,6 @@ def save_checkpoint(
                 json.dump(meta, f, indent=1)
                 f.flush()
                 os.fsync(f.fileno())
-
-    if keep_last and rank == 0:
-        _prune(ckpt_dir_root, exp_name, keep_last, final, run_id)
-    barrier()
-    return final
 
 
 # --------------------------------------------------------------------------------------------------

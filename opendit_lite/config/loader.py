@@ -257,11 +257,19 @@ def _merge(base: Dict[str, Any], top: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def _read_yaml(path: str) -> Dict[str, Any]:
+    """The mapping of a YAML config file, or a ConfigError naming what is wrong with the file."""
     try:
-        with open(path) as f:
+        with open(path, encoding="utf-8") as f:
             data = yaml.safe_load(f)
     except FileNotFoundError:
         raise ConfigError(f"Config file '{path}' does not exist. Pass an existing YAML file with --config.") from None
+    except IsADirectoryError:
+        raise ConfigError(f"Config path '{path}' is a directory. Pass a YAML file with --config.") from None
+    except PermissionError:
+        raise ConfigError(f"Config file '{path}' cannot be read (permission denied).") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"Config file '{path}' is not UTF-8 text (byte {e.start} cannot be decoded): pass a YAML "
+                          f"file.") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

@@ -74,6 +74,8 @@ class DiffusionConfig:
     diffusion_steps: int = _f(1000, "number of diffusion timesteps used in training")
     timestep_sampling: str = _f("logit-normal", "rflow: distribution the training times are drawn from",
                                 choices=("uniform", "logit-normal"))
+    shift: Optional[float] = _f(None, "rflow: time shift s (t -> s t / (1 + (s - 1) t)) of training and sampling "
+                                      "times; vpred: divides the SNR; null: none (a diffusers family: its recipe's)")
 
 
 @dataclass

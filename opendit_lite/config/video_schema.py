@@ -18,7 +18,14 @@ TEXT_ENCODER_KINDS = ("shapes", "t5", "clip")
 
 @dataclass
 class VideoModelConfig:
-    name: str = _f("STDiT-tiny", "registered video model, e.g. STDiT-XL/2, Vchitect-XL, STDiT-tiny")
+    name: str = _f("STDiT-tiny", "registered video model, e.g. STDiT-XL/2, Vchitect-XL, STDiT-tiny, or a diffusers "
+                                 "class of the families trained today (WanTransformer3DModel, FluxTransformer2DModel, "
+                                 "SD3Transformer2DModel, CogVideoXTransformer3DModel, "
+                                 "HunyuanVideoTransformer3DModel, LTXVideoTransformer3DModel)")
+    path: Optional[str] = _f(None, "diffusers class: local folder with its config.json and weights (from_pretrained, "
+                                   "nothing downloaded)")
+    config: Optional[dict] = _f(None, "diffusers class: constructor arguments of a random initialisation, e.g. "
+                                      "{num_layers: 2, num_attention_heads: 4, attention_head_dim: 16}")
     input_size: Optional[List[int]] = _f(None, "model input frame size [H, W] (latent or pixel); None: from data and "
                                                "VAE")
     num_frames: Optional[int] = _f(None, "model input frames; None: data.num_frames (or the latents')")
@@ -47,10 +54,15 @@ class VideoDataConfig:
 
 @dataclass
 class VideoDiffusionConfig(DiffusionConfig):
-    """The image schema's objective section, defaulting to rectified flow as the video models train."""
+    """The image schema's objective section; null fields take the model's recipe: a diffusers
+    family's published one (``opendit_lite.families``), else rectified flow with logit-normal times."""
 
-    objective: str = _f("rflow", "training objective: rflow (rectified flow) or iddpm (Gaussian diffusion)",
-                        choices=("rflow", "iddpm"))
+    objective: Optional[str] = _f(None, "training objective: rflow (rectified flow), vpred (v-prediction, "
+                                        "CogVideoX's) or iddpm (Gaussian diffusion); null: the model's recipe "
+                                        "(rflow for the zoo's models)", choices=("rflow", "vpred", "iddpm", None))
+    timestep_sampling: Optional[str] = _f(None, "rflow: distribution the training times are drawn from; null: the "
+                                                "model's recipe (logit-normal for the zoo's models)",
+                                          choices=("uniform", "logit-normal", None))
 
 
 @dataclass

@@ -20,6 +20,7 @@ it moves both the training times and the sampling grid towards the noise end, wh
 and videos need because they keep recognisable structure at higher noise levels.
 """
 
+import math
 from typing import Callable, Dict, Optional, Sequence
 
 import torch
@@ -30,6 +31,15 @@ from .registry import register_scheduler
 from .sampling_utils import Device, initial_noise, progress_bar, resolve_device, standard_normal, standard_uniform
 
 SAMPLE_METHODS = ("uniform", "logit-normal")
+
+
+def resolution_shift(tokens: int, base_tokens: int, max_tokens: int, base_shift: float, max_shift: float) -> float:
+    """The time shift for a sequence of ``tokens`` image or video tokens, as Flux and LTX-Video set it:
+    ``exp(mu)`` with ``mu`` linear in the token count, ``base_shift`` at ``base_tokens`` and
+    ``max_shift`` at ``max_tokens`` (extrapolated outside), so longer sequences train and sample
+    nearer the noise end."""
+    mu = base_shift + (max_shift - base_shift) * (tokens - base_tokens) / (max_tokens - base_tokens)
+    return math.exp(mu)
 
 
 @register_scheduler("rflow")

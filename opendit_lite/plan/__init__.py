@@ -9,12 +9,15 @@ precision); the memory arithmetic is in ``memory_model.py`` and the choice in ``
 
 import copy
 import dataclasses
+import json
+import os
 from typing import List, Optional, Sequence, Tuple
 
 import torch
 
 from ..build.family import config_family
 from ..config import ConfigError
+from ..data.latents import META as LATENT_META
 from ..precision import Precision, resolve_precision
 from .memory_model import ModelShape
 from .planner import LatentBucket, Plan, Setting, plan
@@ -65,12 +68,22 @@ def latent_buckets(cfg, buckets=None, downsample: Optional[int] = None) -> List[
                              cfg.data.num_frames, size, size)]
     if cfg.model.input_size:
         h, w = (cfg.model.input_size * 2)[:2]
-    elif cfg.data.type == "latents":
-        raise ConfigError("image latents carry their size in their folder; give it to the planner as "
-                          "model.input_size=[H,W] (latent units, e.g. [32] for 256 px with the SD VAE).")
     else:
-        h, w = [cfg.data.image_size // down] * 2
+        h, w = latent_folder_size(cfg) or [cfg.data.image_size // down] * 2
     return [LatentBucket(f"image {h * down}x{w * down}", 1, h, w)]
+
+
+def latent_folder_size(cfg) -> Optional[Tuple[int, int]]:
+    """(height, width) from the ``meta.json`` of an image latents folder, None when there is none to read
+    (the planner then takes ``data.image_size`` / 8)."""
+    if cfg.data.type != "latents" or not cfg.data.path:
+        return None
+    try:
+        with open(os.path.join(cfg.data.path, LATENT_META), encoding="utf-8") as f:
+            meta = json.load(f)
+        return int(meta["height"]), int(meta["width"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def plan_precision(cfg) -> Precision:
@@ -96,6 +109,10 @@ def plan_config(cfg, memory_gib: float, world_size: int, max_batch: int = 256, m
                       settings=settings)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    if config_family(cfg) != "video" and not cfg.model.input_size and cfg.data.type == "latents" \
+            and latent_folder_size(cfg) is None:
+        result.assumptions.append(f"image latents of data.image_size / {config_downsample(cfg)} (no meta.json in "
+                                  f"data.path to read their size from); model.input_size=[H,W] plans another size")
     return result, buckets, shape
 
 

@@ -83,7 +83,10 @@ class Plan:
 
 def candidate_settings(world_size: int, num_heads: int, zero_degrees: Sequence[int] = (2, 1, 0, 3),
                        sp_sizes: Optional[Sequence[int]] = None) -> List[Setting]:
-    """Every setting the planner considers, cheapest first (ties keep this order)."""
+    """Every setting the planner considers, cheapest first (ties keep this order). One device has nothing
+    to shard: only zero_degree 0 and sp_size 1; SP sizes divide the world size."""
+    if world_size == 1:
+        zero_degrees = (0,)
     if sp_sizes is None:
         sp_sizes = [p for p in (1, 2, 4, 8, 16, 32) if world_size % p == 0 and num_heads % p == 0]
     settings = [Setting(z, p, r, o) for p in sp_sizes for r in RATIOS for o in ((False, True) if r < 1 else (False,))

@@ -3,7 +3,10 @@ objective the model was trained with) and ``denoise`` (noise -> x_0 by ``sample.
 
 * ``euler``: rectified flow's Euler integration from t = 1 to 0 (``diffusion.RectifiedFlow``);
 * ``ddpm``: IDDPM's ancestral sampling, respaced to ``sample.num_sampling_steps``;
-* ``ddim``: DDIM (eta 0) over the same respaced steps.
+* ``ddim``: DDIM (eta 0) over the same respaced steps; for v-prediction (CogVideoX) DDIM over
+  trailing steps (``diffusion.VPrediction``).
+
+The time shift of rectified flow and the SNR shift of v-prediction are ``diffusion.shift``, as trained.
 """
 
 from typing import Callable
@@ -11,9 +14,10 @@ from typing import Callable
 import torch
 
 from ..config import ConfigError
-from ..diffusion import RectifiedFlow, create_diffusion
+from ..diffusion import RectifiedFlow, VPrediction, create_diffusion
 
-SAMPLERS = {"rflow": ("euler",), "iddpm": ("ddpm", "ddim")}  # training objective -> the samplers that fit it
+# training objective -> the samplers that fit it
+SAMPLERS = {"rflow": ("euler",), "iddpm": ("ddpm", "ddim"), "vpred": ("ddim",)}
 
 
 def check_sampler(cfg) -> None:
@@ -34,10 +38,15 @@ def denoise(model_fn: Callable[..., torch.Tensor], noise: torch.Tensor, cfg, mod
     per sample (a ``SampleGenerators``); ``clip_denoised`` clamps IDDPM's x_0 predictions to [-1, 1]
     (pixel space)."""
     s = cfg.sample
+    shift = 1.0 if cfg.diffusion.shift is None else cfg.diffusion.shift
     if s.sampler == "euler":
-        flow = RectifiedFlow(num_timesteps=cfg.diffusion.diffusion_steps)
+        flow = RectifiedFlow(num_timesteps=cfg.diffusion.diffusion_steps, shift=shift)
         return flow.sample(model_fn, noise=noise, model_kwargs=model_kwargs, num_steps=s.num_sampling_steps,
                            progress=progress, generator=generator)
+    if cfg.diffusion.objective == "vpred":
+        vpred = VPrediction(num_timesteps=cfg.diffusion.diffusion_steps, snr_shift=shift)
+        return vpred.sample(model_fn, noise=noise, model_kwargs=model_kwargs, num_steps=s.num_sampling_steps,
+                            progress=progress, generator=generator)
     respacing = f"{'ddim' if s.sampler == 'ddim' else ''}{s.num_sampling_steps}"
     diffusion = create_diffusion(respacing, noise_schedule=cfg.diffusion.noise_schedule,
                                  learn_sigma=cfg.model.learn_sigma, diffusion_steps=cfg.diffusion.diffusion_steps)

@@ -5,11 +5,12 @@ contact sheet). The sampler and the checkpoint handling are those of every sampl
 states, the clip shape (``sample.num_frames/height/width``), and guidance by the model's layout."""
 
 import os
-from typing import Iterator, List, Optional, Tuple
+from typing import Iterator, List, Optional, Tuple, Union
 
 import torch
 import torch.nn as nn
 
+from ..build.diffusers_model import family_denoiser, is_family
 from ..build.video import (
     CaptionEncoder,
     build_video_model,
@@ -22,6 +23,7 @@ from ..config import ConfigError
 from ..diffusion import cfg_model_fn
 from ..diffusion.sampling_utils import SampleGenerators
 from ..encoders.video_vae import VideoVAE
+from ..families import FamilyDenoiser
 from .checks import check_sample_settings
 from .denoiser import adopt_trained_sections, find_sample_checkpoint, load_denoiser
 from .ranks import SamplingRanks
@@ -78,12 +80,14 @@ def read_prompts(cfg) -> List[str]:
 
 
 def load_video_model(cfg, ckpt: str, ranks: SamplingRanks
-                     ) -> Tuple[nn.Module, CaptionEncoder, Optional[VideoVAE]]:
+                     ) -> Tuple[Union[nn.Module, FamilyDenoiser], CaptionEncoder, Optional[VideoVAE]]:
     """(model, caption encoder, VAE or None) for checkpoint ``ckpt`` (``find_video_checkpoint``):
     the model sequence-parallel over ``ranks.sp_group`` and compiled when ``sample.compile``, in
-    eval mode on ``ranks.device``."""
+    eval mode on ``ranks.device``; a diffusers family's model is returned through its adapter
+    (``FamilyDenoiser``), the denoiser the samplers call."""
     model = load_denoiser(build_video_model(cfg), cfg, ckpt, ranks)
-    return model, load_caption_encoder(cfg, ranks.device), load_video_vae(cfg, ranks.device)
+    denoiser = family_denoiser(cfg, model) if is_family(model) else model
+    return denoiser, load_caption_encoder(cfg, ranks.device), load_video_vae(cfg, ranks.device)
 
 
 @torch.no_grad()

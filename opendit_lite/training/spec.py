@@ -37,8 +37,10 @@ class TrainerSpec:
     geometry left unset in ``cfg`` from them (so the saved config rebuilds the model);
     ``build_model(cfg)`` builds the serial model; ``describe(cfg)`` is the input part of the log
     line ("input [32, 32] x 3 ch, 8 classes"); ``validate(cfg)`` checks settings across sections
-    before any process group starts; ``evaluator(cfg, log)`` builds the hook run after each saved
-    checkpoint for ``eval_every`` (None: the family has no evaluation).
+    before any process group starts; ``denoiser(cfg, model, wrapped)`` gives what the objective
+    calls (None: the wrapped model; a diffusers family's model through its adapter);
+    ``evaluator(cfg, log)`` builds the hook run after each saved checkpoint for ``eval_every``
+    (None: the family has no evaluation).
     """
 
     name: str
@@ -47,4 +49,6 @@ class TrainerSpec:
     build_model: Callable[[Any], nn.Module]
     describe: Callable[[Any], str]
     validate: Optional[Callable[[Any], None]] = None
+    # (cfg, built model, the booster's wrapper of it) -> what the objective calls as model(x, t, **kwargs)
+    denoiser: Optional[Callable[[Any, nn.Module, nn.Module], Callable]] = None
     evaluator: Optional[Callable[[Any, Any], Optional[Callable[[int, str], None]]]] = None

@@ -1,15 +1,19 @@
 """Stop a run cleanly on Ctrl-C or SIGTERM (a scheduler's pre-emption): the first signal asks the
 loop to stop at the next step boundary where every rank agrees on it (a single process: the next
 step; several ranks: within ``CHECK_EVERY`` steps, or the next log point if sooner), and a
-checkpoint is saved, so no work since the last checkpoint is lost. A second signal stops at once."""
+checkpoint is saved, so no work since the last checkpoint is lost. A second signal stops at once,
+unless it comes within ``REPEAT_WINDOW_S`` of the first: a launcher (torchrun) that forwards the
+stop it got itself, or a scheduler that signals every process of the job, must not cost the save."""
 
 import signal
+import time
 
 import torch
 import torch.distributed as dist
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 CHECK_EVERY = 5  # steps between the ranks' flag all-reduces (one tiny collective and host sync each)
+REPEAT_WINDOW_S = 3.0  # a second signal sooner than this after the first is the same stop
 
 
 class StopRequest:
@@ -18,13 +22,17 @@ class StopRequest:
 
     def __init__(self):
         self.requested = False
+        self._first_at = 0.0
         self._previous = {}
 
     def _handle(self, signum, frame) -> None:
-        if self.requested:  # second signal: give up waiting for the log point
-            self._restore()
+        if self.requested:
+            if time.monotonic() - self._first_at < REPEAT_WINDOW_S:
+                return  # the same stop, delivered twice
+            self._restore()  # a second stop: give up waiting for the step boundary
             raise KeyboardInterrupt
         self.requested = True
+        self._first_at = time.monotonic()
 
     def _restore(self) -> None:
         for sig, handler in self._previous.items():
@@ -39,6 +47,12 @@ class StopRequest:
         return self
 
     def __exit__(self, *exc) -> None:
+        if self.requested and self._previous:
+            # The stop was honoured and the process is ending with exit code 130: a repeat (torchrun
+            # stopping the ranks still exiting once one has ended) must not kill it on the way out.
+            for sig in self._previous:
+                signal.signal(sig, signal.SIG_IGN)
+            self._previous = {}
         self._restore()
 
     def flag_like(self, like: torch.Tensor) -> torch.Tensor:

@@ -9,6 +9,7 @@ objective.
 """
 
 import os
+import sys
 from typing import Optional, Sequence
 
 import torch
@@ -17,6 +18,7 @@ from ..build.lora import export_merged
 from ..build.objective import build_training_objective
 from ..build.parallelize import parallelize_from_config
 from ..checkpoint.layout import checkpoint_root, wants_resume
+from ..checkpoint.litter import remove_orphaned_tmp
 from ..checkpoint.weights import load_weights
 from ..config import ConfigError, parse_cli, to_dict, validate_world
 from ..data.indexed import IndexedDataset
@@ -29,7 +31,8 @@ from ..models.capabilities import check_sp_mode, condition_dropout_kwarg
 from ..utils.exit_codes import script_main
 from .loop import build_booster, run_steps, write_run_config
 from .metrics import MetricsLogger
-from .preflight import check_disk_space, check_training_inputs
+from .preflight import check_disk_space, check_training_inputs, check_writable
+from .run_lock import RunLock
 from .spec import TrainerSpec
 from .state import build_train_state, restore_train_state
 
@@ -46,7 +49,6 @@ def train(spec: TrainerSpec, cfg, info) -> str:
 
     data = spec.prepare_data(cfg, info.device, plugin.sp_group)
     model = spec.build_model(cfg)
-    drop_kwarg = condition_dropout_kwarg(model) if cfg.model.class_dropout_prob > 0 else None
     if cfg.init_from and not wants_resume(cfg):
         load_weights(model, cfg.init_from, use_ema=False)
         log.write(f"initialised weights from {cfg.init_from}")
@@ -71,7 +73,11 @@ def train(spec: TrainerSpec, cfg, info) -> str:
     seed_everything(cfg.global_seed, plugin.dp_rank, plugin.dp_size)
     restore_train_state(state, cfg, booster, log)
     write_run_config(cfg, run_dir, info.is_main)
-    model = state.model
+    # What the objective calls: the boosted model, or (a diffusers family) it through its adapter;
+    # the capabilities are declared by the serial model's class or by that denoiser.
+    denoiser = spec.denoiser(cfg, model, state.model) if spec.denoiser is not None else state.model
+    declared = model if denoiser is state.model else denoiser
+    drop_kwarg = condition_dropout_kwarg(declared) if cfg.model.class_dropout_prob > 0 else None
 
     def batch_loss(indexed_batch, step: int) -> torch.Tensor:
         # Each sample's noise, time and condition dropout come from its own stream, seeded by
@@ -83,7 +89,7 @@ def train(spec: TrainerSpec, cfg, info) -> str:
         if drop_kwarg is not None:
             u = draws.uniform((len(draws),), x.device, torch.float32)      # [B]
             model_kwargs[drop_kwarg] = u < cfg.model.class_dropout_prob
-        loss = objective_loss(objective, model, x, model_kwargs, draws)
+        loss = objective_loss(objective, denoiser, x, model_kwargs, draws)
         return loss * data.loss_weight(batch) if data.loss_weight is not None else loss
 
     path = run_steps(state, cfg, booster, log, batch_loss, device=info.device, after_save=after_save)
@@ -120,7 +126,20 @@ def _run_trainer(spec: TrainerSpec, description: str, argv: Sequence[str]) -> st
     info = init_distributed()
     try:
         validate_world(cfg, info.world_size)
-        check_training_inputs(cfg, family=spec.name)
-        return train(spec, cfg, info)
+        check_writable(cfg.results_dir, "results_dir")  # the run folder's lock goes there
+        # One run per run folder: the checks of what the folder holds, and everything after, happen
+        # under its lock (rank 0 takes it; a second run on the folder stops here naming the first).
+        with RunLock(os.path.join(cfg.results_dir, cfg.exp_name), info.is_main, report=_say):
+            check_training_inputs(cfg, family=spec.name)
+            if info.is_main:
+                removed = remove_orphaned_tmp(checkpoint_root(cfg), cfg.exp_name)
+                if removed:
+                    _say(f"removed {len(removed)} temporary folder(s) left by interrupted saves of this run: "
+                         f"{', '.join(removed)}")
+            return train(spec, cfg, info)
     finally:
         cleanup_distributed()
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)

@@ -6,6 +6,15 @@ the planner here, above the builders.
 
 from typing import Optional
 
+from ..build.diffusers_model import (
+    check_family_inputs,
+    diffusers_config,
+    family_denoiser,
+    family_recipe,
+    is_family,
+    resolve_family_text,
+)
+from ..build.family import check_model_family
 from ..build.video import (
     CaptionEncoder,
     bucket_loss_weights,
@@ -16,6 +25,7 @@ from ..build.video import (
     load_caption_encoder,
     load_video_vae,
     model_clip_shape,
+    model_patch_size,
     resolve_video_geometry,
     video_buckets,
 )
@@ -23,6 +33,7 @@ from ..config.video_schema import VideoTrainConfig
 from ..data.buckets import BucketBatchSampler
 from ..encoders.video_vae import VideoVAE
 from ..errors import ConfigError
+from ..parallel.modes import ulysses_heads_error
 from ..precision import Precision
 from .spec import TrainerSpec, TrainingData
 
@@ -35,6 +46,29 @@ def validate_video_config(cfg) -> None:
                           f"be 'shapes' (got {kind!r}); use data.type=csv to train with a {kind} encoder.")
     if cfg.data.num_frames < 1 or cfg.data.image_size < 1 or cfg.text_encoder.max_length < 1:
         raise ConfigError("'data.num_frames', 'data.image_size' and 'text_encoder.max_length' must be positive.")
+    m = cfg.model
+    if not is_family(m.name):
+        check_model_family(m.name, "video")  # an unknown name lists the zoo's and the diffusers classes
+    if not is_family(m.name) and (m.path or m.config):
+        raise ConfigError(f"'model.path' and 'model.config' are for the diffusers classes; {m.name} is a model of the "
+                          f"zoo (built from model.name and the data): remove them.")
+    if is_family(m.name):  # model.path / model.config and the heads checked before anything starts
+        heads = diffusers_config(cfg)["num_attention_heads"]
+        if cfg.sp_size > 1 and cfg.sp_mode == "ulysses" and heads % cfg.sp_size:
+            raise ulysses_heads_error(heads, cfg.sp_size, f"{m.name}'s attention")
+    d = cfg.diffusion
+    if not is_family(m.name):  # the zoo's video models: rectified flow with logit-normal times unless set
+        d.objective = d.objective or "rflow"
+        d.timestep_sampling = d.timestep_sampling or "logit-normal"
+
+
+def resolve_family_objective(cfg) -> None:
+    """A diffusers family's published recipe for the ``diffusion`` fields left null (after the clip
+    shape is resolved: Flux and LTX-Video shift by the token count)."""
+    d, recipe = cfg.diffusion, family_recipe(cfg)
+    d.objective = d.objective or recipe.objective
+    d.timestep_sampling = d.timestep_sampling or recipe.timestep_sampling
+    d.shift = recipe.shift if d.shift is None else d.shift
 
 
 def batch_to_inputs(batch, captions: Optional[CaptionEncoder], vae: Optional[VideoVAE], device):
@@ -55,11 +89,17 @@ def batch_to_inputs(batch, captions: Optional[CaptionEncoder], vae: Optional[Vid
 
 def prepare_video_data(cfg, device, sp_group=None) -> TrainingData:
     buckets = video_buckets(cfg)
+    family = is_family(cfg.model.name)
+    if family:  # the caption width is the model's: the shapes data draws its word vectors at it
+        resolve_family_text(cfg)
     dataset = build_video_dataset(cfg, buckets)
     # CSV captions are encoded while training; shapes and latents carry their states.
     captions = load_caption_encoder(cfg, device) if cfg.data.type == "csv" else None
     vae = load_video_vae(cfg, device, sp_group=sp_group) if cfg.data.type != "latents" else None
     resolve_video_geometry(cfg, dataset, vae, captions.width if captions else None, buckets)
+    if family:
+        check_family_inputs(cfg, buckets)
+        resolve_family_objective(cfg)
 
     def model_inputs(batch):
         x, states, mask = batch_to_inputs(batch, captions, vae, device)  # x [B, C, T, H, W]
@@ -71,7 +111,7 @@ def prepare_video_data(cfg, device, sp_group=None) -> TrainingData:
     def batch_sampler(model, dp_rank: int, dp_size: int, world_size: int, log,
                       precision: Precision) -> BucketBatchSampler:
         sized = buckets
-        check_bucket_shapes(sized, model.patch_size, vae.downsample if vae is not None else 1)
+        check_bucket_shapes(sized, model_patch_size(cfg, model), vae.downsample if vae is not None else 1)
         if cfg.bucket_batch == "auto":
             from ..plan import plan_bucket_batches
 
@@ -92,6 +132,11 @@ def describe_video_input(cfg) -> str:
     return f"clips {C}x{T}x{H}x{W}, captions {cfg.text_encoder.max_length}x{cfg.model.caption_channels}"
 
 
+def video_denoiser(cfg, model, call):
+    """What the objective calls: a diffusers family's model through its adapter, else ``call``."""
+    return family_denoiser(cfg, model, call) if is_family(model) else call
+
+
 VIDEO_TRAINER = TrainerSpec(name="video", schema=VideoTrainConfig, prepare_data=prepare_video_data,
                             build_model=build_video_model, describe=describe_video_input,
-                            validate=validate_video_config)
+                            validate=validate_video_config, denoiser=video_denoiser)

@@ -7,7 +7,9 @@ command line (or ``OPENDIT_DEBUG=1`` in the environment) shows the traceback as 
 
 import functools
 import os
+import signal
 import sys
+import threading
 import traceback
 from typing import Callable, Optional, Sequence
 
@@ -30,6 +32,20 @@ def _paragraph(error: BaseException) -> str:
     return text
 
 
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+def exit_at_once_on_stop_signals() -> None:
+    """Call first in a script, before its slow imports: a Ctrl-C or SIGTERM before ``script_main``
+    runs ends the process with exit code 130 and no traceback (nothing has been written yet)."""
+    def _exit(signum, frame):
+        raise SystemExit(EXIT_INTERRUPTED)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _exit)
+
+
 def script_main(fn: Callable[[Sequence[str]], object]) -> Callable[[Optional[Sequence[str]]], object]:
     """Decorator for a script's ``main(argv)``: strips ``--debug``, runs it, and turns the errors of
     ``USER_ERRORS`` into one paragraph on stderr (rank 0 only) and their exit code."""
@@ -39,6 +55,10 @@ def script_main(fn: Callable[[Sequence[str]], object]) -> Callable[[Optional[Seq
         argv = list(sys.argv[1:] if argv is None else argv)
         debug = DEBUG_FLAG in argv or os.environ.get(DEBUG_ENV, "") not in ("", "0")
         argv = [a for a in argv if a != DEBUG_FLAG]
+        # SIGTERM (a scheduler's stop) acts as Ctrl-C does: at start-up the run ends with exit code 130,
+        # leaving no partial file; the training loop turns either into a checkpoint first.
+        previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)} \
+            if _main_thread() else {}
         try:
             return fn(argv)
         except tuple(cls for cls, _ in USER_ERRORS) as e:
@@ -49,5 +69,13 @@ def script_main(fn: Callable[[Sequence[str]], object]) -> Callable[[Optional[Seq
                 label = "stopped" if code in (EXIT_NON_FINITE, EXIT_INTERRUPTED) else "error"
                 print(f"{label}: {_paragraph(e)}", file=sys.stderr, flush=True)
             sys.exit(code)
+        finally:
+            if signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN:  # ignored: a stop honoured, keep it so
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
 
     return wrapper
+
+
+def _main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()

@@ -108,7 +108,7 @@ def test_sequence_parallel_matches_serial_loss(stdit_run, tmp_path, mode):
      "sp_mode=dsp is not supported by VchitectXL"),
     (["data.type=shapes", "text_encoder.kind=t5"], "text_encoder.kind must be 'shapes'"),
     (["data.type=latents"], "'data.path' is required for data.type='latents'"),
-    (["diffusion.objective=ddpm"], "'diffusion.objective' must be one of 'rflow', 'iddpm'"),
+    (["diffusion.objective=ddpm"], "'diffusion.objective' must be one of 'rflow', 'vpred', 'iddpm'"),
 ])
 def test_config_errors_exit_2(tmp_path, capsys, override, expected):
     """Checked before any process group starts, so the entry point runs in this process (no start-up cost)."""
