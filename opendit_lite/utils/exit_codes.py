@@ -70,8 +70,9 @@ def script_main(fn: Callable[[Sequence[str]], object]) -> Callable[[Optional[Seq
                 print(f"{label}: {_paragraph(e)}", file=sys.stderr, flush=True)
             sys.exit(code)
         finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+            if signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN:  # ignored: a stop honoured, keep it so
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
 
     return wrapper
 

@@ -104,3 +104,12 @@ def test_every_exported_file_has_the_mode_of_the_config(tmp_path):
     export_family(_trained("SD3Transformer2DModel", lora_rank=2), str(tmp_path / "sd3"), lora="adapter")
     modes = {p.name: p.stat().st_mode & 0o777 for p in tmp_path.glob("sd3/*")}
     assert len(modes) == 3 and set(modes.values()) == {modes["config.json"]} == {0o644}, modes
+
+
+def test_compiled_models_export_like_the_model(tmp_path):
+    family = "CogVideoXTransformer3DModel"
+    model = build(family).eval()
+    parallelize(model, compile=True, compile_backend="eager")  # per-block compile: keys unchanged
+    whole = torch.compile(model, backend="eager")               # a wrapper: keys under _orig_mod.
+    out = export_family(whole, str(tmp_path / "cog"), state=whole.state_dict())
+    assert _max_diff(diffusers.CogVideoXTransformer3DModel.from_pretrained(out), model, family) < TOL

@@ -222,3 +222,45 @@ def test_auto_resume_when_no_checkpoint_verifies(scripts, capsys, trained, tmp_p
                                                                 "overwrite=true"))
     assert code == 0, err
     verify_checkpoint(os.path.join(ckpts, f"{EXP}_step1"))
+
+
+def _children(pid):
+    kids = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                if entry.isdigit() and f.read().rsplit(")", 1)[1].split()[1] == str(pid):
+                    kids.append(int(entry))
+        except (OSError, IndexError):
+            continue
+    return kids
+
+
+@pytest.mark.slow
+def test_sigterm_to_a_two_rank_torchrun_run_saves_and_every_rank_exits_130(tmp_path):
+    """A scheduler's SIGTERM to the ranks of a torchrun run: they agree on a step, save once, and
+    each rank ends with exit code 130 (torchrun, stopping the rank still exiting once the other has
+    ended, does not turn that into a kill); one paragraph, no traceback from the run."""
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                             "train.py", *train_args(tmp_path, "max_steps=100000", "log_every=1000")],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, OMP_NUM_THREADS="1"))
+    deadline = time.time() + TIMEOUT
+    while not (tmp_path / EXP / "config.yaml").exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.1)
+    time.sleep(1.0)  # training
+    ranks = _children(proc.pid)
+    assert len(ranks) == 2, ranks
+    for pid in ranks:
+        os.kill(pid, signal.SIGTERM)
+    out, err = proc.communicate(timeout=TIMEOUT)
+    text = out + err
+    assert proc.returncode != 0 and text.count("exitcode  : 130") == 2, text   # torchrun's summary, per rank
+    stopped = [line for line in text.splitlines() if line.startswith("stopped:")]
+    assert len(stopped) == 1 and "a stop signal was honoured at step" in stopped[0], text
+    frames = [line for line in text.splitlines() if line.lstrip().startswith('File "')]
+    assert not [f for f in frames if "opendit_lite" in f or "train.py" in f], text  # only torchrun's own summary
+    assert "KeyboardInterrupt" not in text, text
+    ckpts = tmp_path / EXP / "checkpoints"
+    assert len(list_checkpoints(str(ckpts), EXP)) == 1 and no_litter(str(ckpts)) == []
+    assert not (tmp_path / EXP / LOCK_FILE).exists()
