@@ -38,6 +38,8 @@ SHAPES: List[Tuple[SPWorkload, Tuple[str, ...]]] = [
                 text_tokens=120, text_query_layers=19), ("ulysses", "ring", "usp")),
     (SPWorkload("Wan-1.3B-like 81x480x832", tokens=21 * 30 * 52, hidden=1536, heads=(12,), layers=30),
      ("ulysses", "ring", "usp")),
+    # A head count no SP size shares a divisor with: only the ring runs.
+    (SPWorkload("3 heads, 32k tokens", tokens=32768, hidden=384, heads=(3,), layers=12), ("ulysses", "ring", "usp")),
 ]
 
 
@@ -59,6 +61,24 @@ def rows(batch: int, element_bytes: int, links: Links) -> List[Dict]:
                             "ring_p2p_MiB": round(layer.ring / MiB, 3), "step_MiB": round(step.total / MiB, 1),
                             "auto_one_node": wins["intra"], "auto_two_nodes": wins["inter"]})
     return out
+
+
+def doc_table(table: List[Dict]) -> List[str]:
+    """The table of docs/sequence_parallel.md and the README: MiB per layer per mode, and auto's choice."""
+    head = ["model", "sp_size", "ulysses", "ring", "usp (ring size)", "dsp", "auto, one node", "auto, two nodes"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    keys = list(dict.fromkeys((r["model"], r["sp_size"]) for r in table))
+    for model, p in keys:
+        rows = {r["mode"]: r for r in table if r["model"] == model and r["sp_size"] == p}
+        usp = ", ".join(f"{r['layer_MiB']:.3g} (r{m[5:]})" for m, r in rows.items() if m.startswith("usp"))
+
+        def cell(mode):
+            return f"{rows[mode]['layer_MiB']:.3g}" if mode in rows else "n/a"
+
+        first = next(iter(rows.values()))
+        lines.append("| " + " | ".join([model, str(p), cell("ulysses"), cell("ring"), usp or "n/a", cell("dsp"),
+                                        first["auto_one_node"], first["auto_two_nodes"]]) + " |")
+    return lines
 
 
 def plot(table: List[Dict], path: str) -> Optional[str]:
@@ -97,6 +117,8 @@ def main(argv=None) -> None:
     for r in table:
         print(f"{r['model']:<26} P={r['sp_size']} {r['mode']:<8} {r['layer_MiB']:>9.2f} MiB/layer "
               f"{r['step_MiB']:>9.1f} MiB/step   auto: {r['auto_one_node']} (1 node), {r['auto_two_nodes']} (2 nodes)")
+    print("\nMiB sent per GPU per layer (forward + backward), as in docs/sequence_parallel.md:\n")
+    print("\n".join(doc_table(table)))
     print(f"wrote {os.path.join(args.out_dir, 'sp_comm_volume.csv')}" + (f" and {png}" if png else ""))
 
 

@@ -88,6 +88,17 @@ class VideoSampleConfig(BaseSampleConfig):
 
 
 @dataclass
+class ExportConfig:
+    diffusers: Optional[bool] = _f(None, "at the end of training write <run dir>/diffusers/: the transformer as its "
+                                         "diffusers class loads it (from_pretrained); null: on for a diffusers "
+                                         "family (model.name a diffusers class), off for the zoo's models")
+    ema: bool = _f(True, "export the EMA weights (where ema.enable keeps them); false: the trained weights")
+    lora: str = _f("merged", "a LoRA run: the adapters merged into the weights, or 'adapter': the base weights plus "
+                             "pytorch_lora_weights.safetensors (the pipelines' load_lora_weights reads it)",
+                   choices=("merged", "adapter"))
+
+
+@dataclass
 class VideoTrainConfig(TrainConfig):
     exp_name: str = _f("video", "experiment name: run folder and checkpoint prefix")
     bucket_batch: str = _f("config", "per-bucket batch sizes: 'config' (each bucket's batch_size) or 'auto' "
@@ -101,3 +112,4 @@ class VideoTrainConfig(TrainConfig):
     diffusion: VideoDiffusionConfig = _section(VideoDiffusionConfig, "diffusion objective")
     text_encoder: TextEncoderConfig = _section(TextEncoderConfig, "caption encoder")
     sample: VideoSampleConfig = _section(VideoSampleConfig, "sample_video.py settings")
+    export: ExportConfig = _section(ExportConfig, "the diffusers folder written at the end of training")

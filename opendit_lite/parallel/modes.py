@@ -232,7 +232,7 @@ def decide_sp_mode(heads: Dict[str, int], sp_size: int, supported: Sequence[str]
                                                                 else "")
              if known else "sequence length unknown here: timed for a nominal 1024 tokens per rank of width 1024, "
              "nothing credited to overlap")
-    costs = "; ".join(f"{_label(m, r, sp_size)} {sec * 1e3:.3g} ms ({what})" for (sec, what), m, r in timed)
+    costs = "; ".join(f"{_label(m, r, sp_size)} {sec * 1e6:.3g} us ({what})" for (sec, what), m, r in timed)
     reason = (f"sp_mode=auto: {rule}; {shape}; {where}. Communication per layer (forward + backward) not hidden "
               f"by compute: {costs}. {_label(mode, ring, sp_size)} costs the least.")
     ring_size = ring if mode == "usp" else (sp_size if mode == "ring" else 1)

@@ -1,8 +1,9 @@
 """Plan a run for a device size: ``python -m opendit_lite.plan --config CFG --gpu-memory 80 --world-size 8``.
 
 Prints, per bucket of the config (or its one image/clip shape), the recommended batch per
-data-parallel rank and the predicted memory, and for the run the zero_degree, sp_size,
-selective_ratio and offload, with the assumptions behind them. ``key=value`` overrides after the
+data-parallel rank and the predicted memory, and for the run the zero_degree, sp_size, the
+sequence-parallel mode (what ``sp_mode: auto`` takes, and why), selective_ratio and offload, with the
+assumptions behind them. ``key=value`` overrides after the
 options change the config as on the trainers' command lines, e.g. ``precision=fp32``.
 """
 
@@ -61,6 +62,8 @@ def main(argv) -> int:
                    help="every bucket must fit at least this batch")
     p.add_argument("--reserve", type=lambda t: _number(t, float, "the reserve (GiB)", 0, True), default=1.0,
                    help="GiB kept free besides 10%% of the memory")
+    p.add_argument("--gpus-per-node", type=lambda t: _number(t, int, "GPUs per node", 1, True), default=8,
+                   help="an SP group larger than a node spans nodes (sp_mode=auto times it on the slower links)")
     p.add_argument("--keep-settings", action="store_true",
                    help="keep the config's zero_degree/sp_size/selective_ratio/ac_offload; only size the buckets")
     p.add_argument("overrides", nargs="*", help="key=value config overrides")
@@ -73,7 +76,8 @@ def main(argv) -> int:
     precision = plan_precision(cfg)
     result, buckets, shape = plan_config(cfg, args.gpu_memory, args.world_size, max_batch=args.max_batch,
                                          min_batch=args.min_batch, reserve_gib=args.reserve,
-                                         fixed=args.keep_settings, precision=precision)
+                                         fixed=args.keep_settings, precision=precision,
+                                         ranks_per_node=args.gpus_per_node)
     print(f"plan for {args.config}: {args.world_size} device(s) of {args.gpu_memory:g} GiB, precision "
           f"{precision.name}" + (" (auto on a GPU)" if cfg.precision == "auto" else ""))
     print(result.table(buckets, shape))

@@ -59,3 +59,11 @@ def test_table_prints_every_shape_size_and_runnable_mode():
     assert {r["auto_one_node"] for r in stdit} == {"dsp"}
     dit = next(r for r in rows if r["model"] == "DiT-XL/2 256px" and r["sp_size"] == 8 and r["mode"] == "ulysses")
     assert dit["layer_MiB"] == round(layer_traffic(DIT, "ulysses", 8).total / 2 ** 20, 3)
+
+
+def test_docs_table_is_the_benchmarks():
+    with open(os.path.join(os.path.dirname(PATH), "..", "docs", "sequence_parallel.md")) as f:
+        doc = f.read()
+    lines = vol.doc_table(vol.rows(batch=1, element_bytes=2, links=Links()))
+    missing = [line for line in lines if line not in doc]
+    assert not missing, "docs/sequence_parallel.md differs from benchmarks/sp_comm_volume.py: " + "; ".join(missing)

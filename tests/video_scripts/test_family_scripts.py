@@ -197,3 +197,51 @@ def test_caption_states_of_another_width_than_the_model_takes(capsys, tmp_path):
     err = exits_2(capsys, "train_video", [*WAN, *LATENT_WAN, f"data.path={latents_folder(tmp_path, 16)}",
                                           f"results_dir={tmp_path}"])
     assert "takes 32-wide caption states, but the precomputed caption states give 16" in err
+
+
+def _final_checkpoint(run: str) -> str:
+    from opendit_lite.checkpoint.layout import find_resume_checkpoint
+
+    return find_resume_checkpoint(os.path.join(run, "checkpoints"), os.path.basename(run))
+
+
+def test_the_run_ends_with_a_diffusers_folder_holding_its_ema(wan_run):
+    import diffusers
+
+    from opendit_lite.checkpoint.weights import read_weights
+
+    run = os.path.join(wan_run, "w")
+    loaded = diffusers.WanTransformer3DModel.from_pretrained(os.path.join(run, "diffusers"))
+    ema = read_weights(_final_checkpoint(run), use_ema=True)
+    exported = loaded.state_dict()
+    assert exported.keys() == ema.keys()
+    assert all(torch.equal(exported[k], ema[k].float()) for k in exported)
+
+
+def test_a_lora_run_exports_its_adapters_and_bad_export_settings_exit_2(tmp_path, capsys):
+    import diffusers
+
+    from opendit_lite.build.lora import load_merged
+    from opendit_lite.checkpoint.layout import saved_config
+
+    args = [*WAN, f"results_dir={tmp_path}", "max_steps=2", "data.num_samples=4", "global_batch_size=2",
+            "lora.rank=2", "lora.alpha=4", "export.lora=adapter", "lora.export_merged=false"]
+    main("train_video", args)
+    out = os.path.join(tmp_path, "w", "diffusers")
+    assert "pytorch_lora_weights.safetensors" in os.listdir(out)
+    loaded = diffusers.WanTransformer3DModel.from_pretrained(out)
+    loaded.load_lora_adapter(out, weight_name="pytorch_lora_weights.safetensors")
+    ckpt = _final_checkpoint(os.path.join(tmp_path, "w"))
+    config = yaml.safe_load(open(os.path.join(tmp_path, "w", "config.yaml")))["model"]["config"]
+    merged = load_merged(diffusers.WanTransformer3DModel(**config), ckpt, use_ema=True, lora=saved_config(ckpt)["lora"])
+    inputs = dict(hidden_states=torch.randn(1, 3, 2, 8, 8), timestep=torch.tensor([500.0]),
+                  encoder_hidden_states=torch.randn(1, 8, 32), return_dict=False)
+    with torch.no_grad():
+        assert (loaded(**inputs)[0] - merged(**inputs)[0]).abs().max().item() < 1e-5
+    capsys.readouterr()  # the run's progress
+    assert "export.lora=adapter" in exits_2(capsys, "train_video", [*WAN, f"results_dir={tmp_path}", "max_steps=1",
+                                                                     "export.lora=adapter"])
+    assert "has no diffusers class" in exits_2(capsys, "train_video", [
+        "--config", "configs/video_stdit_demo.yaml", f"results_dir={tmp_path}", "export.diffusers=true"])
+    assert "does not write" in exits_2(capsys, "train_video", [*WAN, f"results_dir={tmp_path}",
+                                                                "export.diffusers=false", "export.ema=false"])
