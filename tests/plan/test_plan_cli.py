@@ -11,8 +11,6 @@ from opendit_lite.plan.__main__ import main as plan_main
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 CONFIGS = sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "configs", "*.yaml")))
-# Configs of diffusers families, which the planner does not profile yet (no activation profile declared).
-NOT_PLANNED_YET = {os.path.join("configs", "wan_tiny_demo.yaml")}
 
 
 @pytest.fixture(autouse=True)
@@ -25,9 +23,7 @@ def _run_plan(capsys, *argv):
     return code, capsys.readouterr().out
 
 
-@pytest.mark.parametrize("config", [
-    pytest.param(c, marks=pytest.mark.xfail(reason="no activation profile for diffusers families yet", strict=False))
-    if c in NOT_PLANNED_YET else c for c in CONFIGS])
+@pytest.mark.parametrize("config", CONFIGS)
 def test_every_shipped_config_plans(capsys, config):
     code, out = _run_plan(capsys, "--config", config, "--gpu-memory", "80", "--world-size", "8")
     assert code == 0 and "run: zero_degree=" in out and "assumptions" in out
