@@ -68,6 +68,11 @@ def script_main(fn: Callable[[Sequence[str]], object]) -> Callable[[Optional[Seq
                     traceback.print_exc()
                 label = "stopped" if code in (EXIT_NON_FINITE, EXIT_INTERRUPTED) else "error"
                 print(f"{label}: {_paragraph(e)}", file=sys.stderr, flush=True)
+            if int(os.environ.get("WORLD_SIZE", "1")) > 1 and _main_thread():
+                # This rank is ending with ``code``; torchrun stopping the ranks still exiting once one
+                # has ended must not turn that into a kill by signal.
+                for sig in (signal.SIGINT, signal.SIGTERM):
+                    signal.signal(sig, signal.SIG_IGN)
             sys.exit(code)
         finally:
             if signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN:  # ignored: a stop honoured, keep it so

@@ -83,6 +83,25 @@ def test_file_size_limit_during_a_save_then_a_retry_in_place(scripts, capsys, tr
     assert list_checkpoints(ckpts, EXP)[-1][0] == 3
 
 
+@pytest.mark.slow
+def test_file_size_limit_during_a_two_rank_save(trained, tmp_path):
+    """Under torchrun the rank that cannot write says why, the others abandon the save without a
+    traceback, and every rank ends with exit code 2 (the 1-process checkpoints resume at 2 ranks)."""
+    out, ckpts = copy_run(trained, tmp_path)
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           "train.py", *train_args(out, "max_steps=3", "auto_resume=true")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT, preexec_fn=_limit_file_size,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    text = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and text.count("exitcode  : 2 ") == 2, text  # torchrun's summary, per rank
+    errors = [line for line in text.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and f"saving '{ckpts}/{EXP}_step3' failed:" in errors[0], text
+    frames = [line for line in text.splitlines() if 'File "' in line]  # "[rank1]:   File ..." included
+    assert not [f for f in frames if "opendit_lite" in f or "train.py" in f], text
+    assert no_litter(ckpts) == [] and not os.path.exists(os.path.join(out, EXP, LOCK_FILE))
+    assert [s for s, _ in list_checkpoints(ckpts, EXP)] == [1, 2]
+
+
 def test_no_room_before_a_save_stops_naming_the_bytes(scripts, capsys, trained, tmp_path, monkeypatch):  # noqa: F811
     out, ckpts = copy_run(trained, tmp_path)
     monkeypatch.setattr("opendit_lite.checkpoint.state._free_bytes", lambda folder: 1000)
@@ -258,7 +277,7 @@ def test_sigterm_to_a_two_rank_torchrun_run_saves_and_every_rank_exits_130(tmp_p
     assert proc.returncode != 0 and text.count("exitcode  : 130") == 2, text   # torchrun's summary, per rank
     stopped = [line for line in text.splitlines() if line.startswith("stopped:")]
     assert len(stopped) == 1 and "a stop signal was honoured at step" in stopped[0], text
-    frames = [line for line in text.splitlines() if line.lstrip().startswith('File "')]
+    frames = [line for line in text.splitlines() if 'File "' in line]  # "[rank1]:   File ..." included
     assert not [f for f in frames if "opendit_lite" in f or "train.py" in f], text  # only torchrun's own summary
     assert "KeyboardInterrupt" not in text, text
     ckpts = tmp_path / EXP / "checkpoints"
