@@ -136,7 +136,8 @@ def prepare_video_data(cfg, device, sp_group=None) -> TrainingData:
     vae = load_video_vae(cfg, device, sp_group=sp_group) if cfg.data.type != "latents" else None
     resolve_video_geometry(cfg, dataset, vae, captions.width if captions else None, buckets)
     if family:
-        check_family_inputs(cfg, buckets)
+        given = captions.width if captions else dataset[0][1].shape[-1] if cfg.data.type == "latents" else None
+        check_family_inputs(cfg, buckets, given)
         resolve_family_objective(cfg)
 
     def model_inputs(batch):

@@ -205,3 +205,39 @@ def test_the_image_mode_refuses_bad_folders_too(tmp_path, capsys):
     (tmp_path / "images").mkdir()
     _expect_exit_2(["--data-path", str(tmp_path / "images"), "--vae-path", str(tmp_path / "images"), "--output", "o"],
                    "has no config.json", capsys)
+
+
+def test_train_video_trains_a_family_on_the_extracted_latents(tmp_path):
+    import diffusers
+    import yaml
+
+    from tests.video_scripts.test_family_scripts import main
+
+    pipeline = save_tiny_pipeline(tmp_path / "pipeline", "wan")
+    latents = str(tmp_path / "latents")
+    _script().main(["--family", "wan", "--csv", _csv(tmp_path / "data", video=True), "--pipeline-path", pipeline,
+                    "--num-frames", "5", "--height", "16", "--width", "16", "--max-length", "8", "--num-workers", "0",
+                    "--output", latents])
+    config = {"exp_name": "wl", "precision": "fp32", "max_steps": 1, "global_batch_size": 2, "ckpt_every": 0,
+              "model": {"name": "WanTransformer3DModel", "config": {
+                  "patch_size": [1, 2, 2], "num_attention_heads": 2, "attention_head_dim": 8, "in_channels": 4,
+                  "out_channels": 4, "text_dim": 16, "freq_dim": 32, "ffn_dim": 32, "num_layers": 1,
+                  "rope_max_seq_len": 32}},
+              "data": {"type": "latents", "path": latents}, "text_encoder": {"kind": "shapes", "max_length": 8}}
+    (tmp_path / "wan.yaml").write_text(yaml.safe_dump(config))
+    main("train_video", ["--config", str(tmp_path / "wan.yaml"), f"results_dir={tmp_path / 'runs'}"])
+    saved = yaml.safe_load(open(tmp_path / "runs" / "wl" / "config.yaml"))
+    assert saved["model"]["num_frames"] == 5 and saved["model"]["caption_channels"] == 16
+    diffusers.WanTransformer3DModel.from_pretrained(str(tmp_path / "runs" / "wl" / "diffusers"))
+
+
+def test_latents_made_for_another_family_are_refused(tmp_path, capsys):
+    from opendit_lite.data.video_latents import save_video_latents, write_video_latent_meta
+    from tests.video_scripts.test_family_scripts import exits_2
+
+    folder = str(tmp_path / "flux-latents")
+    save_video_latents(folder, 0, torch.zeros(4, 1, 8, 8), torch.zeros(8, 32), torch.ones(8, dtype=torch.bool), "a")
+    write_video_latent_meta(folder, {"family": "flux", "transformer": "FluxTransformer2DModel"})
+    err = exits_2(capsys, "train_video", ["--config", "configs/wan_tiny_demo.yaml", f"results_dir={tmp_path}",
+                                          "data.type=latents", f"data.path={folder}", "max_steps=1"])
+    assert "were extracted for FluxTransformer2DModel" in err and err.count("\n") == 1

@@ -171,6 +171,34 @@ def test_wan_demo_config_trains_sequence_parallel_under_torchrun(tmp_path):
     assert len(sp) == 2 and np.allclose(sp, serial, rtol=1e-4, atol=0), (sp, serial)
 
 
+def latents_folder(tmp_path, width: int) -> str:
+    from opendit_lite.data.video_latents import save_video_latents
+
+    g = torch.Generator().manual_seed(0)
+    folder = str(tmp_path / f"latents{width}")
+    for i in range(4):  # latents [C, T, h, w], caption states [M, width] with their mask, as extract_latents.py writes
+        save_video_latents(folder, i, torch.randn(4, 2, 8, 8, generator=g), torch.randn(8, width, generator=g),
+                           torch.arange(8) < 5, "a red square moving right")
+    return folder
+
+
+LATENT_WAN = ["model.config.in_channels=4", "model.config.out_channels=4", "data.type=latents", "max_steps=2",
+              "global_batch_size=2"]
+
+
+def test_wan_trains_from_precomputed_latents(tmp_path):
+    main("train_video", [*WAN, *LATENT_WAN, f"data.path={latents_folder(tmp_path, 32)}", f"results_dir={tmp_path}"])
+    saved = yaml.safe_load(open(os.path.join(tmp_path, "w", "config.yaml")))
+    assert saved["model"]["in_channels"] == 4 and saved["model"]["num_frames"] == 2
+    assert all(np.isfinite(losses(os.path.join(tmp_path, "w"))))
+
+
+def test_caption_states_of_another_width_than_the_model_takes(capsys, tmp_path):
+    err = exits_2(capsys, "train_video", [*WAN, *LATENT_WAN, f"data.path={latents_folder(tmp_path, 16)}",
+                                          f"results_dir={tmp_path}"])
+    assert "takes 32-wide caption states, but the precomputed caption states give 16" in err
+
+
 def _final_checkpoint(run: str) -> str:
     from opendit_lite.checkpoint.layout import find_resume_checkpoint
 
