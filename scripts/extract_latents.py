@@ -30,7 +30,6 @@ print one paragraph and exit with code 2.
 """
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -43,8 +42,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from opendit_lite.config import ConfigError  # noqa: E402
 from opendit_lite.interop import check_pretrained_folder  # noqa: E402
 from opendit_lite.utils.exit_codes import script_main  # noqa: E402
-
-FAMILY_META = "meta.json"
 
 
 def _check_output(output: str) -> None:
@@ -183,7 +180,7 @@ def extract_family(args) -> int:
 def _extract_rows(args, family, spec, csv, frames, rank, world, device, folders) -> int:
     import torch.distributed as dist
 
-    from opendit_lite.data.video_latents import save_video_latents
+    from opendit_lite.data.video_latents import save_video_latents, write_video_latent_meta
     from opendit_lite.encoders.families import encode_family_latents, load_family_text_encoder, load_family_vae
 
     vae_path, encoder_path, tokenizer_path = folders
@@ -211,11 +208,11 @@ def _extract_rows(args, family, spec, csv, frames, rank, world, device, folders)
     count = int(count.item())
     if rank == 0:
         (latent_shape, state_shape), = shapes or {((), ())}
-        with open(os.path.join(args.output, FAMILY_META), "w") as f:
-            json.dump({"family": family, "transformer": spec.transformer, "count": count,
-                       "latent_shape": list(latent_shape), "text_tokens": state_shape[0] if state_shape else None,
-                       "text_width": state_shape[1] if state_shape else None, "vae": vae_path,
-                       "text_encoder": encoder_path, "posterior": "mean" if args.mode else "sample"}, f, indent=2)
+        write_video_latent_meta(args.output, {
+            "family": family, "transformer": spec.transformer, "count": count, "latent_shape": list(latent_shape),
+            "text_tokens": state_shape[0] if state_shape else None,
+            "text_width": state_shape[1] if state_shape else None, "vae": vae_path, "text_encoder": encoder_path,
+            "posterior": "mean" if args.mode else "sample"})
         print(f"wrote {count} {family} clips (latents {list(latent_shape)}) to {args.output} on {world} "
               f"rank(s) in {time.time() - start:.1f} s")
     return count

@@ -229,3 +229,15 @@ def test_train_video_trains_a_family_on_the_extracted_latents(tmp_path):
     saved = yaml.safe_load(open(tmp_path / "runs" / "wl" / "config.yaml"))
     assert saved["model"]["num_frames"] == 5 and saved["model"]["caption_channels"] == 16
     diffusers.WanTransformer3DModel.from_pretrained(str(tmp_path / "runs" / "wl" / "diffusers"))
+
+
+def test_latents_made_for_another_family_are_refused(tmp_path, capsys):
+    from opendit_lite.data.video_latents import save_video_latents, write_video_latent_meta
+    from tests.video_scripts.test_family_scripts import exits_2
+
+    folder = str(tmp_path / "flux-latents")
+    save_video_latents(folder, 0, torch.zeros(4, 1, 8, 8), torch.zeros(8, 32), torch.ones(8, dtype=torch.bool), "a")
+    write_video_latent_meta(folder, {"family": "flux", "transformer": "FluxTransformer2DModel"})
+    err = exits_2(capsys, "train_video", ["--config", "configs/wan_tiny_demo.yaml", f"results_dir={tmp_path}",
+                                          "data.type=latents", f"data.path={folder}", "max_steps=1"])
+    assert "were extracted for FluxTransformer2DModel" in err and err.count("\n") == 1
