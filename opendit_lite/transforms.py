@@ -293,11 +293,11 @@ def apply_compile(model: nn.Module, *, enabled: bool = True, backend: Optional[s
 # ------------------------------------------------------------------------------------ the pipeline
 
 def parallelize(model: nn.Module, *, sp_group: Optional[dist.ProcessGroup] = None, sp_mode: str = "ulysses",
-                sp_ring_size: Optional[int] = None, fused_adaln: bool = False, fused_layernorm: bool = False,
-                attention_backend: str = "sdpa", selective_ratio: float = 1.0, ac_offload: bool = False,
-                compile: bool = False, compile_backend: Optional[str] = None, cuda_graphs: bool = False,
-                lora_rank: int = 0, lora_alpha: float = 16.0, lora_dropout: float = 0.0,
-                lora_targets: Optional[Sequence[str]] = None, sp_auto=None) -> ParallelizeReport:
+                sp_ring_size: Optional[int] = None, sp_auto=None, fused_adaln: bool = False,
+                fused_layernorm: bool = False, attention_backend: str = "sdpa", selective_ratio: float = 1.0,
+                ac_offload: bool = False, compile: bool = False, compile_backend: Optional[str] = None,
+                cuda_graphs: bool = False, lora_rank: int = 0, lora_alpha: float = 16.0, lora_dropout: float = 0.0,
+                lora_targets: Optional[Sequence[str]] = None) -> ParallelizeReport:
     """Apply LoRA -> kernels -> sequence parallelism -> activation checkpointing -> compile to
     ``model`` in place (see the module docstring for why in this order) and return what was done.
 
