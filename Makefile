@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install demo demo-video test test-gpu clean distclean
+.PHONY: install demo demo-video demo-wan test test-gpu clean distclean
 
 install: $(STAMP)
 
@@ -29,6 +29,11 @@ demo: $(STAMP)
 demo-video: $(STAMP)
 	$(PY) train_video.py --config configs/video_stdit_demo.yaml auto_resume=true
 	$(PY) sample_video.py --config configs/video_stdit_demo.yaml
+
+# A tiny random-init diffusers WanTransformer3DModel on the same moving shapes.
+demo-wan: $(STAMP)
+	$(PY) train_video.py --config configs/wan_tiny_demo.yaml auto_resume=true
+	$(PY) sample_video.py --config configs/wan_tiny_demo.yaml
 
 # The layers contract (pyproject.toml, README "Architecture"), lint and import order, then the suite
 # on two workers (one per core; PYTEST_ARGS="-n 0" for one process), with the 10 slowest tests.

@@ -1,6 +1,7 @@
 #!/usr/bin/env python
 """Sample videos from text prompts with classifier-free guidance (against the model's learned null
-caption); writes one MP4 per prompt (an animated GIF where MP4 encoding is unavailable) and a PNG
+caption, or zero caption states for a diffusers family); writes one MP4 per prompt (an animated
+GIF where MP4 encoding is unavailable) and a PNG
 contact sheet with one row of frames per prompt, and prints their paths. The same seed gives the
 same videos.
 

@@ -1,9 +1,13 @@
 #!/usr/bin/env python
-"""Train a text-to-video diffusion transformer (STDiT, Vchitect-style) with opendit_lite.
+"""Train a text-to-video diffusion transformer (STDiT, Vchitect-style, or a diffusers Wan,
+HunyuanVideo, CogVideoX, LTX-Video, Flux or SD3 transformer) with opendit_lite.
 
 The embedded default (moving coloured shapes with captions, pixel space, CPU in minutes):
     python train_video.py --config configs/video_stdit_demo.yaml
     python train_video.py --config configs/video_vchitect_demo.yaml
+A tiny random-init diffusers WanTransformer3DModel on the same data (model.config; model.path loads a
+local diffusers folder), with Wan's recipe (flow matching, shift 5):
+    python train_video.py --config configs/wan_tiny_demo.yaml
 Sequence parallelism over 2 ranks (Ulysses; sp_mode=ring / usp / auto, or dsp for STDiT's DSP):
     torchrun --standalone --nproc_per_node 2 train_video.py --config configs/video_stdit_demo.yaml sp_size=2
 STDiT-XL/2 on 16x256x256 clips from precomputed latents, one node of 8 GPUs:
@@ -13,8 +17,9 @@ CSV videos (path,text columns) encoded on the fly by a local VAE and T5:
     python train_video.py --config configs/video_stdit_demo.yaml data.type=csv data.path=/data/videos.csv \\
         text_encoder.kind=t5 text_encoder.path=/models/t5 text_encoder.max_length=120 vae.path=/models/sd-vae
 
-Objectives: rectified flow (``diffusion.objective=rflow``, default) or IDDPM (``iddpm``, with
-``model.learn_sigma=true`` for the learned variance). Captions are replaced by the model's learned
+Objectives: rectified flow (``diffusion.objective=rflow``, the zoo's default) or IDDPM (``iddpm``, with
+``model.learn_sigma=true`` for the learned variance); a diffusers family trains with its published
+recipe (``opendit_lite.families``) unless ``diffusion.*`` says otherwise. Captions are replaced by the model's learned
 null caption with probability ``model.class_dropout_prob``, which classifier-free guidance needs.
 Settings are ``key=value`` overrides (``python train_video.py --help`` lists every key). Outputs go to
 ``<results_dir>/<exp_name>/`` as with train.py; resume with ``auto_resume=true`` or ``resume_from=<folder>``.

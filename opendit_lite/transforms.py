@@ -194,15 +194,18 @@ def _unsupported(model: nn.Module, sp_mode: str, size: int, reason: str) -> Sequ
 
 
 def apply_sequence_parallel(model: nn.Module, *, sp_group: Optional[dist.ProcessGroup],
-                            sp_mode: str = "ulysses", sp_ring_size: Optional[int] = None) -> List[StepRow]:
+                            sp_mode: str = "ulysses", sp_ring_size: Optional[int] = None,
+                            sp_auto=None) -> List[StepRow]:
     """Ulysses, ring, USP or ``auto`` (``opendit_lite.parallel.make_sequence_parallel``) or DSP
     (``opendit_lite.parallel.apply_dsp``) over ``sp_group``; nothing for a group of one rank.
 
     Raises ``ConfigError`` when the model does not declare ``sp_mode`` (its ``supported_sp_modes``, or
     its diffusers family's spec) and ``SequenceParallelError`` (a ConfigError) when the heads do not
-    allow the mode (naming ring/usp) or nothing in the model became sequence-parallel. The first row
-    names the mode (and why, for ``auto``) and what was swapped; the rows after it say where the tokens
-    are split and gathered and which op each attention module (or diffusers processor) runs."""
+    allow the mode (naming ring/usp) or nothing in the model became sequence-parallel. ``sp_auto``
+    (``opendit_lite.parallel.AutoInputs``: the workload, links, nodes) is what ``sp_mode=auto`` decides from
+    (``parallel.modes.decide_sp_mode``; the planner prints the same choice). The first row names the mode
+    (and why, for ``auto``) and what was swapped; the rows after it say where the tokens are split and
+    gathered and which op each attention module (or diffusers processor) runs."""
     from . import parallel  # the collectives and SP ops are only needed here
 
     size = _group_size(sp_group)
@@ -212,13 +215,18 @@ def apply_sequence_parallel(model: nn.Module, *, sp_group: Optional[dist.Process
     if sp_ring_size is not None and sp_mode != "usp":
         raise ConfigError(f"sp_ring_size={sp_ring_size} sets the ring degree of sp_mode=usp, but sp_mode is {sp_mode}: "
                           f"set sp_mode=usp or leave sp_ring_size unset.")
+    auto_choice = None
+    if sp_mode == "auto" and "dsp" in parallel.declared_sp_modes(model):  # DSP is applied apart: decide first
+        auto_choice = parallel.resolve_auto(model, size, sp_auto)
+        sp_mode = auto_choice.mode
+        sp_ring_size = auto_choice.ring_size if sp_mode == "usp" else None
     before = Counter(type(m) for m in model.modules())
     try:
         if sp_mode == "dsp":
             parallel.apply_dsp(model, sp_group)
             report = None
         else:
-            report = parallel.make_sequence_parallel(model, sp_group, sp_mode, sp_ring_size)
+            report = parallel.make_sequence_parallel(model, sp_group, sp_mode, sp_ring_size, sp_auto)
     except SequenceParallelError:
         raise
     except (TypeError, ValueError) as e:  # the model lacks what this mode needs: say how to add it
@@ -234,8 +242,9 @@ def apply_sequence_parallel(model: nn.Module, *, sp_group: Optional[dist.Process
     swapped = ", ".join(f"{cls.__name__} x{count}" for cls, count in new.items())
     mode = "dsp" if report is None else parallel.describe_choice(report)
     rows = [StepRow("sequence_parallel", f"{mode} over {size} ranks: {swapped}", sum(new.values()), left)]
-    if report is not None and report.choice.reason:  # sp_mode=auto, or usp without sp_ring_size: say why
-        rows.append(StepRow("sequence_parallel", f"  mode: {mode}", 0, report.choice.reason))
+    reason = auto_choice.reason if auto_choice is not None else (report.choice.reason if report is not None else "")
+    if reason:  # sp_mode=auto, or usp without sp_ring_size: say why
+        rows.append(StepRow("sequence_parallel", f"  mode: {mode}", 0, reason))
     for what, where, count, detail in ([] if report is None else report.rows):
         rows.append(StepRow("sequence_parallel", f"  {what}: {where}", count, detail))
     return rows
@@ -290,10 +299,10 @@ def apply_compile(model: nn.Module, *, enabled: bool = True, backend: Optional[s
 # ------------------------------------------------------------------------------------ the pipeline
 
 def parallelize(model: nn.Module, *, sp_group: Optional[dist.ProcessGroup] = None, sp_mode: str = "ulysses",
-                sp_ring_size: Optional[int] = None, fused_adaln: bool = False, fused_layernorm: bool = False,
-                attention_backend: str = "sdpa", selective_ratio: float = 1.0, ac_offload: bool = False,
-                compile: bool = False, compile_backend: Optional[str] = None, cuda_graphs: bool = False,
-                lora_rank: int = 0, lora_alpha: float = 16.0, lora_dropout: float = 0.0,
+                sp_ring_size: Optional[int] = None, sp_auto=None, fused_adaln: bool = False,
+                fused_layernorm: bool = False, attention_backend: str = "sdpa", selective_ratio: float = 1.0,
+                ac_offload: bool = False, compile: bool = False, compile_backend: Optional[str] = None,
+                cuda_graphs: bool = False, lora_rank: int = 0, lora_alpha: float = 16.0, lora_dropout: float = 0.0,
                 lora_targets: Optional[Sequence[str]] = None) -> ParallelizeReport:
     """Apply LoRA -> kernels -> sequence parallelism -> activation checkpointing -> compile to
     ``model`` in place (see the module docstring for why in this order) and return what was done.
@@ -301,7 +310,8 @@ def parallelize(model: nn.Module, *, sp_group: Optional[dist.ProcessGroup] = Non
     Call it on the serial, unwrapped model, once, before the booster plugin wraps it.
     ``compile_backend`` is the ``torch.compile`` backend (None: its default; "eager" for a quick check);
     ``cuda_graphs`` replays the compiled blocks as CUDA graphs (mode "reduce-overhead");
-    ``lora_*``: the adapters (rank 0: none; targets None: the model's usual layers)."""
+    ``lora_*``: the adapters (rank 0: none; targets None: the model's usual layers); ``sp_auto``: what
+    ``sp_mode="auto"`` decides from (``opendit_lite.parallel.AutoInputs``; None: the heads alone)."""
     report = ParallelizeReport()
     # 0. LoRA first, on the plain model: every later step keeps the adapter layers.
     report.rows += apply_lora(model, rank=lora_rank, alpha=lora_alpha, dropout=lora_dropout, targets=lora_targets)
@@ -310,7 +320,8 @@ def parallelize(model: nn.Module, *, sp_group: Optional[dist.ProcessGroup] = Non
                                             attention_backend=attention_backend)
     report.rows += rows
     # 2. Sequence parallelism next, so checkpointing and compile see its collectives.
-    report.rows += apply_sequence_parallel(model, sp_group=sp_group, sp_mode=sp_mode, sp_ring_size=sp_ring_size)
+    report.rows += apply_sequence_parallel(model, sp_group=sp_group, sp_mode=sp_mode, sp_ring_size=sp_ring_size,
+                                           sp_auto=sp_auto)
     # 3. Checkpointing after every module swap, before compile (the graph holds the recomputation).
     rows, report.checkpointing = apply_activation_checkpointing(model, selective_ratio=selective_ratio,
                                                                 offload=ac_offload)

@@ -7,6 +7,9 @@
     # the reverse: a diffusers DiT (pipeline or transformer folder) -> one .safetensors that
     # train.py's init_from and sample.py read:
     python scripts/export_diffusers.py --from-diffusers /models/DiT-XL-2-256 --output dit.safetensors
+    # a diffusers-family run (Wan, Flux, SD3, CogVideoX, HunyuanVideo, LTX-Video): the transformer
+    # folder its own class and pipeline load; LoRA merged, or --lora adapter for a LoRA file beside it:
+    python scripts/export_diffusers.py --checkpoint outputs/wan/checkpoints/wan_step1500 --output out/wan-transformer
 
 Load the export with ``DiTTransformer2DModel.from_pretrained(OUTPUT)`` (or ``subfolder="transformer"``
 for a pipeline). diffusers embeds timesteps with a slightly different frequency spacing than Meta's
@@ -20,6 +23,7 @@ code 2.
 """
 
 import argparse
+import json
 import os
 import sys
 
@@ -34,18 +38,30 @@ from opendit_lite.utils.exit_codes import script_main  # noqa: E402
 EXACT_TOL = 1e-4
 
 
-def _model_from_checkpoint(checkpoint: str, use_ema: bool):
+def _saved_config(checkpoint: str) -> dict:
+    """The run config stored with checkpoint folder ``checkpoint`` (it must have a model section)."""
     from opendit_lite.checkpoint.layout import saved_config
-    from opendit_lite.checkpoint.weights import load_weights
-    from opendit_lite.models import build_model
 
     if not os.path.isdir(checkpoint):
         raise ConfigError(f"--checkpoint {checkpoint!r} is not a folder: give a checkpoint folder written by train.py "
-                          f"(it holds meta.json with the model config, model/ and ema.safetensors).")
+                          f"or train_video.py (it holds meta.json with the model config, model/ and ema.safetensors).")
     saved = saved_config(checkpoint)
     if "model" not in saved:
         raise ConfigError(f"--checkpoint {checkpoint!r} has no model config in meta.json: give a checkpoint folder "
-                          f"written by train.py.")
+                          f"written by train.py or train_video.py.")
+    return saved
+
+
+def _is_diffusers_family(saved: dict) -> bool:
+    from opendit_lite.models.diffusers_families import FAMILIES
+
+    return saved["model"].get("name") in {path.rsplit(".", 1)[1] for path in FAMILIES}
+
+
+def _model_from_checkpoint(checkpoint: str, use_ema: bool, saved: dict):
+    from opendit_lite.checkpoint.weights import load_weights
+    from opendit_lite.models import build_model
+
     m = saved["model"]
     size = m["input_size"]
     spacing = {"timestep_spacing": m["timestep_spacing"]} if m.get("timestep_spacing", "meta") != "meta" else {}
@@ -119,11 +135,29 @@ def _publish(output: str, write) -> str:
     return output
 
 
-def export(checkpoint: str, output: str, vae: str = None, use_ema: bool = True, allow_inexact: bool = False) -> str:
+def export_family(checkpoint: str, output: str, saved: dict, use_ema: bool = True, lora: str = "merged") -> str:
+    """A diffusers-family run's checkpoint -> a folder its diffusers class loads."""
+    from opendit_lite.build.diffusers_export import export_family_checkpoint
+
+    return export_family_checkpoint(saved["model"], saved.get("lora"), checkpoint, output, use_ema=use_ema,
+                                    lora_mode=lora)
+
+
+def export(checkpoint: str, output: str, vae: str = None, use_ema: bool = True, allow_inexact: bool = False,
+           lora: str = None) -> str:
     from opendit_lite.interop import to_diffusers_dit
 
     _check_output(output)
-    model, diffusion = _model_from_checkpoint(checkpoint, use_ema)
+    saved = _saved_config(checkpoint)
+    if _is_diffusers_family(saved):
+        if vae or allow_inexact:
+            raise ConfigError(f"--vae and --allow-inexact apply to DiT exports; {checkpoint!r} holds a "
+                              f"{saved['model']['name']}, which is written as the transformer its own pipeline loads.")
+        return export_family(checkpoint, output, saved, use_ema=use_ema, lora=lora or "merged")
+    if lora:
+        raise ConfigError("--lora applies to diffusers-family runs (Wan, Flux, ...); a DiT run's adapters are always "
+                          "merged into the exported weights.")
+    model, diffusion = _model_from_checkpoint(checkpoint, use_ema, saved)
     _check_exact(model, allow_inexact)
     transformer = to_diffusers_dit(model)
     if vae is None:
@@ -183,16 +217,20 @@ def main(argv) -> str:
     p.add_argument("--no-ema", action="store_true", help="export the trained weights instead of the EMA")
     p.add_argument("--allow-inexact", action="store_true",
                    help="export a DiT with Meta's timestep spacing anyway (warns with the measured difference)")
+    p.add_argument("--lora", choices=("merged", "adapter"),
+                   help="a diffusers-family LoRA run: merge the adapters (default) or write them as a LoRA file")
     args = p.parse_args(argv)
     if args.from_diffusers:
-        if args.vae or args.no_ema or args.allow_inexact:
-            raise ConfigError("--vae, --no-ema and --allow-inexact apply to --checkpoint exports, not to "
+        if args.vae or args.no_ema or args.allow_inexact or args.lora:
+            raise ConfigError("--vae, --no-ema, --allow-inexact and --lora apply to --checkpoint exports, not to "
                               "--from-diffusers imports.")
         out = import_diffusers(args.from_diffusers, args.output)
         print(f"wrote our DiT's weights from {args.from_diffusers} to {out}")
         return out
-    out = export(args.checkpoint, args.output, vae=args.vae, use_ema=not args.no_ema, allow_inexact=args.allow_inexact)
-    kind = "DiTPipeline" if args.vae else "DiTTransformer2DModel"
+    out = export(args.checkpoint, args.output, vae=args.vae, use_ema=not args.no_ema, allow_inexact=args.allow_inexact,
+                 lora=args.lora)
+    with open(os.path.join(out, "model_index.json" if args.vae else "config.json")) as f:
+        kind = json.load(f)["_class_name"]
     print(f"wrote a diffusers {kind} ({'trained' if args.no_ema else 'EMA'} weights) from {args.checkpoint} to {out}")
     return out
 

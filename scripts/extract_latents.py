@@ -1,46 +1,73 @@
-"""Encode an image folder once with the VAE and write latent shards that train.py reads
-(``data.type=latents data.path=<output>``).
+"""Encode a dataset once and train from the result.
 
-    python scripts/extract_latents.py --data-path /data/imagenet/train --vae-path /models/sd-vae-ft-ema \
+Images for our DiT (``data.type=latents data.path=<output>`` in train.py):
+
+    python scripts/extract_latents.py --data-path /data/imagenet/train --vae-path /models/sd-vae-ft-ema \\
         --image-size 256 --output /data/imagenet256_latents
 
 Each image is centre-cropped like DiT, encoded (the posterior is sampled once; pass --mode to store
-its mean) and scaled by --scale-factor. Progress is shown; shards are written as they fill, so an
-interrupted run keeps what it finished.
+its mean) and scaled by --scale-factor; shards are written as they fill.
+
+Clips or images for a diffusers family (Wan, CogVideoX, HunyuanVideo, LTX-Video, Flux, SD3), with
+the family's own VAE and text encoder, on as many ranks as you launch (each encodes every N-th row
+of the CSV; rank 0 writes meta.json when all are done); train_video.py reads the folder with
+``data.type=latents data.path=<output>``:
+
+    torchrun --nproc_per_node 8 scripts/extract_latents.py --family wan --csv /data/clips.csv \\
+        --pipeline-path /models/Wan2.1-T2V-1.3B-Diffusers --num-frames 17 --height 480 --width 832 \\
+        --output /data/wan_latents
+
+``--family`` takes wan, cogvideox, hunyuanvideo, ltx, flux or sd3 (or the transformer class name);
+``--config`` takes it from a training config's ``model.name`` instead. ``--pipeline-path`` is a
+local diffusers pipeline folder: the VAE from its ``vae/`` and the text encoder the family's
+transformer reads (T5 / UMT5 / Llama; ``text_encoder_2/`` for Flux, ``text_encoder_3/`` for SD3)
+with its tokenizer; ``--vae-path``, ``--text-encoder-path`` and ``--tokenizer-path`` name the
+folders one by one. The CSV has ``path`` and ``text`` columns (videos or images; Flux and SD3 take
+the first frame). Each clip becomes ``<output>/<row>.pt`` with its latents [C, T, h, w] (normalised
+as the family's pipeline expects, see ``opendit_lite/encoders/families.py``), caption states
+[tokens, width] and mask. Nothing is downloaded; folders must hold .safetensors weights. Errors
+print one paragraph and exit with code 2.
 """
 
 import argparse
 import os
 import sys
+import time
 
 import torch
-from torch.utils.data import DataLoader
-from tqdm import tqdm
+from torch.utils.data import DataLoader, Dataset
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from opendit_lite.data import build_image_folder  # noqa: E402
-from opendit_lite.data.latents import write_latent_meta, write_latent_shard  # noqa: E402
-from opendit_lite.encoders import load_vae, vae_encode  # noqa: E402
+from opendit_lite.config import ConfigError  # noqa: E402
+from opendit_lite.interop import check_pretrained_folder  # noqa: E402
+from opendit_lite.utils.exit_codes import script_main  # noqa: E402
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data-path", required=True, help="image folder with one sub-folder per class")
-    p.add_argument("--vae-path", required=True, help="local diffusers AutoencoderKL folder")
-    p.add_argument("--output", required=True, help="folder for shard_*.safetensors and meta.json")
-    p.add_argument("--image-size", type=int, default=256)
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--shard-size", type=int, default=4096, help="latents per shard file")
-    p.add_argument("--scale-factor", type=float, default=0.18215)
-    p.add_argument("--mode", action="store_true", help="store the posterior mean instead of a sample")
-    p.add_argument("--num-workers", type=int, default=4)
-    p.add_argument("--seed", type=int, default=0)
-    args = p.parse_args(argv)
+def _check_output(output: str) -> None:
+    if os.path.lexists(output) and not os.path.isdir(output):
+        raise ConfigError(f"--output {output!r} is an existing file; give a folder for the latents.")
 
+
+# ---------------------------------------------------------------------------------------- images
+
+def extract_images(args) -> int:
+    from tqdm import tqdm
+
+    from opendit_lite.data import build_image_folder
+    from opendit_lite.data.latents import write_latent_meta, write_latent_shard
+    from opendit_lite.encoders import load_vae, vae_encode
+
+    if not os.path.isdir(args.data_path or ""):
+        raise ConfigError(f"--data-path {args.data_path!r} is not a folder; give an image folder with one "
+                          f"sub-folder per class.")
+    check_pretrained_folder(args.vae_path, f"--vae-path {args.vae_path!r}")
     torch.manual_seed(args.seed)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    dataset = build_image_folder(args.data_path, args.image_size, random_flip=False)
+    try:
+        dataset = build_image_folder(args.data_path, args.image_size, random_flip=False)
+    except ValueError as e:
+        raise ConfigError(f"--data-path: {e}") from None
     vae = load_vae(args.vae_path, device=device)
     loader = DataLoader(dataset, batch_size=args.batch_size, shuffle=False, num_workers=args.num_workers)
     os.makedirs(args.output, exist_ok=True)
@@ -61,6 +88,175 @@ def main(argv=None):
                                     "scale_factor": args.scale_factor, "classes": dataset.classes,
                                     "image_size": args.image_size})
     print(f"wrote {count} latents [{c}, {h}, {w}] to {args.output}")
+    return count
+
+
+# -------------------------------------------------------------------------------------- families
+
+class _Rows(Dataset):
+    """Rows ``rows`` of the CSV, each read as a ``frames`` x ``height`` x ``width`` clip."""
+
+    def __init__(self, csv_dataset, rows, frames: int, height: int, width: int):
+        self.csv, self.rows, self.size = csv_dataset, rows, (frames, height, width)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i):
+        row = self.rows[i]
+        clip, caption = self.csv[(row, *self.size)]
+        return row, clip, caption
+
+
+def _family_name(args) -> str:
+    if args.family:
+        return args.family
+    import yaml
+
+    try:
+        with open(args.config) as f:
+            name = ((yaml.safe_load(f) or {}).get("model") or {}).get("name")
+    except (OSError, yaml.YAMLError) as e:
+        raise ConfigError(f"--config {args.config!r} cannot be read: {e}") from None
+    if not name:
+        raise ConfigError(f"--config {args.config!r} has no model.name; give the family with --family.")
+    return name
+
+
+def _folders(args, spec) -> tuple:
+    """(VAE, text encoder, tokenizer) folders from --pipeline-path and the per-folder options."""
+    text, tokenizer = spec.text_folders
+    base = args.pipeline_path
+    if base is not None and not os.path.isdir(base):
+        raise ConfigError(f"--pipeline-path {base!r} is not a folder; give a local diffusers pipeline folder "
+                          f"(with vae/, {text}/ and {tokenizer}/).")
+    vae = args.vae_path or (os.path.join(base, "vae") if base else None)
+    encoder = args.text_encoder_path or (os.path.join(base, text) if base else None)
+    tokens = args.tokenizer_path or (os.path.join(base, tokenizer) if base and not args.text_encoder_path else None)
+    if vae is None or encoder is None:
+        raise ConfigError("--family needs the VAE and the text encoder: give --pipeline-path (a local diffusers "
+                          "pipeline folder) or --vae-path and --text-encoder-path.")
+    check_pretrained_folder(vae, f"the VAE folder {vae!r}")
+    check_pretrained_folder(encoder, f"the text encoder folder {encoder!r}")
+    return vae, encoder, tokens or encoder
+
+
+def extract_family(args) -> int:
+    """Encode this rank's share of the CSV with the family's VAE and text encoder; returns the
+    number of clips written by all ranks."""
+    import torch.distributed as dist
+
+    from opendit_lite.data.video_csv import VideoCSVDataset
+    from opendit_lite.distributed.launch import init_distributed
+    from opendit_lite.encoders.families import family_encoders
+
+    family, spec = family_encoders(_family_name(args))
+    if not args.csv or not os.path.isfile(args.csv):
+        raise ConfigError(f"--csv {args.csv!r} is not a file; give a CSV with 'path' and 'text' columns.")
+    for name in ("num_frames", "height", "width", "batch_size", "frame_interval"):
+        if getattr(args, name) < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}.")
+    vae_path, encoder_path, tokenizer_path = _folders(args, spec)
+    frames = 1 if spec.image_only else args.num_frames
+    try:
+        csv = VideoCSVDataset(args.csv, num_frames=frames, frame_interval=args.frame_interval,
+                              image_size=args.height, random_start=False)
+    except ValueError as e:
+        raise ConfigError(f"--csv: {e}") from None
+
+    created = not dist.is_initialized() and int(os.environ.get("WORLD_SIZE", "1")) > 1  # under torchrun
+    if created:
+        init_distributed()
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if torch.cuda.is_available() else "cpu"
+    try:
+        return _extract_rows(args, family, spec, csv, frames, rank, world, device,
+                             (vae_path, encoder_path, tokenizer_path))
+    finally:
+        if created:
+            dist.destroy_process_group()
+
+
+def _extract_rows(args, family, spec, csv, frames, rank, world, device, folders) -> int:
+    import torch.distributed as dist
+
+    from opendit_lite.data.video_latents import save_video_latents, write_video_latent_meta
+    from opendit_lite.encoders.families import encode_family_latents, load_family_text_encoder, load_family_vae
+
+    vae_path, encoder_path, tokenizer_path = folders
+    torch.manual_seed(args.seed + rank)
+    vae = load_family_vae(spec, vae_path, f"the VAE folder {vae_path!r}", device=device)
+    text = load_family_text_encoder(spec, encoder_path, f"the text encoder folder {encoder_path!r}",
+                                    max_length=args.max_length, device=device, tokenizer_path=tokenizer_path)
+    rows = list(range(rank, len(csv), world))                                   # this rank's share
+    loader = DataLoader(_Rows(csv, rows, frames, args.height, args.width), batch_size=args.batch_size,
+                        num_workers=args.num_workers)
+    os.makedirs(args.output, exist_ok=True)
+    start, shapes = time.time(), set()
+    try:
+        for index, clips, captions in loader:
+            latents = encode_family_latents(spec, vae, clips.to(device), sample=not args.mode)  # [B, C, T, h, w]
+            states, mask = text.encode(list(captions))                                              # [B, M, W], [B, M]
+            for i in range(len(index)):
+                save_video_latents(args.output, int(index[i]), latents[i], states[i].float(), mask[i], captions[i])
+            shapes.add((tuple(latents.shape[1:]), tuple(states.shape[1:])))
+    except ValueError as e:  # a clip too short or unreadable
+        raise ConfigError(f"--csv: {e}") from None
+    count = torch.tensor([len(rows)])
+    if world > 1:
+        dist.all_reduce(count)  # also waits for every rank's files
+    count = int(count.item())
+    if rank == 0:
+        (latent_shape, state_shape), = shapes or {((), ())}
+        write_video_latent_meta(args.output, {
+            "family": family, "transformer": spec.transformer, "count": count, "latent_shape": list(latent_shape),
+            "text_tokens": state_shape[0] if state_shape else None,
+            "text_width": state_shape[1] if state_shape else None, "vae": vae_path, "text_encoder": encoder_path,
+            "posterior": "mean" if args.mode else "sample"})
+        print(f"wrote {count} {family} clips (latents {list(latent_shape)}) to {args.output} on {world} "
+              f"rank(s) in {time.time() - start:.1f} s")
+    return count
+
+
+@script_main
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--output", required=True, help="folder for the latent files and meta.json")
+    p.add_argument("--data-path", help="images for our DiT: a folder with one sub-folder per class")
+    p.add_argument("--vae-path", help="local diffusers VAE folder (AutoencoderKL for images; the family's VAE)")
+    p.add_argument("--image-size", type=int, default=256, help="images for our DiT: side after the centre crop")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--shard-size", type=int, default=4096, help="images for our DiT: latents per shard file")
+    p.add_argument("--scale-factor", type=float, default=0.18215, help="images for our DiT: latent scale")
+    p.add_argument("--mode", action="store_true", help="store the posterior mean instead of a sample")
+    p.add_argument("--num-workers", type=int, default=4)
+    p.add_argument("--seed", type=int, default=0)
+    family = p.add_argument_group("diffusers families")
+    family.add_argument("--family", help="wan, cogvideox, hunyuanvideo, ltx, flux or sd3 (or a transformer class)")
+    family.add_argument("--config", help="a training config whose model.name gives the family")
+    family.add_argument("--csv", help="CSV with 'path' and 'text' columns (videos or images)")
+    family.add_argument("--pipeline-path", help="local diffusers pipeline folder (vae/, text encoder, tokenizer)")
+    family.add_argument("--text-encoder-path", help="local text encoder folder (default: from --pipeline-path)")
+    family.add_argument("--tokenizer-path", help="local tokenizer folder (default: the pipeline's, or the encoder's)")
+    family.add_argument("--num-frames", type=int, default=17, help="frames per clip (Flux and SD3: 1)")
+    family.add_argument("--frame-interval", type=int, default=1, help="take every N-th frame of a video")
+    family.add_argument("--height", type=int, default=256, help="clip height in pixels (resize to cover, centre crop)")
+    family.add_argument("--width", type=int, default=256, help="clip width in pixels")
+    family.add_argument("--max-length", type=int, help="caption tokens (default: the family pipeline's)")
+    args = p.parse_args(argv)
+    _check_output(args.output)
+    if args.family or args.config:
+        if args.data_path:
+            raise ConfigError("--data-path is the image-folder mode for our DiT; a family reads --csv.")
+        if args.family and args.config:
+            raise ConfigError("give the family once: --family or --config, not both.")
+        return extract_family(args)
+    if args.csv or args.pipeline_path:
+        raise ConfigError("--csv and --pipeline-path need --family (or --config naming a diffusers family's model).")
+    if not args.data_path or not args.vae_path:
+        raise ConfigError("give --data-path and --vae-path (images for our DiT), or --family with --csv (a diffusers "
+                          "family's clips).")
+    return extract_images(args)
 
 
 if __name__ == "__main__":

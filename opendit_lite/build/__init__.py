@@ -6,6 +6,8 @@
 * ``family.py``: a model's family (image or video, as its class declares) checked against the script;
 * ``parallelize.py``: ``parallelize_from_config``, the one place config fields meet ``parallelize``
   (training, LiteGen and sampling);
+* ``geometry.py``: a config's buckets in latent units and tokens, and the sequence-parallel workload
+  ``sp_mode: auto`` decides from (the run and the planner alike);
 * ``batch.py``: the per-rank micro-batch of the global batch;
 * ``objective.py``: IDDPM or rectified flow from the ``diffusion`` section;
 * ``lora.py``: a LoRA run's checkpoint loaded with its adapters merged (samplers, export).

@@ -106,10 +106,17 @@ def resolve_family_text(cfg) -> None:
     m.caption_channels = width
 
 
-def check_family_inputs(cfg, buckets=None) -> None:
-    """After the geometry is resolved from the data: the clips' channels and frames fit the model."""
+def check_family_inputs(cfg, buckets=None, caption_width: Optional[int] = None) -> None:
+    """After the geometry is resolved from the data: the clips' channels and frames, and the width of
+    the caption states the data or text encoder gives (``caption_width``; None: drawn at the model's),
+    fit the model."""
     m, d = cfg.model, cfg.data
     adapter, config = family_adapter(m.name), diffusers_config(cfg)
+    if caption_width not in (None, m.caption_channels):
+        source = "text encoder" if d.type == "csv" else "precomputed caption states"
+        raise ConfigError(f"{m.name} takes {m.caption_channels}-wide caption states, but the {source} give "
+                          f"{caption_width}: use the text encoder the model was trained with (or extract the "
+                          f"latents with it).")
     channels = adapter.latent_channels(config)
     if m.in_channels != channels:
         source = "pixel clips (no VAE)" if m.in_channels == 3 else "the data's latents"

@@ -15,7 +15,7 @@ import torch.nn as nn
 
 from ..data.buckets import Bucket, BucketBatchSampler, parse_buckets
 from ..data.video_csv import VideoCSVDataset
-from ..data.video_latents import VideoLatentDataset
+from ..data.video_latents import VideoLatentDataset, video_latent_meta
 from ..data.video_shapes import MovingShapesDataset, caption_states
 from ..distributed.mesh import node_group
 from ..encoders.video_vae import VideoVAE
@@ -124,6 +124,11 @@ def resolve_video_geometry(cfg, dataset, vae: Optional[VideoVAE], caption_width:
         latents, states, _, _ = dataset[0]
         channels, frames, size = latents.shape[0], latents.shape[1], list(latents.shape[2:])
         caption_width = states.shape[-1]
+        made_for = video_latent_meta(cfg.data.path).get("transformer")
+        if made_for and made_for != m.name:
+            raise ConfigError(f"The latents in {cfg.data.path!r} were extracted for {made_for} (with its VAE and text "
+                              f"encoder), but model.name is {m.name}: extract them with --family for {m.name}, or "
+                              f"train {made_for}.")
         if states.shape[0] != cfg.text_encoder.max_length:
             raise ConfigError(f"The latents in {cfg.data.path!r} hold {states.shape[0]} caption tokens per clip but "
                               f"text_encoder.max_length={cfg.text_encoder.max_length}; set it to {states.shape[0]}.")

@@ -48,7 +48,7 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 
-from ..distributed.ranks import barrier, from_rank0, global_rank, global_world_size
+from ..distributed.ranks import barrier, from_rank0, global_rank, global_world_size, peer_lost
 from ..distributed.rng import get_rng_state, set_rng_state
 from ..errors import CheckpointError, StorageError
 from .catalog import (
@@ -211,9 +211,12 @@ def save_checkpoint(
         _write(booster, final, step, model, optimizer, lr_scheduler, ema, extra, finite, masters, exp_name, run_id)
     except Exception as e:
         reason = storage_failure(e)
-        if reason is None:
-            raise
-        raise StorageError(_storage_paragraph(final, reason, ckpt_dir_root, exp_name)) from e
+        if reason is not None:
+            raise StorageError(_storage_paragraph(final, reason, ckpt_dir_root, exp_name)) from e
+        if global_world_size() > 1 and peer_lost(e):  # the rank that failed says why (rank 0 prints it)
+            raise CheckpointError(f"saving {final!r} was abandoned on rank {rank}: another rank failed while "
+                                  f"saving; every complete checkpoint is kept.") from e
+        raise
 
     if keep_last and rank == 0:
         _prune(ckpt_dir_root, exp_name, keep_last, final, run_id)

@@ -10,6 +10,7 @@ from .loader import (
     validate,
     validate_world,
 )
+from .loader import _read_yaml as read_yaml  # the checks every entry point reads a config file through
 from .schema import (
     DataConfig,
     DiffusionConfig,
@@ -23,7 +24,7 @@ from .schema import (
 
 __all__ = [
     "ConfigError", "from_dict", "from_object", "load_config", "parse_cli", "parse_overrides",
-    "resolve_aliases", "to_dict",
+    "read_yaml", "resolve_aliases", "to_dict",
     "validate", "validate_world", "DataConfig", "DiffusionConfig", "EMAConfig", "EncoderConfig",
     "ModelConfig", "SampleConfig", "TrainConfig", "VAEConfig",
 ]

@@ -258,17 +258,19 @@ def _merge(base: Dict[str, Any], top: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def _read_yaml(path: str) -> Dict[str, Any]:
-    if os.path.isdir(path):
-        raise ConfigError(f"Config file '{path}' is a folder; pass a YAML file with --config (e.g. "
-                          f"--config configs/demo.yaml).")
+    """The mapping of a YAML config file, or a ConfigError naming what is wrong with the file."""
     try:
         with open(path, encoding="utf-8") as f:
             data = yaml.safe_load(f)
     except FileNotFoundError:
         raise ConfigError(f"Config file '{path}' does not exist. Pass an existing YAML file with --config.") from None
+    except IsADirectoryError:
+        raise ConfigError(f"Config path '{path}' is a directory. Pass a YAML file with --config.") from None
+    except PermissionError:
+        raise ConfigError(f"Config file '{path}' cannot be read (permission denied).") from None
     except UnicodeDecodeError as e:
-        raise ConfigError(f"Config file '{path}' is not UTF-8 text (byte {e.start} cannot be decoded): is it a "
-                          f"binary file? Save the YAML as UTF-8 and pass it with --config.") from None
+        raise ConfigError(f"Config file '{path}' is not UTF-8 text (byte {e.start} cannot be decoded): pass a YAML "
+                          f"file.") from None
     except OSError as e:
         raise ConfigError(f"Cannot read config file '{path}': {e.strerror or e}. Check its permissions.") from None
     except yaml.YAMLError as e:

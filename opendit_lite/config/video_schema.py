@@ -89,7 +89,19 @@ class VideoSampleConfig(BaseSampleConfig):
     height: Optional[int] = _f(None, "frame height to sample in pixels; None: the trained clip's", at_least=1)
     width: Optional[int] = _f(None, "frame width to sample in pixels; None: the trained clip's", at_least=1)
     fps: int = _f(4, "frames per second of the written videos", at_least=1)
-    output_dir: Optional[str] = _f(None, "folder for the videos and contact sheet; None: <run dir>/samples/<checkpoint name>")
+    output_dir: Optional[str] = _f(None, "folder for the videos and contact sheet; None: "
+                                         "<run dir>/samples/<checkpoint name>")
+
+
+@dataclass
+class ExportConfig:
+    diffusers: Optional[bool] = _f(None, "at the end of training write <run dir>/diffusers/: the transformer as its "
+                                         "diffusers class loads it (from_pretrained); null: on for a diffusers "
+                                         "family (model.name a diffusers class), off for the zoo's models")
+    ema: bool = _f(True, "export the EMA weights (where ema.enable keeps them); false: the trained weights")
+    lora: str = _f("merged", "a LoRA run: the adapters merged into the weights, or 'adapter': the base weights plus "
+                             "pytorch_lora_weights.safetensors (the pipelines' load_lora_weights reads it)",
+                   choices=("merged", "adapter"))
 
 
 @dataclass
@@ -106,3 +118,4 @@ class VideoTrainConfig(TrainConfig):
     diffusion: VideoDiffusionConfig = _section(VideoDiffusionConfig, "diffusion objective")
     text_encoder: TextEncoderConfig = _section(TextEncoderConfig, "caption encoder")
     sample: VideoSampleConfig = _section(VideoSampleConfig, "sample_video.py settings")
+    export: ExportConfig = _section(ExportConfig, "the diffusers folder written at the end of training")

@@ -1,10 +1,16 @@
 """Precomputed video latents and caption states: one ``.pt`` file per clip holding ``latents``
 [C, T, h, w], ``states`` [M, channels], ``mask`` [M] and ``caption``, as written by
 ``save_video_latents``. Training from them skips the VAE and text encoder entirely.
+
+``scripts/extract_latents.py --family`` also writes ``meta.json`` (``write_video_latent_meta``):
+the family and transformer class they were encoded for, the count and shapes; the trainer reads it
+(``video_latent_meta``) to refuse latents made for another model.
 """
 
 import glob
+import json
 import os
+from typing import Dict
 
 import torch
 from torch.utils.data import Dataset
@@ -16,6 +22,28 @@ def save_video_latents(folder: str, index: int, latents: torch.Tensor, states: t
     path = os.path.join(folder, f"{index:08d}.pt")
     torch.save({"latents": latents.cpu(), "states": states.cpu(), "mask": mask.cpu(), "caption": caption}, path)
     return path
+
+
+META = "meta.json"
+
+
+def write_video_latent_meta(folder: str, meta: Dict) -> str:
+    path = os.path.join(folder, META)
+    with open(path, "w") as f:
+        json.dump(meta, f, indent=2)
+    return path
+
+
+def video_latent_meta(folder: str) -> Dict:
+    """The folder's ``meta.json`` ({} when it has none, e.g. latents written with ``save_video_latents`` alone)."""
+    path = os.path.join(folder, META)
+    if not os.path.isfile(path):
+        return {}
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"cannot read {path}: {e}") from None
 
 
 class VideoLatentDataset(Dataset):

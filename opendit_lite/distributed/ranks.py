@@ -1,9 +1,13 @@
 """This process's place in the default process group, and the two collectives every rank-0-decides
 step needs. All of them also work without an initialised group (a world of one)."""
 
+import re
 from typing import Any
 
 import torch.distributed as dist
+
+# How a collective ends when a peer process has exited (gloo's words; NCCL aborts through DistError).
+_PEER_GONE = re.compile(r"Connection (closed|reset) by peer|Broken pipe")
 
 
 def global_rank() -> int:
@@ -26,3 +30,8 @@ def from_rank0(value: Any) -> Any:
     box = [value]
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def peer_lost(error: BaseException) -> bool:
+    """Whether ``error`` is a collective that failed because another rank went away."""
+    return isinstance(error, dist.DistError) or bool(_PEER_GONE.search(str(error)))

@@ -21,13 +21,15 @@ import torch.distributed as dist
 import torch.nn as nn
 
 TEXT_ENCODER_KINDS = ("t5", "clip")
+# Kinds the diffusers families' encoders add (``families.py``): Wan's UMT5 and HunyuanVideo's Llama.
+FAMILY_TEXT_KINDS = ("umt5", "llama")
 
 
 class TextEncoder:
-    """A frozen tokenizer + encoder pair; ``kind`` is ``"t5"`` or ``"clip"``."""
+    """A frozen tokenizer + encoder pair; ``kind`` is ``"t5"``, ``"clip"``, ``"umt5"`` or ``"llama"``."""
 
     def __init__(self, tokenizer, model: nn.Module, max_length: int, kind: str):
-        if kind not in TEXT_ENCODER_KINDS:
+        if kind not in TEXT_ENCODER_KINDS + FAMILY_TEXT_KINDS:
             raise ValueError(f"unknown text encoder kind {kind!r}; choose one of {TEXT_ENCODER_KINDS}")
         self.tokenizer = tokenizer
         self.model = model.eval().requires_grad_(False)
@@ -38,7 +40,7 @@ class TextEncoder:
 
     @property
     def width(self) -> int:
-        return self.model.config.hidden_size if self.kind == "clip" else self.model.config.d_model
+        return self.model.config.hidden_size if self.kind in ("clip", "llama") else self.model.config.d_model
 
     def tokenize(self, prompts: Sequence[str]) -> Tuple[torch.Tensor, torch.Tensor]:
         tokens = self.tokenizer(list(prompts), max_length=self.max_length, padding="max_length",

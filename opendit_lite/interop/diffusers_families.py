@@ -50,7 +50,8 @@ WRAPPER_SEGMENTS = ("_orig_mod.", "_checkpoint_wrapped_module.")
 def unwrap_model(model: nn.Module) -> nn.Module:
     """The diffusers model inside ``model``: through ``torch.compile``'s ``_orig_mod`` and any
     wrapper holding it as ``.module`` (DDP, Colossal-AI's ``ModelWrapper``)."""
-    while not hasattr(model, "config"):
+    # torch.compile's wrapper forwards attribute reads (``config`` too) to the module it wraps.
+    while isinstance(getattr(model, "_orig_mod", None), nn.Module) or not hasattr(model, "config"):
         inner = getattr(model, "_orig_mod", None) or getattr(model, "module", None)
         if not isinstance(inner, nn.Module):
             raise ConfigError(f"{type(model).__name__} holds no diffusers model (no 'config'); only diffusers "

@@ -103,7 +103,7 @@ def model_family(name: str) -> str:
 
 
 DEFAULT_SP_MODES = ("ulysses", "ring", "usp")
-AUTO_SP_MODES = ("ulysses", "usp", "ring")  # what sp_mode=auto chooses among (dsp is chosen by name only)
+AUTO_SP_MODES = ("ulysses", "dsp", "usp", "ring")  # what sp_mode=auto chooses among (dsp given frames)
 
 
 def supported_sp_modes(model: ModelOrClass) -> Tuple[str, ...]:

@@ -10,27 +10,43 @@ calls one of the two.
                  ring_kernels.py its log-sum-exp block kernels
     joint.py     the joint-attention layout ([text; video shard]) the joint ops share
     ops.py       the (mode, role) -> op table;  modes.py  head rules, guiding errors, sp_mode=auto
+    comm_volume.py  bytes each mode sends per layer and per step (what auto and the planner time)
     sequence_parallel.py  roles of attention module types, the conversion and its report
 """
 
 from .comm import all_to_all, gather_sequence, split_sequence
+from .comm_volume import SPWorkload
 from .dsp import apply_dsp
 from .families import FAMILIES, family_spec, register_family_spec
+from .modes import AutoInputs, Links, ModeChoice, decide_sp_mode
 from .sequence import SequenceParallelGather, SequenceParallelSplit, SequenceParallelState
 from .sequence_parallel import (
     SEQUENCE_PARALLEL_ATTENTION,
     SequenceParallelReport,
     apply_sequence_parallel,
+    attention_roles,
     declared_sp_modes,
     describe_choice,
     make_sequence_parallel,
     register_sequence_parallel_attention,
+    resolve_auto,
+    sharded_heads,
+    sp_workload,
 )
 from .ulysses import SequenceParallelCrossAttentionOp, SequenceParallelOp, UlyssesAttentionOp, UlyssesJointAttentionOp
 from .usp import RingAttentionOp, RingJointAttentionOp, USPAttentionOp, USPGroups, USPJointAttentionOp, build_usp_groups
 
 __all__ = [
+    "AutoInputs",
     "FAMILIES",
+    "Links",
+    "ModeChoice",
+    "SPWorkload",
+    "attention_roles",
+    "decide_sp_mode",
+    "resolve_auto",
+    "sharded_heads",
+    "sp_workload",
     "apply_dsp",
     "all_to_all",
     "build_usp_groups",

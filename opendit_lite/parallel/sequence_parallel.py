@@ -53,9 +53,10 @@ from opendit_lite.models.layers.joint_attention import JointAttention
 from opendit_lite.models.layers.sequence import SequenceGather, SequenceSplit
 
 from .boundaries import place_sequence_boundaries
-from .families import apply_family, family_spec
+from .comm_volume import SPWorkload
+from .families import apply_family, family_attention, family_spec
 from .foreign import PROTOCOL, SEQUENCE_PARALLEL_ROLES, adapt_foreign_attention, declared_role
-from .modes import ModeChoice, choose_mode
+from .modes import AutoInputs, ModeChoice, choose_mode
 from .ops import build_groups, effective_mode, op_factory
 from .sequence import SequenceParallelGather, SequenceParallelSplit, SequenceParallelState
 from .ulysses import (
@@ -163,9 +164,11 @@ def _check_blocks_attend(blocks, attention) -> None:
 
 
 def make_sequence_parallel(model: nn.Module, sp_group: Optional[dist.ProcessGroup], mode: str = "ulysses",
-                           ring_size: Optional[int] = None) -> SequenceParallelReport:
+                           ring_size: Optional[int] = None,
+                           auto: Optional[AutoInputs] = None) -> SequenceParallelReport:
     """Make ``model`` sequence-parallel over ``sp_group`` in place in ``mode`` ("ulysses", "ring", "usp"
-    with ``ring_size``, or "auto") and report what was done.
+    with ``ring_size``, or "auto", deciding from ``auto``: see ``modes.decide_sp_mode``; DSP is applied by
+    ``apply_dsp``, so it is not among the choices here) and report what was done.
 
     A group of one rank leaves the model untouched. Raises ``SequenceParallelError`` (a ConfigError)
     when the heads do not allow the mode (naming the way out), ``TypeError``/``ValueError`` when the
@@ -177,7 +180,7 @@ def make_sequence_parallel(model: nn.Module, sp_group: Optional[dist.ProcessGrou
         return SequenceParallelReport(1, ModeChoice(mode, 1, "sp_group has 1 rank"))
     spec = family_spec(model)
     if spec is not None:
-        choice, rows = apply_family(model, spec, sp_group, mode, ring_size)
+        choice, rows = apply_family(model, spec, sp_group, mode, ring_size, auto)
         return SequenceParallelReport(state.size, choice, rows)
     if any(isinstance(m, (SequenceParallelSplit, SequenceParallelGather)) for m in model.modules()):
         raise ValueError(f"{type(model).__qualname__} is already sequence-parallel")
@@ -225,7 +228,8 @@ def make_sequence_parallel(model: nn.Module, sp_group: Optional[dist.ProcessGrou
         count = _heads(name, module, modules)
         if role in ("self", "joint") and count is not None:
             heads[f"{name} ({type(module).__name__})"] = count
-    choice = choose_mode(mode, ring_size, heads, state.size, declared_sp_modes(model))
+    attention_modes = tuple(m for m in declared_sp_modes(model) if m != "dsp")
+    choice = choose_mode(mode, ring_size, heads, state.size, attention_modes, auto)
 
     groups = build_groups(choice, sp_group, state.size)   # collective: before any module changes
     converted = Counter()
@@ -254,6 +258,57 @@ def make_sequence_parallel(model: nn.Module, sp_group: Optional[dist.ProcessGrou
                          "attends along an axis that is not sharded: its op stays as it is" if op == "serial"
                          else f"{role}: {op}"))
     return SequenceParallelReport(state.size, choice, rows)
+
+
+def attention_roles(model: nn.Module) -> List[Tuple[str, nn.Module, Optional[str]]]:
+    """(name, module, role) of every attention module sequence parallelism would run, read without
+    changing the model: a diffusers family's per its spec, the zoo's and the protocol's per the role of
+    the module holding each ``attn_op``."""
+    spec = family_spec(model)
+    if spec is not None:
+        return family_attention(model, spec)
+    modules = dict(model.named_modules())
+    return [(name, modules[name], attention_role(modules[name])) for name in modules
+            if isinstance(getattr(modules[name], "attn_op", None), AttentionOp)]
+
+
+def sharded_heads(model: nn.Module) -> Dict[str, int]:
+    """Head counts of the self/joint attention modules: those whose heads Ulysses shards."""
+    modules = dict(model.named_modules())
+    heads = {}
+    for name, module, role in attention_roles(model):
+        count = _heads(name, module, modules)
+        if role in ("self", "joint") and count is not None:
+            heads[name] = count
+    return heads
+
+
+def sp_workload(model: nn.Module, frames: int, frame_tokens: int, text_tokens: int = 0,
+                name: Optional[str] = None) -> SPWorkload:
+    """The model's sequence-parallel attention for one sample of ``frames`` x ``frame_tokens`` tokens
+    (after patching) and ``text_tokens`` caption tokens, read from its attention modules: a model with
+    attention kept serial along an axis (the zoo's temporal attention) attends per frame, the others
+    over all tokens; joint attention carries the text; DSP applies when the model declares it."""
+    roles = attention_roles(model)
+    sharded = [(n, m) for n, m, r in roles if r in ("self", "joint")]
+    joint = [m for _, m, r in roles if r == "joint"]
+    per_frame = any(r == "serial" for _, _, r in roles)
+    first = sharded[0][1] if sharded else None
+    heads = sharded_heads(model)
+    hidden = getattr(first, "inner_dim", None) or (heads.get(sharded[0][0], 1) * getattr(first, "head_dim", 0)
+                                                   if first is not None else 0)
+    dsp = "dsp" in declared_sp_modes(model)
+    return SPWorkload(name or type(model).__name__, tokens=frame_tokens if per_frame else frames * frame_tokens,
+                      hidden=int(hidden or getattr(model, "hidden_size", 0)), heads=tuple(heads.values()),
+                      layers=max(1, len(sharded)), sequences=frames if per_frame else 1,
+                      text_tokens=text_tokens if joint else 0,
+                      text_query_layers=sum(not getattr(m, "context_pre_only", False) for m in joint) if joint
+                      else None, frames=frames if dsp and per_frame else 0)
+
+
+def resolve_auto(model: nn.Module, sp_size: int, auto: Optional[AutoInputs]) -> ModeChoice:
+    """What ``sp_mode=auto`` runs for ``model`` over ``sp_size`` ranks, dsp included (``modes.decide_sp_mode``)."""
+    return choose_mode("auto", None, sharded_heads(model), sp_size, declared_sp_modes(model), auto)
 
 
 def apply_sequence_parallel(model: nn.Module, sp_group: Optional[dist.ProcessGroup], mode: str = "ulysses",

@@ -12,65 +12,88 @@ import dataclasses
 from typing import List, Optional, Sequence, Tuple
 
 import torch
+import torch.nn as nn
 
+from ..build.diffusers_model import diffusers_config, family_adapter, is_family
 from ..build.family import config_family
+from ..build.geometry import (
+    LatentBucket,
+    config_downsample,
+    latent_buckets,
+    latent_folder_size,
+    sp_auto_inputs,
+)
 from ..config import ConfigError
+from ..families import FamilyDenoiser
+from ..models.blocks import find_blocks
+from ..parallel import declared_sp_modes, resolve_auto, sharded_heads
+from ..parallel.modes import mode_candidates
 from ..precision import Precision, resolve_precision
+from .activation_count import counted_profile
 from .memory_model import ModelShape
-from .planner import LatentBucket, Plan, Setting, plan
+from .planner import Plan, Setting, plan
 
-# Latent downsampling assumed when the config names a VAE (or precomputed latents) without loading it.
-SD_VAE_DOWNSAMPLE = 8
 CAPTION_WIDTHS = {"shapes": 32, "t5": 4096, "clip": 768}
 
 
-def config_downsample(cfg) -> int:
-    return SD_VAE_DOWNSAMPLE if (cfg.vae.path or cfg.data.type == "latents") else 1
-
-
-def model_shape_of_config(cfg) -> ModelShape:
-    """Build the config's model on the meta device (no memory, no weights) and read its shape."""
+def model_of_config(cfg, device="meta") -> nn.Module:
+    """The config's model with the geometry a run would resolve from its data, built on ``device`` (the
+    meta device: no memory, no weights; a diffusers family from its config, never its weights)."""
     cfg = copy.deepcopy(cfg)
     latent = config_downsample(cfg) > 1
     m = cfg.model
     m.in_channels = m.in_channels or (4 if latent else 3)
-    with torch.device("meta"):
+    with torch.device(device):
         if config_family(cfg) == "video":
             from ..build.video import build_video_model
 
-            m.caption_channels = m.caption_channels or CAPTION_WIDTHS[cfg.text_encoder.kind]
-            model = build_video_model(cfg)
-        else:
-            from ..build.image import build_model_from_config
+            if is_family(m.name):
+                m.config, m.path = diffusers_config(cfg), None
+            else:
+                m.caption_channels = m.caption_channels or CAPTION_WIDTHS[cfg.text_encoder.kind]
+            return build_video_model(cfg)
+        from ..build.image import build_model_from_config
 
-            size = cfg.data.image_size // config_downsample(cfg)
-            m.input_size = m.input_size or [size, size]
-            m.num_classes = m.num_classes or 1000
-            model = build_model_from_config(cfg)
-    return ModelShape.of(model, m.name)
+        size = cfg.data.image_size // config_downsample(cfg)
+        m.input_size = m.input_size or [size, size]
+        m.num_classes = m.num_classes or 1000
+        return build_model_from_config(cfg)
 
 
-def latent_buckets(cfg, buckets=None, downsample: Optional[int] = None) -> List[LatentBucket]:
-    """The config's buckets (or its one clip/image shape) in latent units."""
-    down = downsample or config_downsample(cfg)
-    if config_family(cfg) == "video":
-        if buckets is None and cfg.data.buckets:
-            from ..build.video import video_buckets
+def model_shape_of_config(cfg, model: Optional[nn.Module] = None) -> ModelShape:
+    """The shape of the config's model (built on the meta device unless given): a diffusers family's
+    saved activations counted from its forward (``family_shape``), the zoo's from their profiles."""
+    model = model if model is not None else model_of_config(cfg)
+    if is_family(model):
+        return family_shape(model, cfg.text_encoder.max_length, cfg.model.name)
+    return ModelShape.of(model, cfg.model.name)
 
-            buckets = video_buckets(dataclasses.replace(cfg, bucket_batch="auto"))
-        if buckets:
-            return [LatentBucket(b.name, b.frames, b.height // down, b.width // down) for b in buckets]
-        size = cfg.data.image_size // down
-        return [LatentBucket(f"{cfg.data.num_frames}x{cfg.data.image_size}x{cfg.data.image_size}",
-                             cfg.data.num_frames, size, size)]
-    if cfg.model.input_size:
-        h, w = (cfg.model.input_size * 2)[:2]
-    elif cfg.data.type == "latents":
-        raise ConfigError("image latents carry their size in their folder; give it to the planner as "
-                          "model.input_size=[H,W] (latent units, e.g. [32] for 256 px with the SD VAE).")
-    else:
-        h, w = [cfg.data.image_size // down] * 2
-    return [LatentBucket(f"image {h * down}x{w * down}", 1, h, w)]
+
+def family_shape(model: nn.Module, caption_tokens: int, name: Optional[str] = None) -> ModelShape:
+    """The shape of a diffusers family's model (a meta-device one is enough), its activation profile
+    counted from two meta forwards through the family's adapter (one clip of 2 latent frames, 4 x 4 and
+    8 x 4 patches; images: 1 frame) with ``caption_tokens`` caption tokens."""
+    adapter, config = family_adapter(model), model.config
+    pt, ph, pw = adapter.patch_size(config)
+    frames = 1 if adapter.image_only else 2 * pt
+    grids = [(frames, 4 * ph, 4 * pw), (frames, 8 * ph, 4 * pw)]
+    text_width = adapter.text_width(config)
+    denoiser = FamilyDenoiser(adapter, model, config, caption_tokens, text_width)
+    device = next(model.parameters()).device
+
+    def step(i: int):
+        T, H, W = grids[i]
+        x = torch.zeros(1, adapter.latent_channels(config), T, H, W, device=device)
+        t = torch.full((1,), 500.0, device=device)
+        y = torch.zeros(1, caption_tokens, text_width, device=device)
+        mask = torch.ones(1, caption_tokens, dtype=torch.bool, device=device)
+        return lambda: denoiser(x, t, y, mask)
+
+    tokens = [-(-T // pt) * (H // ph) * (W // pw) for T, H, W in grids]
+    hidden = int(config["num_attention_heads"]) * int(config["attention_head_dim"])
+    profile = counted_profile(model, hidden, step, tuple(tokens), caption_tokens)
+    return ModelShape.counted(model, name or type(model).__name__, hidden, int(config["num_attention_heads"]),
+                              (pt, ph, pw), len(find_blocks(model)), profile)
 
 
 def plan_precision(cfg) -> Precision:
@@ -80,22 +103,41 @@ def plan_precision(cfg) -> Precision:
 
 
 def plan_config(cfg, memory_gib: float, world_size: int, max_batch: int = 256, min_batch: int = 1,
-                reserve_gib: float = 1.0, fixed: bool = False,
-                precision: Optional[Precision] = None) -> Tuple[Plan, List[LatentBucket], ModelShape]:
+                reserve_gib: float = 1.0, fixed: bool = False, precision: Optional[Precision] = None,
+                ranks_per_node: int = 8) -> Tuple[Plan, List[LatentBucket], ModelShape]:
     """Plan a config. ``fixed``: keep the config's zero_degree/sp_size/selective_ratio/ac_offload and only
     size the buckets (what ``bucket_batch: auto`` does inside a run whose settings are already chosen).
-    ``precision``: the run's resolved precision (None: ``plan_precision(cfg)``)."""
+    ``precision``: the run's resolved precision (None: ``plan_precision(cfg)``); ``ranks_per_node``: GPUs
+    per node (an SP group larger than a node spans nodes). SP sizes are those at which some mode runs
+    (ulysses, dsp, usp, ring); the plan's ``sp_choice`` is the mode ``sp_mode: auto`` takes at its
+    sp_size and why (the same decision a run makes: ``build.geometry.sp_auto_inputs``)."""
     precision = precision or plan_precision(cfg)
-    shape = model_shape_of_config(cfg)
+    model = model_of_config(cfg)
+    shape = model_shape_of_config(cfg, model)
     buckets = latent_buckets(cfg)
     settings = [Setting(cfg.zero_degree, cfg.sp_size, cfg.selective_ratio, cfg.ac_offload)] if fixed else None
     caption = cfg.text_encoder.max_length if config_family(cfg) == "video" else 0
+
+    def auto(sp_size: int):
+        return sp_auto_inputs(model, cfg, sp_size, ranks_per_node)
+
+    heads, modes = sharded_heads(model), declared_sp_modes(model)
+    sp_sizes = [p for p in (1, 2, 4, 8, 16, 32) if world_size % p == 0
+                and (p == 1 or mode_candidates(heads, p, modes, auto(p).workload))]
     try:
         result = plan(shape, buckets, memory_gib, world_size, element_bytes=precision.element_bytes,
                       caption_tokens=caption, reserve_gib=reserve_gib, min_batch=min_batch, max_batch=max_batch,
-                      settings=settings)
+                      settings=settings, sp_sizes=sp_sizes)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    sp = result.setting.sp_size
+    if sp > 1:
+        result.sp_choice = resolve_auto(model, sp, auto(sp))
+    result.sp_requested = cfg.sp_mode
+    if config_family(cfg) != "video" and not cfg.model.input_size and cfg.data.type == "latents" \
+            and latent_folder_size(cfg) is None:
+        result.assumptions.append(f"image latents of data.image_size / {config_downsample(cfg)} (no meta.json in "
+                                  f"data.path to read their size from); model.input_size=[H,W] plans another size")
     return result, buckets, shape
 
 
@@ -116,5 +158,6 @@ def plan_bucket_batches(cfg, buckets: Sequence, world_size: int, precision: Prec
             for b in buckets]
 
 
-__all__ = ["LatentBucket", "ModelShape", "Plan", "Setting", "latent_buckets", "model_shape_of_config", "plan",
+__all__ = ["LatentBucket", "ModelShape", "Plan", "Setting", "latent_buckets", "family_shape", "model_of_config",
+           "model_shape_of_config", "plan",
            "plan_bucket_batches", "plan_config", "plan_precision"]

@@ -1,19 +1,43 @@
 """Plan a run for a device size: ``python -m opendit_lite.plan --config CFG --gpu-memory 80 --world-size 8``.
 
 Prints, per bucket of the config (or its one image/clip shape), the recommended batch per
-data-parallel rank and the predicted memory, and for the run the zero_degree, sp_size,
-selective_ratio and offload, with the assumptions behind them. ``key=value`` overrides after the
+data-parallel rank and the predicted memory, and for the run the zero_degree, sp_size, the
+sequence-parallel mode (what ``sp_mode: auto`` takes, and why), selective_ratio and offload, with the
+assumptions behind them. ``key=value`` overrides after the
 options change the config as on the trainers' command lines, e.g. ``precision=fp32``.
 """
 
 import argparse
+import math
 import sys
 
-import yaml
-
 from ..build.family import config_schema
-from ..config import ConfigError, from_dict, parse_overrides
+from ..config import ConfigError, from_dict, parse_overrides, read_yaml
+from ..utils.exit_codes import script_main
 from . import plan_config, plan_precision
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's mistakes (a missing option, a value that is not a number) as one ConfigError paragraph,
+    ended by ``script_main`` with exit 2, instead of the usage block."""
+
+    def error(self, message):
+        raise ConfigError(f"{message}. Run python -m opendit_lite.plan --help for the options.")
+
+
+
+
+def _number(text: str, kind, what: str, low: float, inclusive: bool):
+    """``text`` as ``kind``, finite and above ``low`` (or equal, ``inclusive``)."""
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{what} must be {'an integer' if kind is int else 'a number'}, "
+                                         f"got {text!r}") from None
+    if not math.isfinite(value) or value < low or (value == low and not inclusive):
+        bound = f">= {low:g}" if inclusive else f"> {low:g}"
+        raise argparse.ArgumentTypeError(f"{what} must be a finite number {bound}, got {text!r}")
+    return value
 
 
 def _merged(tree: dict, top: dict) -> dict:
@@ -23,32 +47,37 @@ def _merged(tree: dict, top: dict) -> dict:
     return out
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m opendit_lite.plan", description=__doc__,
+@script_main
+def main(argv) -> int:
+    p = _Parser(prog="python -m opendit_lite.plan", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", required=True, help="a train.py or train_video.py YAML config")
-    p.add_argument("--gpu-memory", type=float, required=True, help="memory per device in GiB, e.g. 80")
-    p.add_argument("--world-size", type=int, default=1, help="devices in the run")
-    p.add_argument("--max-batch", type=int, default=256, help="largest batch per rank to recommend")
-    p.add_argument("--min-batch", type=int, default=1, help="every bucket must fit at least this batch")
-    p.add_argument("--reserve", type=float, default=1.0, help="GiB kept free besides 10%% of the memory")
+    p.add_argument("--gpu-memory", type=lambda t: _number(t, float, "the memory per device (GiB)", 0, False),
+                   required=True, help="memory per device in GiB, e.g. 80")
+    p.add_argument("--world-size", type=lambda t: _number(t, int, "the number of devices", 1, True),
+                   default=1, help="devices in the run")
+    p.add_argument("--max-batch", type=lambda t: _number(t, int, "the largest batch", 1, True), default=256,
+                   help="largest batch per rank to recommend")
+    p.add_argument("--min-batch", type=lambda t: _number(t, int, "the smallest batch", 1, True), default=1,
+                   help="every bucket must fit at least this batch")
+    p.add_argument("--reserve", type=lambda t: _number(t, float, "the reserve (GiB)", 0, True), default=1.0,
+                   help="GiB kept free besides 10%% of the memory")
+    p.add_argument("--gpus-per-node", type=lambda t: _number(t, int, "GPUs per node", 1, True), default=8,
+                   help="an SP group larger than a node spans nodes (sp_mode=auto times it on the slower links)")
     p.add_argument("--keep-settings", action="store_true",
                    help="keep the config's zero_degree/sp_size/selective_ratio/ac_offload; only size the buckets")
     p.add_argument("overrides", nargs="*", help="key=value config overrides")
     args = p.parse_args(argv)
-    try:
-        with open(args.config) as f:
-            raw = yaml.safe_load(f) or {}
-        tree = _merged(raw, parse_overrides(args.overrides))
-        # Built without load_config's checks of data paths: planning needs no data.
-        cfg = from_dict(config_schema(tree), tree)
-        precision = plan_precision(cfg)
-        result, buckets, shape = plan_config(cfg, args.gpu_memory, args.world_size, max_batch=args.max_batch,
-                                             min_batch=args.min_batch, reserve_gib=args.reserve,
-                                             fixed=args.keep_settings, precision=precision)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    if args.min_batch > args.max_batch:
+        raise ConfigError(f"--min-batch {args.min_batch} is larger than --max-batch {args.max_batch}.")
+    tree = _merged(read_yaml(args.config), parse_overrides(args.overrides))
+    # Built without load_config's checks of data paths: planning needs no data.
+    cfg = from_dict(config_schema(tree), tree)
+    precision = plan_precision(cfg)
+    result, buckets, shape = plan_config(cfg, args.gpu_memory, args.world_size, max_batch=args.max_batch,
+                                         min_batch=args.min_batch, reserve_gib=args.reserve,
+                                         fixed=args.keep_settings, precision=precision,
+                                         ranks_per_node=args.gpus_per_node)
     print(f"plan for {args.config}: {args.world_size} device(s) of {args.gpu_memory:g} GiB, precision "
           f"{precision.name}" + (" (auto on a GPU)" if cfg.precision == "auto" else ""))
     print(result.table(buckets, shape))

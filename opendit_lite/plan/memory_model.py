@@ -25,6 +25,9 @@ head rather than the N x N scores) and expressed in the MLP ratio r:
                              about 8.5 widths per caption token per frame)
 
 plus about 3 widths per token outside the blocks (patch embedding, positional table, final layer).
+A model without a declared profile (the diffusers families) has its widths counted from its own
+forward on the meta device (``activation_count.py``): per block per token, per block per caption token,
+and outside the blocks.
 ``tests/plan/test_memory_model.py`` checks the prediction against the counted bytes at other widths
 and shapes (within 15%). A checkpointed block keeps only its input (1 width), recomputing the rest
 in backward, when one block's full set is alive again; with offload that input lives in host
@@ -61,10 +64,16 @@ def ema_bytes(params: float, ranks: int) -> float:
 
 @dataclass(frozen=True)
 class ActivationProfile:
-    """Saved D-wide vectors of one block: per video token, and per caption token of each frame."""
+    """Saved D-wide vectors of one block: per video token, per caption token of each frame (a caption
+    repeated per frame), and per caption token of a sample; outside the blocks: per video token and per
+    caption token of a sample."""
 
     token_widths: float
     caption_widths_per_frame: float = 0.0
+    caption_widths: float = 0.0
+    outside_widths: float = OUTSIDE_BLOCK_WIDTHS
+    outside_caption_widths: float = 0.0
+    source: str = "declared for its block type"
 
 
 # Model class -> profile from the block's MLP ratio; filled by ``register_activation_profile``.
@@ -101,6 +110,12 @@ class ModelShape:
     profile: ActivationProfile
 
     @classmethod
+    def counted(cls, model: nn.Module, name: str, hidden: int, num_heads: int, patch: tuple, depth: int,
+                profile: ActivationProfile) -> "ModelShape":
+        """A shape whose profile was counted from the model (``activation_count.counted_profile``)."""
+        return cls(name, sum(p.numel() for p in model.parameters()), hidden, depth, num_heads, tuple(patch), profile)
+
+    @classmethod
     def of(cls, model: nn.Module, name: Optional[str] = None) -> "ModelShape":
         """Read the shape of a built model (a meta-device model is enough)."""
         if not ACTIVATION_PROFILES:
@@ -131,10 +146,12 @@ def activation_bytes(shape: ModelShape, frames: int, height: int, width: int, ba
     recomputed block)."""
     tokens = batch * -(-sample_tokens(shape, frames, height, width) // sp_size)       # local video tokens
     latent_frames = batch * -(-frames // shape.patch_size[0])
-    full = shape.profile.token_widths * tokens + shape.profile.caption_widths_per_frame * caption_tokens * latent_frames
+    p = shape.profile
+    full = (p.token_widths * tokens + p.caption_widths_per_frame * caption_tokens * latent_frames
+            + p.caption_widths * caption_tokens * batch)
     kept = round(shape.depth * selective_ratio)                                       # blocks not checkpointed
     checkpointed = shape.depth - kept
-    widths = kept * full + OUTSIDE_BLOCK_WIDTHS * tokens
+    widths = kept * full + p.outside_widths * tokens + p.outside_caption_widths * caption_tokens * batch
     if checkpointed:
         widths += (0 if offload else checkpointed * tokens) + full                     # inputs + one recompute
     return widths * shape.hidden_size * element_bytes

@@ -148,7 +148,7 @@ def run_steps(state: TrainState, cfg, booster: Booster, log: MetricsLogger,
                     break
                 if cfg.ckpt_every and state.step % cfg.ckpt_every == 0 and state.step < cfg.max_steps:
                     save()
-        path = save()
+            path = save()  # still under the handlers: a repeat of the stop signal does not cut this save short
     finally:
         log.close()
     if stopped:

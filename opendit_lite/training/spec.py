@@ -40,7 +40,8 @@ class TrainerSpec:
     before any process group starts; ``denoiser(cfg, model, wrapped)`` gives what the objective
     calls (None: the wrapped model; a diffusers family's model through its adapter);
     ``evaluator(cfg, log)`` builds the hook run after each saved checkpoint for ``eval_every``
-    (None: the family has no evaluation).
+    (None: the family has no evaluation); ``finish(cfg, checkpoint, run_dir)`` runs on every rank
+    after the last step with the final checkpoint (a diffusers family's export).
     """
 
     name: str
@@ -52,3 +53,4 @@ class TrainerSpec:
     # (cfg, built model, the booster's wrapper of it) -> what the objective calls as model(x, t, **kwargs)
     denoiser: Optional[Callable[[Any, nn.Module, nn.Module], Callable]] = None
     evaluator: Optional[Callable[[Any, Any], Optional[Callable[[int, str], None]]]] = None
+    finish: Optional[Callable[[Any, str, str], None]] = None

@@ -47,6 +47,12 @@ class StopRequest:
         return self
 
     def __exit__(self, *exc) -> None:
+        if self.requested and self._previous:
+            # The stop was honoured and the process is ending with exit code 130: a repeat (torchrun
+            # stopping the ranks still exiting once one has ended) must not kill it on the way out.
+            for sig in self._previous:
+                signal.signal(sig, signal.SIG_IGN)
+            self._previous = {}
         self._restore()
 
     def flag_like(self, like: torch.Tensor) -> torch.Tensor:

@@ -98,6 +98,8 @@ def train(spec: TrainerSpec, cfg, info) -> str:
         return loss * data.loss_weight(batch) if data.loss_weight is not None else loss
 
     path = run_steps(state, cfg, booster, log, batch_loss, device=info.device, after_save=after_save)
+    if spec.finish is not None:
+        spec.finish(cfg, path, run_dir)
     if cfg.lora.rank and cfg.lora.export_merged and info.is_main:
         merged = export_merged(spec.build_model(cfg), path, os.path.join(run_dir, "merged.safetensors"),
                                use_ema=cfg.ema.enable, lora=to_dict(cfg.lora))

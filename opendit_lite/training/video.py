@@ -4,8 +4,10 @@ and how one loader batch becomes the model's input; ``bucket_batch: auto`` sizes
 the planner here, above the builders.
 """
 
+import os
 from typing import Optional
 
+from ..build.diffusers_export import export_family_checkpoint
 from ..build.diffusers_model import (
     check_family_inputs,
     diffusers_config,
@@ -14,6 +16,7 @@ from ..build.diffusers_model import (
     is_family,
     resolve_family_text,
 )
+from ..build.family import check_model_family
 from ..build.video import (
     CaptionEncoder,
     bucket_loss_weights,
@@ -28,10 +31,13 @@ from ..build.video import (
     resolve_video_geometry,
     video_buckets,
 )
+from ..config import to_dict
 from ..config.video_schema import VideoTrainConfig
 from ..data.buckets import BucketBatchSampler
+from ..distributed.ranks import global_rank
 from ..encoders.video_vae import VideoVAE
 from ..errors import ConfigError
+from ..parallel.modes import ulysses_heads_error
 from ..precision import Precision
 from .spec import TrainerSpec, TrainingData
 
@@ -45,15 +51,53 @@ def validate_video_config(cfg) -> None:
     if cfg.data.num_frames < 1 or cfg.data.image_size < 1 or cfg.text_encoder.max_length < 1:
         raise ConfigError("'data.num_frames', 'data.image_size' and 'text_encoder.max_length' must be positive.")
     m = cfg.model
+    if not is_family(m.name):
+        check_model_family(m.name, "video")  # an unknown name lists the zoo's and the diffusers classes
     if not is_family(m.name) and (m.path or m.config):
         raise ConfigError(f"'model.path' and 'model.config' are for the diffusers classes; {m.name} is a model of the "
                           f"zoo (built from model.name and the data): remove them.")
-    if is_family(m.name):
-        diffusers_config(cfg)  # model.path / model.config checked before anything starts
+    if is_family(m.name):  # model.path / model.config and the heads checked before anything starts
+        heads = diffusers_config(cfg)["num_attention_heads"]
+        if cfg.sp_size > 1 and cfg.sp_mode == "ulysses" and heads % cfg.sp_size:
+            raise ulysses_heads_error(heads, cfg.sp_size, f"{m.name}'s attention")
+    check_export(cfg)
     d = cfg.diffusion
     if not is_family(m.name):  # the zoo's video models: rectified flow with logit-normal times unless set
         d.objective = d.objective or "rflow"
         d.timestep_sampling = d.timestep_sampling or "logit-normal"
+
+
+def exports_diffusers(cfg) -> bool:
+    """Whether the run ends by writing ``<run dir>/diffusers/`` (export.diffusers; null: a family)."""
+    return is_family(cfg.model.name) if cfg.export.diffusers is None else cfg.export.diffusers
+
+
+def check_export(cfg) -> None:
+    """The export section fits the model and the run (before anything starts)."""
+    e, name = cfg.export, cfg.model.name
+    if e.diffusers and not is_family(name):
+        raise ConfigError(f"export.diffusers=true writes a diffusers family's transformer, but {name} is a model of "
+                          f"the zoo, which has no diffusers class: remove export.diffusers.")
+    if not exports_diffusers(cfg) and (e.lora != "merged" or not e.ema):
+        raise ConfigError("export.lora and export.ema shape the diffusers export, which this run does not write "
+                          "(export.diffusers is off): remove them, or set export.diffusers=true.")
+    if exports_diffusers(cfg) and e.lora == "adapter" and not cfg.lora.rank:
+        raise ConfigError("export.lora=adapter writes the LoRA adapters beside the base weights, but this run trains "
+                          "every weight (lora.rank=0): remove export.lora, or set lora.rank.")
+
+
+def export_at_end(cfg, checkpoint: str, run_dir: str) -> None:
+    """``<run dir>/diffusers/``: the final checkpoint as its diffusers class loads it (every rank calls;
+    rank 0 writes)."""
+    if not exports_diffusers(cfg):
+        return
+    out = export_family_checkpoint(to_dict(cfg.model), to_dict(cfg.lora), checkpoint,
+                                   os.path.join(run_dir, "diffusers"), use_ema=cfg.export.ema and cfg.ema.enable,
+                                   lora_mode=cfg.export.lora)
+    if global_rank() == 0:
+        weights = "EMA" if cfg.export.ema and cfg.ema.enable else "trained"
+        print(f"wrote the diffusers {cfg.model.name} ({weights} weights) to {out}: "
+              f"{cfg.model.name}.from_pretrained({out!r})")
 
 
 def resolve_family_objective(cfg) -> None:
@@ -92,7 +136,8 @@ def prepare_video_data(cfg, device, sp_group=None) -> TrainingData:
     vae = load_video_vae(cfg, device, sp_group=sp_group) if cfg.data.type != "latents" else None
     resolve_video_geometry(cfg, dataset, vae, captions.width if captions else None, buckets)
     if family:
-        check_family_inputs(cfg, buckets)
+        given = captions.width if captions else dataset[0][1].shape[-1] if cfg.data.type == "latents" else None
+        check_family_inputs(cfg, buckets, given)
         resolve_family_objective(cfg)
 
     def model_inputs(batch):
@@ -133,4 +178,4 @@ def video_denoiser(cfg, model, call):
 
 VIDEO_TRAINER = TrainerSpec(name="video", schema=VideoTrainConfig, prepare_data=prepare_video_data,
                             build_model=build_video_model, describe=describe_video_input,
-                            validate=validate_video_config, denoiser=video_denoiser)
+                            validate=validate_video_config, denoiser=video_denoiser, finish=export_at_end)

@@ -92,11 +92,17 @@ def script_main(fn: Callable[[Sequence[str]], object]) -> Callable[[Optional[Seq
                 if debug:
                     traceback.print_exc()
                 print(f"{label}: {_paragraph(e)}", file=sys.stderr, flush=True)
+            if int(os.environ.get("WORLD_SIZE", "1")) > 1 and _main_thread():
+                # This rank is ending with ``code``; torchrun stopping the ranks still exiting once one
+                # has ended must not turn that into a kill by signal.
+                for sig in (signal.SIGINT, signal.SIGTERM):
+                    signal.signal(sig, signal.SIG_IGN)
             write_elastic_error(f"{label} (exit code {code}): {_paragraph(e)}")
             sys.exit(code)
         finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+            if signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN:  # ignored: a stop honoured, keep it so
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
 
     return wrapper
 

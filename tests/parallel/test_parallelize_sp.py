@@ -100,7 +100,8 @@ def test_undeclared_mode_is_refused():
 def test_auto_reports_its_choice_and_ulysses_names_the_way_out():
     r = results()[0]
     assert "ulysses over 2 ranks" in r["auto_4_heads"]
-    assert "sp_mode=auto: sp_size=2 divides the heads (4), so Ulysses" in r["auto_4_heads"]
+    assert "sp_mode=auto: sp_size=2 divides the heads (4)" in r["auto_4_heads"]
+    assert "ulysses costs the least" in r["auto_4_heads"]
     assert "ring over 2 ranks: " in r["auto_3_heads"] and "RingAttentionOp x2" in r["auto_3_heads"]
     assert "no Ulysses degree above 1 divides both sp_size=2 and the heads (3)" in r["auto_3_heads"]
     message = r["ulysses_3_heads"]

@@ -163,9 +163,10 @@ def test_package_parallelize_is_the_function_with_its_signature():
     assert isinstance(from_package, types.FunctionType) and from_package is parallelize
     assert opendit_lite.parallelize is parallelize
     params = inspect.signature(from_package).parameters
-    assert list(params) == ["model", "sp_group", "sp_mode", "sp_ring_size", "fused_adaln", "fused_layernorm",
-                            "attention_backend", "selective_ratio", "ac_offload", "compile", "compile_backend",
-                            "cuda_graphs", "lora_rank", "lora_alpha", "lora_dropout", "lora_targets"]
+    assert list(params) == ["model", "sp_group", "sp_mode", "sp_ring_size", "sp_auto", "fused_adaln",
+                            "fused_layernorm", "attention_backend", "selective_ratio", "ac_offload", "compile",
+                            "compile_backend", "cuda_graphs", "lora_rank", "lora_alpha", "lora_dropout",
+                            "lora_targets"]
     assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for name, p in params.items() if name != "model")
     assert inspect.signature(from_package).return_annotation is ParallelizeReport
 

@@ -47,7 +47,7 @@ def bad_configs(tmp_path_factory):
     (root / "folder.yaml").mkdir()
     (root / "latin1.yaml").write_bytes("exp_name: caf\xe9\n".encode("latin-1"))
     (root / "list.yaml").write_text("- lr: 1e-4\n- max_steps: 2\n")
-    return {"a folder": (root / "folder.yaml", "is a folder"),
+    return {"a folder": (root / "folder.yaml", "is a directory"),
             "not UTF-8": (root / "latin1.yaml", "is not UTF-8 text"),
             "a list": (root / "list.yaml", "must hold a mapping of keys to values at the top level")}
 

@@ -199,6 +199,8 @@ def _bad_inputs(tmp_path):
                                   "has no config.json"),
         "pickled weights": (["--from-diffusers", str(pickled), "--output", str(tmp_path / "b.safetensors")],
                             "only pickled weights (diffusion_pytorch_model.bin)"),
+        "lora on a DiT": (["--checkpoint", ckpt, "--output", str(tmp_path / "l"), "--lora", "adapter"],
+                          "--lora applies to diffusers-family runs"),
         "import options on an export": (["--from-diffusers", str(pickled), "--output", "c.safetensors", "--no-ema"],
                                         "apply to --checkpoint exports"),
     }
@@ -206,7 +208,7 @@ def _bad_inputs(tmp_path):
 
 BAD_INPUTS = ("missing checkpoint", "checkpoint without meta", "corrupt weights", "output is a file",
               "output holds other files", "import to a non-safetensors", "folder without config", "pickled weights",
-              "import options on an export")
+              "lora on a DiT", "import options on an export")
 
 
 @pytest.mark.parametrize("case", BAD_INPUTS)

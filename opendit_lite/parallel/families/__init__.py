@@ -19,7 +19,7 @@ from opendit_lite.converter.class_swap import swap_class
 from opendit_lite.errors import SequenceParallelError
 from opendit_lite.models.layers.attention import SDPAAttentionOp
 
-from ..modes import choose_mode
+from ..modes import AutoInputs, choose_mode
 from ..ops import build_groups, op_factory
 from .hooks import BeginForward, EndForward, FamilyState, GatherOutput, SplitInputs, SplitOutputs, forward_parameters
 from .intercept import InterceptedAttention
@@ -89,16 +89,26 @@ def _check_attention(spec: FamilySpec, name: str, module: nn.Module, entry: Opti
                                     f"use one of the two")
 
 
+def family_attention(model: nn.Module, spec: FamilySpec):
+    """(name, module, role) of the model's attention modules, each matched to its spec entry (role None
+    when the spec does not cover it); nothing is changed."""
+    out = []
+    for name, module in _attention_modules(model):
+        entry = next((a for a in spec.attention if matches(name, a.pattern)), None)
+        out.append((name, module, entry.role if entry is not None else None))
+    return out
+
+
 def _describe_split(spec: Split) -> str:
     rank = f", only when it has {spec.ndim} dimensions" if spec.optional else ""
     return f"dim {spec.dim}{rank}"
 
 
 def apply_family(model: nn.Module, spec: FamilySpec, sp_group: Optional[dist.ProcessGroup], mode: str = "ulysses",
-                 ring_size: Optional[int] = None):
+                 ring_size: Optional[int] = None, auto: Optional[AutoInputs] = None):
     """Make a diffusers model of ``spec``'s family sequence-parallel over ``sp_group`` in place; returns
     (``ModeChoice``, report rows ``(what, where, count, detail)``). Everything is checked before anything
-    is changed, so a refusal leaves the model serial."""
+    is changed, so a refusal leaves the model serial. ``auto``: what ``sp_mode=auto`` decides from."""
     state = FamilyState(sp_group)
     size = state.size
     if getattr(model, "sequence_parallel_state", None) is not None:
@@ -117,7 +127,7 @@ def apply_family(model: nn.Module, spec: FamilySpec, sp_group: Optional[dist.Pro
         _check_attention(spec, name, module, entry)
         attention.append((name, module, entry))
     heads = {name: module.heads for name, module, entry in attention if entry.role in ("self", "joint")}
-    choice = choose_mode(mode, ring_size, heads, size, spec.supported_sp_modes)
+    choice = choose_mode(mode, ring_size, heads, size, spec.supported_sp_modes, auto)
 
     # 2. split and gather points, resolved before the first hook goes in
     points = []

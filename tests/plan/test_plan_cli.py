@@ -1,0 +1,81 @@
+"""``python -m opendit_lite.plan`` as a user meets it: every shipped config plans, the default precision
+plans, the layout it suggests fits the world size, and every bad input ends with exit 2 and one
+paragraph (no traceback)."""
+
+import glob
+import os
+
+import pytest
+
+from opendit_lite.plan.__main__ import main as plan_main
+
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
+CONFIGS = sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "configs", "*.yaml")))
+
+
+@pytest.fixture(autouse=True)
+def _in_root(monkeypatch):
+    monkeypatch.chdir(ROOT)
+
+
+def _run_plan(capsys, *argv):
+    code = plan_main(list(argv))
+    return code, capsys.readouterr().out
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_every_shipped_config_plans(capsys, config):
+    code, out = _run_plan(capsys, "--config", config, "--gpu-memory", "80", "--world-size", "8")
+    assert code == 0 and "run: zero_degree=" in out and "assumptions" in out
+
+
+def test_default_precision_of_the_video_demo_plans(capsys):
+    code, out = _run_plan(capsys, "--config", "configs/video_stdit_demo.yaml", "--gpu-memory", "80")
+    assert code == 0 and "precision" in out
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 8])
+def test_suggested_layout_fits_the_world_size(capsys, world):
+    # A tight device forces the planner past its first choice (ZeRO, SP, checkpointing).
+    for memory in ("80", "0.5"):
+        try:
+            code, out = _run_plan(capsys, "--config", "configs/video_stdit_xl.yaml", "--gpu-memory", memory,
+                                  "--world-size", str(world))
+        except SystemExit as e:  # nothing fits: a refusal, not a layout
+            assert e.code == 2
+            continue
+        run = next(line for line in out.splitlines() if line.startswith("run:"))
+        fields = dict(kv.split("=") for kv in run.split()[1:5])
+        assert world % int(fields["sp_size"]) == 0
+        if world == 1:
+            assert fields["zero_degree"] == "0" and fields["sp_size"] == "1", run
+
+
+def _bad(tmp_path):
+    (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
+    (tmp_path / "latin1.yaml").write_bytes(b"model:\n  name: DiT-S/2 \xe9\xff\n")
+    return {
+        "negative world": ["--config", "configs/demo.yaml", "--gpu-memory", "80", "--world-size", "-2"],
+        "zero world": ["--config", "configs/demo.yaml", "--gpu-memory", "80", "--world-size", "0"],
+        "word world": ["--config", "configs/demo.yaml", "--gpu-memory", "80", "--world-size", "eight"],
+        "zero memory": ["--config", "configs/demo.yaml", "--gpu-memory", "0"],
+        "negative memory": ["--config", "configs/demo.yaml", "--gpu-memory", "-80"],
+        "infinite memory": ["--config", "configs/demo.yaml", "--gpu-memory", "inf"],
+        "nan memory": ["--config", "configs/demo.yaml", "--gpu-memory", "nan"],
+        "directory": ["--config", "configs", "--gpu-memory", "80"],
+        "missing": ["--config", "configs/nope.yaml", "--gpu-memory", "80"],
+        "list yaml": ["--config", str(tmp_path / "list.yaml"), "--gpu-memory", "80"],
+        "non-utf8": ["--config", str(tmp_path / "latin1.yaml"), "--gpu-memory", "80"],
+        "no config": ["--gpu-memory", "80"],
+    }
+
+
+@pytest.mark.parametrize("case", ["negative world", "zero world", "word world", "zero memory", "negative memory",
+                                  "infinite memory", "nan memory", "directory", "missing", "list yaml", "non-utf8",
+                                  "no config"])
+def test_bad_input_is_one_paragraph_and_exit_2(capsys, tmp_path, case):
+    with pytest.raises(SystemExit) as e:
+        plan_main(_bad(tmp_path)[case])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2
+    assert err.startswith("error: ") and "\n" not in err and "Traceback" not in err, err
