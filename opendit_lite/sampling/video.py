@@ -67,8 +67,12 @@ def read_prompts(cfg) -> List[str]:
     if s.prompt_file:
         if not os.path.isfile(s.prompt_file):
             raise ConfigError(f"'sample.prompt_file' {s.prompt_file!r} does not exist.")
-        with open(s.prompt_file) as f:
-            prompts = [line.strip() for line in f if line.strip()]
+        try:
+            with open(s.prompt_file, encoding="utf-8") as f:
+                prompts = [line.strip() for line in f if line.strip()]
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError(f"'sample.prompt_file' {s.prompt_file!r} cannot be read as UTF-8 text ({e}): pass a "
+                              f"text file with one prompt a line.") from None
         if not prompts:
             raise ConfigError(f"'sample.prompt_file' {s.prompt_file!r} holds no prompts (one per line).")
         return prompts

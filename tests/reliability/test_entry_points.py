@@ -190,6 +190,25 @@ def test_latent_folders_are_checked_before_use(entry, capsys, tmp_path):
     assert_one_paragraph(code, err, "are 4 x 4 x 4 (channels x height x width), but the model is set for 4 x 8 x 8")
 
 
+def test_video_latents_and_prompt_files_are_checked(entry, capsys, tmp_path):
+    from opendit_lite.config import ConfigError, load_config
+    from opendit_lite.config.video_schema import VideoTrainConfig
+    from opendit_lite.sampling.video import read_prompts
+
+    folder = tmp_path / "video_latents"
+    folder.mkdir()
+    torch.save({"latents": torch.zeros(4, 2, 2, 2), "extra": Unsafe()}, folder / "00000000.pt")
+    code, err = run_main(entry, capsys, "train_video", *VIDEO, f"results_dir={tmp_path}", "data.type=latents",
+                         f"data.path={folder}")
+    assert_one_paragraph(code, err, "cannot read video latents")
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_bytes("a caf\xe9\n".encode("latin-1"))
+    cfg = load_config(os.path.join(ROOT, "configs/video_stdit_demo.yaml"), ["sample.prompts=null", f"sample.prompt_file={prompts}"],
+                      schema=VideoTrainConfig)
+    with pytest.raises(ConfigError, match="cannot be read as UTF-8 text"):
+        read_prompts(cfg)
+
+
 def test_evaluate_checks_its_inputs_before_sampling(entry, capsys, tmp_path, monkeypatch):
     """Nothing is sampled when the Inception weights, the reference or the samples file are wrong."""
     import opendit_lite.evaluate.generate as generate
