@@ -65,6 +65,7 @@ class RunLock:
             fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:
             return False
+        self.held = True  # from here on, a stop signal or an error releases it
         with os.fdopen(fd, "w") as f:
             json.dump(self.owner, f)
         return True
@@ -118,18 +119,22 @@ class RunLock:
         return f"could not take the lock {self.path}: it keeps changing hands; try again."
 
     def __enter__(self) -> "RunLock":
-        problem = self._acquire() if self.is_main else None
-        problem = from_rank0(problem)
+        try:
+            problem = self._acquire() if self.is_main else None
+            problem = from_rank0(problem)
+        except BaseException:  # e.g. Ctrl-C while taking it
+            self.release()
+            raise
         if problem:
             raise RunLockedError(problem)
-        self.held = self.is_main
         return self
 
     def release(self) -> None:
         if self.held:
             self.held = False
-            if (_read(self.path) or {}).get("token") == self.owner["token"]:
-                os.remove(self.path)
+            owner = _read(self.path)
+            if owner is not None and owner.get("token", self.owner["token"]) == self.owner["token"]:
+                os.remove(self.path)  # ours (or ours, interrupted while being written)
 
     def __exit__(self, *exc) -> None:
         self.release()
