@@ -90,7 +90,9 @@ def sp_auto_inputs(model: nn.Module, cfg, sp_size: int, ranks_per_node: int) -> 
     frames, frame_tokens = max((token_grid(patch, b) for b in latent_buckets(cfg)), key=lambda g: g[0] * g[1])
     text = cfg.text_encoder.max_length if config_family(cfg) == "video" else 0
     workload = sp_workload(model, frames, frame_tokens, text, name=cfg.model.name)
-    return AutoInputs(workload, spans_nodes=sp_size > ranks_per_node, links=Links(ranks_per_node=ranks_per_node))
+    # A model whose attention is adapted only at conversion (timm's) shows no width here: decide by the heads.
+    return AutoInputs(workload if workload.hidden else None, spans_nodes=sp_size > ranks_per_node,
+                      links=Links(ranks_per_node=ranks_per_node))
 
 
 __all__ = ["LatentBucket", "SD_VAE_DOWNSAMPLE", "config_downsample", "config_patch_size", "latent_buckets",
