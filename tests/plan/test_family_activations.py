@@ -85,3 +85,16 @@ def test_every_family_plans_from_a_config(diffusers, capsys, tmp_path, name):
     out = capsys.readouterr().out
     assert f"model {name}" in out and "sp_mode=ulysses" in out and "counted from the model's forward" in out
     assert "x 1 sequence(s)" in out            # a family's SP attention sees every token of the clip
+
+
+def test_plan_accuracy_benchmark_measures_a_family_on_cpu(diffusers):
+    """benchmarks/plan_accuracy.py --families on CPU with the tiny Wan: the same count as the test above."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "plan_accuracy.py")
+    spec = importlib.util.spec_from_file_location("plan_accuracy", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    row = bench.measure_family("Wan-tiny", "WanTransformer3DModel", fam.CONFIGS["WanTransformer3DModel"], 3, 6, 10,
+                               2, TEXT, device="cpu")
+    assert row["device"] == "cpu" and abs(row["act_ratio"] - 1) < 0.15, row
