@@ -199,7 +199,8 @@ class TrainConfig:
     sp_mode: str = _f("ulysses", "sequence parallelism when sp_size > 1: ulysses (heads all-to-all; sp_size must "
                                  "divide the heads), ring (keys/values passed around the group; any sp_size), usp "
                                  "(Ulysses inside rings of sp_ring_size), dsp (re-shard frames/patches; models "
-                                 "declaring it, e.g. STDiT), or auto (ulysses when the heads allow, else usp/ring; the "
+                                 "declaring it, e.g. STDiT), or auto (the mode whose communication costs the least "
+                                 "time for the config's largest bucket, as python -m opendit_lite.plan prints; the "
                                  "report says which and why)", choices=SP_MODE_CHOICES)
     sp_ring_size: Optional[int] = _f(None, "sp_mode=usp: ring degree, a divisor of sp_size (Ulysses runs over "
                                            "sp_size / sp_ring_size ranks inside each ring step); None: the smallest "

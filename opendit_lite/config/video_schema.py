@@ -79,7 +79,9 @@ class TextEncoderConfig:
 
 @dataclass
 class VideoSampleConfig(BaseSampleConfig):
-    sampler: str = _f("euler", "euler for rectified flow; ddpm or ddim for IDDPM", choices=("euler", "ddpm", "ddim"))
+    sampler: Optional[str] = _f(None, "euler for rectified flow; ddpm or ddim for IDDPM; ddim for v-prediction; "
+                                      "null: the first that fits the trained objective",
+                                choices=("euler", "ddpm", "ddim", None))
     num_sampling_steps: int = _f(30, "sampling steps", at_least=1)
     prompts: Optional[List[str]] = _f(None, "captions to sample; None: prompt_file, or a few shapes captions")
     prompt_file: Optional[str] = _f(None, "text file with one prompt a line (used when prompts is empty)")
