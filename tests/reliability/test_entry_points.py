@@ -203,8 +203,8 @@ def test_video_latents_and_prompt_files_are_checked(entry, capsys, tmp_path):
     assert_one_paragraph(code, err, "cannot read video latents")
     prompts = tmp_path / "prompts.txt"
     prompts.write_bytes("a caf\xe9\n".encode("latin-1"))
-    cfg = load_config(os.path.join(ROOT, "configs/video_stdit_demo.yaml"), ["sample.prompts=null", f"sample.prompt_file={prompts}"],
-                      schema=VideoTrainConfig)
+    cfg = load_config(os.path.join(ROOT, "configs/video_stdit_demo.yaml"),
+                      ["sample.prompts=null", f"sample.prompt_file={prompts}"], schema=VideoTrainConfig)
     with pytest.raises(ConfigError, match="cannot be read as UTF-8 text"):
         read_prompts(cfg)
 
