@@ -270,6 +270,19 @@ def test_torchrun_summary_names_the_error_printed_once(entry, capsys, tmp_path, 
     assert "To enable traceback" not in summary
 
 
+@pytest.mark.slow
+def test_torchrun_prints_the_paragraph_once_and_its_summary_names_it(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           "train.py", "--config", "configs/demo.yaml", f"results_dir={tmp_path}", "num_workers=-1"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**QUIET_ENV, "OMP_NUM_THREADS": "1"})
+    printed = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert printed == ["error: 'num_workers' must be >= 0; got -1. Meaning of num_workers: data-loader worker "
+                       "processes per rank."], proc.stderr
+    assert "traceback : error (exit code 2): 'num_workers' must be >= 0" in proc.stderr, proc.stderr
+    assert "To enable traceback" not in proc.stderr and proc.returncode != 0
+
+
 def test_fused_adaln_that_matches_nothing_names_the_protocol():
     import torch.nn as nn
 
