@@ -245,6 +245,18 @@ def test_video_csv_rows_without_a_caption_are_counted_loudly(tmp_path, capsys):
     csv.write_text("path,text\na.mp4,a red square\nb.mp4,\n")
     assert [caption for _, caption in read_video_csv(str(csv))] == ["a red square", ""]
     assert f"warning: {csv}: 1 row(s) have an empty caption" in capsys.readouterr().err
+    latin1 = tmp_path / "latin1.csv"
+    latin1.write_bytes("path,text\na.mp4,caf\xe9\n".encode("latin-1"))
+    with pytest.raises(ValueError, match="is not UTF-8 text"):
+        read_video_csv(str(latin1))
+    with pytest.raises(ValueError, match="is not a file"):
+        read_video_csv(str(tmp_path))
+
+
+def test_a_csv_folder_through_train_video(entry, capsys, tmp_path):
+    code, err = run_main(entry, capsys, "train_video", *VIDEO, f"results_dir={tmp_path}", "data.type=csv",
+                         f"data.path={tmp_path}")
+    assert_one_paragraph(code, err, "is not a file: point data.path at a CSV file")
 
 
 def test_torchrun_summary_names_the_error_printed_once(entry, capsys, tmp_path, monkeypatch):
