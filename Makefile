@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install demo demo-video demo-wan test test-gpu clean
+.PHONY: install demo demo-video demo-wan test test-gpu clean distclean
 
 install: $(STAMP)
 
@@ -19,18 +19,20 @@ $(STAMP): requirements.txt requirements-colossalai.txt pyproject.toml
 	$(PY) -c "import colossalai.booster, opendit_lite" 2>/dev/null
 	touch $(STAMP)
 
+# Re-runnable: auto_resume continues the run from its newest checkpoint (or says there is nothing left
+# to train and only samples again); a first run says it starts from step 0.
 demo: $(STAMP)
-	$(PY) train.py --config configs/demo.yaml
+	$(PY) train.py --config configs/demo.yaml auto_resume=true
 	$(PY) sample.py --config configs/demo.yaml
 
 # Text-to-video: a tiny STDiT on generated captioned clips; MP4s and a contact sheet under outputs/.
 demo-video: $(STAMP)
-	$(PY) train_video.py --config configs/video_stdit_demo.yaml
+	$(PY) train_video.py --config configs/video_stdit_demo.yaml auto_resume=true
 	$(PY) sample_video.py --config configs/video_stdit_demo.yaml
 
 # A tiny random-init diffusers WanTransformer3DModel on the same moving shapes.
 demo-wan: $(STAMP)
-	$(PY) train_video.py --config configs/wan_tiny_demo.yaml
+	$(PY) train_video.py --config configs/wan_tiny_demo.yaml auto_resume=true
 	$(PY) sample_video.py --config configs/wan_tiny_demo.yaml
 
 # The layers contract (pyproject.toml, README "Architecture"), lint and import order, then the suite
@@ -43,5 +45,10 @@ test: $(STAMP)
 test-gpu: $(STAMP)
 	$(PY) -m pytest -q -m gpu $(PYTEST_ARGS)
 
+# `make clean` removes what runs and tests wrote and keeps the installed .venv; `make distclean`
+# removes .venv too.
 clean:
-	rm -rf $(VENV) outputs .pytest_cache
+	rm -rf outputs .pytest_cache
+
+distclean: clean
+	rm -rf $(VENV)

@@ -26,7 +26,7 @@ from opendit_lite.build.image import build_dataset_from_config
 from opendit_lite.config import parse_cli
 from opendit_lite.sampling import gather_on_main, sampling_ranks
 from opendit_lite.sampling.image import class_labels, image_batches, load_image_model
-from opendit_lite.sampling.outputs import labelled_grid
+from opendit_lite.sampling.outputs import default_output, labelled_grid
 from opendit_lite.utils.exit_codes import script_main
 
 
@@ -45,7 +45,7 @@ def main(argv) -> str:
         dataset = build_dataset_from_config(cfg)
     classes = getattr(dataset, "classes", None)
     names = [classes[lab] if classes else f"class {lab}" for lab in labels]
-    out = cfg.sample.output or os.path.join(cfg.results_dir, cfg.exp_name, "samples.png")
+    out = cfg.sample.output or default_output(os.path.join(cfg.results_dir, cfg.exp_name), ckpt, ".png")
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     labelled_grid(images, len(labels), names).save(out)
     print(f"wrote {len(per_sample)} samples ({len(labels)} classes x {cfg.sample.samples_per_class}) from {ckpt} "

@@ -33,7 +33,7 @@ quiet_third_party_startup()  # before colossalai is imported
 from opendit_lite.config import parse_cli
 from opendit_lite.config.video_schema import VideoTrainConfig
 from opendit_lite.sampling import gather_on_main, sampling_ranks
-from opendit_lite.sampling.outputs import write_videos
+from opendit_lite.sampling.outputs import default_output, write_videos
 from opendit_lite.sampling.video import find_video_checkpoint, load_video_model, read_prompts, video_batches
 from opendit_lite.training.video import validate_video_config
 from opendit_lite.utils.exit_codes import script_main
@@ -51,7 +51,7 @@ def main(argv) -> List[str]:
         clips = gather_on_main(torch.cat(mine) if mine else torch.empty(0), ranks)
         if not ranks.is_main:
             return []
-    out_dir = cfg.sample.output_dir or os.path.join(cfg.results_dir, cfg.exp_name, "samples")
+    out_dir = cfg.sample.output_dir or default_output(os.path.join(cfg.results_dir, cfg.exp_name), ckpt)
     paths = write_videos(clips, prompts, out_dir, cfg.sample.fps)
     print(f"sampled {len(prompts)} prompts from {ckpt} (seed {cfg.sample.seed}, cfg_scale {cfg.sample.cfg_scale}):")
     for path in paths:

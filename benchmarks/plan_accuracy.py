@@ -4,13 +4,16 @@ size 1, against ``torch.cuda.max_memory_allocated``.
 
     python benchmarks/plan_accuracy.py                   # every case below
     python benchmarks/plan_accuracy.py --models DiT-XL/2 --zero-degree 2
+    python benchmarks/plan_accuracy.py --families        # a Wan-1.3B-like diffusers transformer
 
 For each (model, bucket, batch) the table has the predicted and measured peak (GiB) and their
 ratio; the activation part alone is measured as the allocation growth over the forward pass
 (peak during forward minus memory before it). The predicted peak is the planner's: model states
 and EMA shard (ZeRO formulas) plus saved activations (``opendit_lite/plan/memory_model.py``); the
 planner's reserve (10% + 1 GiB) is not part of the prediction. Results: CSV and Markdown under
-benchmarks/results/plan_accuracy_<device>.*; the README quotes them.
+benchmarks/results/plan_accuracy_<device>.*; the README quotes them. ``--families``: a diffusers
+transformer's activations as the planner counts them (on the meta device) against its forward's
+allocation growth (benchmarks/results/plan_accuracy_families_<device>.*).
 """
 
 import argparse
@@ -18,7 +21,8 @@ import os
 import sys
 from typing import Dict, List
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository root
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.dirname(HERE), HERE]  # the repository root, and benchmarks/ for zero_memory
 from zero_memory import write  # noqa: E402
 
 from opendit_lite.plan.memory_model import GiB, ModelShape, activation_bytes, step_bytes  # noqa: E402
@@ -85,10 +89,76 @@ def measure(name: str, frames: int, height: int, width: int, batch: int, zero_de
     return row
 
 
+# Diffusers families (--families): a Wan-1.3B-like transformer (Wan 2.1 1.3B's sizes), its activation
+# profile counted on the meta device (``plan/activation_count.py``), against the forward's allocation growth
+# in bf16 at two buckets of 480x832-like latents: (name, class, config, latent frames, height, width, batch,
+# caption tokens).
+WAN_1_3B = dict(patch_size=[1, 2, 2], num_attention_heads=12, attention_head_dim=128, in_channels=16,
+                out_channels=16, text_dim=4096, freq_dim=256, ffn_dim=8960, num_layers=30, cross_attn_norm=True,
+                qk_norm="rms_norm_across_heads", eps=1e-6)
+FAMILY_CASES = [
+    ("Wan-1.3B-like", "WanTransformer3DModel", WAN_1_3B, 21, 30, 52, 1, 512),
+    ("Wan-1.3B-like", "WanTransformer3DModel", WAN_1_3B, 9, 60, 104, 1, 512),
+]
+
+
+def measure_family(name: str, cls_name: str, config: Dict, frames: int, height: int, width: int, batch: int,
+                   caption: int, device: str = "cuda") -> Dict:
+    """Predicted saved activations of one forward against what it costs: on CUDA (bf16) the allocation
+    growth over the forward, on CPU (fp32) the bytes autograd saves (every saved storage once)."""
+    import diffusers
+    import torch
+
+    from opendit_lite.families import FamilyDenoiser, family_adapter
+    from opendit_lite.plan import family_shape
+
+    cls = getattr(diffusers, cls_name)
+    with torch.device("meta"):
+        shape = family_shape(cls(**config), caption, name)
+    cuda = device == "cuda"
+    dtype = torch.bfloat16 if cuda else torch.float32
+    model = cls(**config).to(device, dtype).train()
+    adapter = family_adapter(model)
+    width_text = adapter.text_width(model.config)
+    denoiser = FamilyDenoiser(adapter, model, model.config, caption, width_text)
+    x = torch.randn(batch, adapter.latent_channels(model.config), frames, height, width, device=device, dtype=dtype)
+    y = torch.randn(batch, caption, width_text, device=device, dtype=dtype)
+    mask = torch.ones(batch, caption, dtype=torch.bool, device=device)
+    t = torch.rand(batch, device=device) * 999
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        out = denoiser(x, t, y, mask)
+        torch.cuda.synchronize()
+        measured = torch.cuda.max_memory_allocated() - before
+        label = torch.cuda.get_device_name()
+    else:
+        params = {p.untyped_storage()._cdata for p in model.parameters()}
+        seen = {}
+
+        def pack(tensor):
+            storage = tensor.untyped_storage()
+            if storage._cdata not in params:
+                seen[storage._cdata] = storage.nbytes()
+            return tensor
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            out = denoiser(x, t, y, mask)
+        measured, label = sum(seen.values()), "cpu"
+    predicted = activation_bytes(shape, frames, height, width, batch, 2 if cuda else 4, caption_tokens=caption)
+    del out, model
+    return {"model": name, "latent": f"{frames}x{height}x{width}", "batch": batch, "caption": caption,
+            "predicted_act_gib": round(predicted / GiB, 3), "measured_gib": round(measured / GiB, 3),
+            "act_ratio": round(predicted / max(measured, 1), 3), "device": label}
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", nargs="+", default=["DiT-XL/2", "STDiT-XL/2"])
     p.add_argument("--zero-degree", type=int, default=2)
+    p.add_argument("--families", action="store_true",
+                   help="measure the diffusers families' counted activations instead (FAMILY_CASES; needs diffusers)")
     p.add_argument("--out-dir", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     args = p.parse_args(argv)
     import torch
@@ -97,6 +167,15 @@ def main(argv=None) -> None:
         raise SystemExit("plan_accuracy.py measures GPU memory: it needs CUDA (the CPU check is "
                          "tests/plan/test_memory_model.py)")
     rows: List[Dict] = []
+    if args.families:
+        for case in FAMILY_CASES:
+            rows.append(measure_family(*case))
+            r = rows[-1]
+            print(f"{r['model']:<14} {r['latent']:>10} x{r['batch']}: activations predicted "
+                  f"{r['predicted_act_gib']:.2f} GiB, forward growth {r['measured_gib']:.2f} GiB "
+                  f"(ratio {r['act_ratio']:.3f})")
+        write(rows, args.out_dir, f"plan_accuracy_families_{rows[0]['device'].replace(' ', '_')}")
+        return
     for name, frames, height, width, batch in CASES:
         if name in args.models:
             rows.append(measure(name, frames, height, width, batch, args.zero_degree))

@@ -9,7 +9,11 @@ LiteGen-compatible facade).
 
 import importlib
 
+from .utils.quiet import quiet_third_party_startup
+
 __version__ = "0.1.0"
+
+quiet_third_party_startup()  # before any submodule imports colossalai (--debug keeps its warnings)
 
 _LAZY = {
     "parallelize": "opendit_lite.transforms",

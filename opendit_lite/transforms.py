@@ -153,6 +153,11 @@ def apply_kernels(model: nn.Module, *, fused_adaln: bool = False, fused_layernor
         if not section.replaced:
             reason = ("; ".join(family_notes.left) if family_notes is not None else
                       "no module of the type it replaces (see opendit_lite.converter.builtin)")
+            if section.name == "fused_adaln" and family_notes is None:
+                reason = ("no LayerNormModulate, no block of a registered family, and no block following the "
+                          "adaln_norms / norm_modulate protocol (list the modulated affine-free LayerNorms in "
+                          "adaln_norms = (\"norm1\", ...) and call norm_modulate(norm, x, shift, scale) from "
+                          "opendit_lite.converter; see opendit_lite/converter/adaln_protocol.py)")
             _warn(f"{section.name} was requested but matched nothing in {type(model).__name__}: {reason}; "
                   f"the model runs without it")
             left = "matched nothing (warned)" + (f"; {left}" if left else "")
@@ -173,18 +178,19 @@ def _attention_modules(model: nn.Module) -> List[str]:
 
 
 def _unsupported(model: nn.Module, sp_mode: str, size: int, reason: str) -> SequenceParallelError:
+    """One short paragraph: what did not apply and why, plus how to add an ``attn_op`` only when the
+    model's attention modules have none (the reason itself names missing markers or registrations)."""
+    reason = " ".join(reason.split()).rstrip(".")
+    advice = ""
     found = _attention_modules(model)
-    example = found[0].split(" ")[0] if found else "MyAttention"
+    if "attn_op" not in reason and not any(hasattr(m, "attn_op") for m in model.modules()):
+        example = found[0].split(" ")[0] if found else "MyAttention"
+        advice = (f" Its attention ({'; '.join(found[:2]) if found else 'none found'}) calls no attn_op: give each "
+                  f"attention module an attn_op submodule (opendit_lite.models.layers.attention.AttentionOp) and "
+                  f"register_sequence_parallel_attention({example}, UlyssesAttentionOp) from opendit_lite.parallel.")
     return SequenceParallelError(
         f"Sequence parallelism over {size} ranks (sp_mode={sp_mode}) made nothing in {type(model).__name__} "
-        f"sequence-parallel, so every rank would compute the whole sequence: {reason} Attention modules found: "
-        f"{'; '.join(found) if found else 'none'}. To run it sequence-parallel, let each attention module call "
-        f"its kernel through an ``attn_op`` submodule (opendit_lite.models.layers.attention.AttentionOp, "
-        f"called as attn_op(q, k, v)) and register it: "
-        f"``from opendit_lite.parallel import register_sequence_parallel_attention, UlyssesAttentionOp; "
-        f"register_sequence_parallel_attention({example}, UlyssesAttentionOp)``, and mark where the tokens are "
-        f"split and gathered with SequenceSplit/SequenceGather (opendit_lite.models.layers.sequence). "
-        f"Or train with sp_size=1.")
+        f"sequence-parallel: {reason}.{advice} Or use sp_size=1.")
 
 
 def apply_sequence_parallel(model: nn.Module, *, sp_group: Optional[dist.ProcessGroup],

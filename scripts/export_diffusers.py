@@ -41,11 +41,16 @@ EXACT_TOL = 1e-4
 def _saved_config(checkpoint: str) -> dict:
     """The run config stored with checkpoint folder ``checkpoint`` (it must have a model section)."""
     from opendit_lite.checkpoint.layout import saved_config
+    from opendit_lite.errors import CheckpointError
 
     if not os.path.isdir(checkpoint):
         raise ConfigError(f"--checkpoint {checkpoint!r} is not a folder: give a checkpoint folder written by train.py "
                           f"or train_video.py (it holds meta.json with the model config, model/ and ema.safetensors).")
-    saved = saved_config(checkpoint)
+    try:
+        saved = saved_config(checkpoint)
+    except CheckpointError as e:
+        raise ConfigError(f"--checkpoint {checkpoint!r} is not a readable checkpoint ({e}); give a complete checkpoint "
+                          f"folder written by train.py or train_video.py.") from None
     if "model" not in saved:
         raise ConfigError(f"--checkpoint {checkpoint!r} has no model config in meta.json: give a checkpoint folder "
                           f"written by train.py or train_video.py.")

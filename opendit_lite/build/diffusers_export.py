@@ -18,7 +18,7 @@ import torch.nn as nn
 
 from ..checkpoint.files import atomic_path
 from ..checkpoint.weights import read_weights
-from ..distributed.ranks import global_rank
+from ..distributed.ranks import from_rank0, global_rank
 from ..errors import CheckpointError, ConfigError
 from ..interop import export_family
 from ..models.lora import apply_lora
@@ -64,10 +64,21 @@ def export_family_checkpoint(model: dict, lora: Optional[dict], checkpoint: str,
                           "(lora.rank 0), so there is no adapter to write: export it merged.")
     skeleton = family_model_skeleton(model, lora)
     with atomic_path(output) as tmp:
+        failure = None
         if global_rank() == 0:
             try:
-                state = read_weights(checkpoint, use_ema=use_ema)
-            except (FileNotFoundError, ValueError) as e:
-                raise CheckpointError(f"cannot read the weights of {checkpoint!r}: {e}") from None
-            export_family(skeleton, tmp, state=state, lora=lora_mode)
+                _write(skeleton, checkpoint, tmp, use_ema, lora_mode)
+            except (CheckpointError, ConfigError) as e:
+                failure = (type(e), str(e))
+        failure = from_rank0(failure)  # every rank leaves the block the same way: no one waits for a peer
+        if failure is not None:
+            raise failure[0](failure[1])
     return output
+
+
+def _write(skeleton: nn.Module, checkpoint: str, folder: str, use_ema: bool, lora_mode: str) -> None:
+    try:
+        state = read_weights(checkpoint, use_ema=use_ema)
+    except (FileNotFoundError, ValueError) as e:
+        raise CheckpointError(f"cannot read the weights of {checkpoint!r}: {e}") from None
+    export_family(skeleton, folder, state=state, lora=lora_mode)

@@ -72,13 +72,16 @@ def token_grid(patch: Tuple[int, int, int], bucket: LatentBucket) -> Tuple[int, 
     return -(-bucket.frames // pt), (bucket.height // ph) * (bucket.width // pw)
 
 
-def config_patch_size(cfg, model: nn.Module) -> Tuple[int, int, int]:
-    """(pt, ph, pw) of the model's tokens (an image model's square patch as (1, p, p))."""
+def config_patch_size(cfg, model: nn.Module) -> Optional[Tuple[int, int, int]]:
+    """(pt, ph, pw) of the model's tokens (an image model's square patch as (1, p, p)); None for a model
+    that does not say (one of the user's own, through LiteGen)."""
     if config_family(cfg) == "video":
         from .video import model_patch_size
 
         return tuple(model_patch_size(cfg, model))
-    p = model.patch_size
+    p = getattr(model, "patch_size", None)
+    if p is None:
+        return None
     return tuple(p) if isinstance(p, (tuple, list)) else (1, p, p)
 
 
@@ -86,11 +89,15 @@ def sp_auto_inputs(model: nn.Module, cfg, sp_size: int, ranks_per_node: int) -> 
     """What ``sp_mode: auto`` decides from for ``model`` built from ``cfg``: the workload of the config's
     largest bucket, and whether ``sp_size`` ranks span nodes of ``ranks_per_node`` (SP groups are runs of
     consecutive ranks)."""
+    links = Links(ranks_per_node=ranks_per_node)
     patch = config_patch_size(cfg, model)
+    if patch is None:  # no token geometry: auto decides by the heads
+        return AutoInputs(None, spans_nodes=sp_size > ranks_per_node, links=links)
     frames, frame_tokens = max((token_grid(patch, b) for b in latent_buckets(cfg)), key=lambda g: g[0] * g[1])
     text = cfg.text_encoder.max_length if config_family(cfg) == "video" else 0
     workload = sp_workload(model, frames, frame_tokens, text, name=cfg.model.name)
-    return AutoInputs(workload, spans_nodes=sp_size > ranks_per_node, links=Links(ranks_per_node=ranks_per_node))
+    # A model whose attention is adapted only at conversion (timm's) shows no width here: decide by the heads.
+    return AutoInputs(workload if workload.hidden else None, spans_nodes=sp_size > ranks_per_node, links=links)
 
 
 __all__ = ["LatentBucket", "SD_VAE_DOWNSAMPLE", "config_downsample", "config_patch_size", "latent_buckets",

@@ -47,6 +47,13 @@ def resolve_model_geometry(cfg: TrainConfig, dataset=None, vae=None) -> None:
             size, channels = [cfg.data.image_size] * 2, 3
         m.input_size = m.input_size or size
         m.in_channels = m.in_channels or channels
+    meta = getattr(dataset, "meta", None)
+    if meta and ((meta["channels"], meta["height"], meta["width"]) != (m.in_channels, *model_input_hw(cfg))):
+        raise ConfigError(f"The latents in '{cfg.data.path}' are {meta['channels']} x {meta['height']} x "
+                          f"{meta['width']} (channels x height x width), but the model is set for {m.in_channels} x "
+                          f"{' x '.join(map(str, model_input_hw(cfg)))} (model.in_channels, model.input_size): "
+                          f"remove model.input_size and model.in_channels to take them from the latents, or "
+                          f"extract latents of that size.")
     if m.num_classes is None:
         classes = getattr(dataset, "classes", None)
         if not classes:

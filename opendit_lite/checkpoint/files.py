@@ -9,11 +9,12 @@ name by rank 0 once every rank has written its part, so a process killed midway 
 
 import errno
 import os
+import pickle
 import re
 import shutil
 import uuid
 from contextlib import contextmanager
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Optional, Sequence
 
 import torch
 
@@ -129,10 +130,22 @@ def weights_only_loads() -> Iterator[None]:
                 os.environ[key] = value
 
 
-def load_torch_file(path: str) -> Any:
-    """``torch.load`` of tensors/containers only, onto the CPU; a bad file raises naming it."""
+def load_torch_file(path: str, allowed: Sequence[type] = ()) -> Any:
+    """``torch.load`` of tensors/containers (and the ``allowed`` classes) only, onto the CPU. A file
+    that needs pickle for anything else is refused, as is a missing, unreadable or damaged one:
+    a CheckpointError names the file and what to do."""
+    if not os.path.isfile(path):
+        raise CheckpointError(f"{path} is not a file" + (" (it is a folder)" if os.path.isdir(path) else
+                                                           " (it does not exist)"))
     try:
-        with weights_only_loads():
+        with weights_only_loads(), torch.serialization.safe_globals(list(allowed)):
             return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        found = re.search(r"GLOBAL ([\w.]+)", str(e))
+        raise CheckpointError(
+            f"{path} holds pickled Python objects{f' ({found.group(1)})' if found else ''} besides tensors, and "
+            f"loading it would run code from the file, so it is refused. Re-save it as tensors only, e.g. "
+            f"torch.save(model.state_dict(), path) or safetensors, where you trust its source") from None
     except Exception as e:
-        raise CheckpointError(f"cannot read {path}: {type(e).__name__}: {e}") from e
+        raise CheckpointError(f"cannot read {path} (truncated, or not a torch file?): {type(e).__name__}: "
+                              f"{' '.join(str(e).split())[:200]}") from None

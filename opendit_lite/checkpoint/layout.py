@@ -168,3 +168,13 @@ def saved_config(ckpt: str) -> Dict[str, Any]:
             return json.load(f).get("extra_state", {}).get("config", {})
     except (OSError, ValueError, AttributeError) as e:
         raise CheckpointError(f"cannot read {meta}: {e}") from None
+
+
+def check_saved_model(ckpt: str, key: str, model_name: str) -> None:
+    """A checkpoint folder whose saved config names a model other than ``model_name`` (the config's)
+    is refused, naming both: training would load mismatched weights, and sampling would silently
+    sample another model than the config says."""
+    saved = saved_config(ckpt).get("model", {}).get("name") if os.path.isdir(ckpt) else None
+    if saved is not None and saved != model_name:
+        raise ConfigError(f"'{key}' {ckpt!r}: the checkpoint is {saved}, the config is {model_name}. Set "
+                          f"model.name={saved} to use that model, or point '{key}' at a {model_name} checkpoint.")

@@ -15,6 +15,9 @@ from typing import Dict, List, Mapping, Union
 import torch
 import torch.nn as nn
 
+from ..errors import ConfigError
+from .files import load_torch_file
+
 StateDict = Mapping[str, torch.Tensor]
 
 
@@ -23,8 +26,7 @@ def _read_checkpoint(path_or_state_dict: Union[str, os.PathLike, Mapping]) -> Ma
         return path_or_state_dict
     # weights_only refuses arbitrary pickled code; the only non-tensor object the reference
     # training script stores is its argparse.Namespace, which is allowed explicitly.
-    with torch.serialization.safe_globals([argparse.Namespace]):
-        return torch.load(path_or_state_dict, map_location="cpu", weights_only=True)
+    return load_torch_file(os.fspath(path_or_state_dict), allowed=[argparse.Namespace])
 
 
 def _select_weights(checkpoint: Mapping) -> StateDict:
@@ -58,7 +60,7 @@ def _check_compatible(model: nn.Module, state_dict: StateDict) -> None:
     if mismatched:
         problems.append(f"shape mismatches: {_describe(mismatched)}")
     if problems:
-        raise ValueError(
+        raise ConfigError(
             f"checkpoint does not match {type(model).__name__}: " + "; ".join(problems) + ". "
             "Build the model with the checkpoint's configuration (e.g. DiT-XL/2 vs DiT-XL/4, "
             "input_size = image_size // 8, learn_sigma, num_classes, class_dropout_prob > 0)."
@@ -70,7 +72,7 @@ def load_original_dit_checkpoint(model: nn.Module,
     """Load a reference DiT checkpoint (a path or an already loaded dict) into ``model``, strictly.
 
     Accepts a plain state dict or a training checkpoint with ``"ema"``/``"model"`` entries (EMA
-    preferred). Raises ``ValueError`` naming the missing, unexpected and wrongly shaped keys when
+    preferred). Raises ``ConfigError`` (a ``ValueError``) naming the missing, unexpected and wrongly shaped keys when
     the checkpoint was made for a different configuration. Returns ``model``.
     """
     state_dict = _select_weights(_read_checkpoint(path_or_state_dict))

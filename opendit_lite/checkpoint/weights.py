@@ -18,6 +18,7 @@ import torch.nn as nn
 from safetensors.torch import load_file
 
 from .catalog import EMA_FILE, MODEL_DIR
+from .files import load_torch_file
 from .layout import companion_path
 from .original_dit import load_original_dit_checkpoint
 
@@ -60,8 +61,8 @@ def load_weights(model: nn.Module, path: str, use_ema: bool = True) -> nn.Module
     """Load ``path`` into ``model`` strictly (a mismatch names the missing/unexpected keys)."""
     ema = companion_path(path, "ema")
     if path.endswith(".pth") and use_ema and os.path.isfile(ema):  # LiteGen's files
-        state = dict(torch.load(path, map_location="cpu", weights_only=True))
-        state.update(torch.load(ema, map_location="cpu", weights_only=True))
+        state = dict(load_torch_file(path))
+        state.update(load_torch_file(ema))
         return load_original_dit_checkpoint(model, state)
     if not os.path.isdir(path) and not path.endswith(".safetensors"):
         return load_original_dit_checkpoint(model, path)  # .pt/.pth: reads it with weights_only=True

@@ -17,6 +17,7 @@ import argparse
 import dataclasses
 import difflib
 import functools
+import math
 import os
 import sys
 import types
@@ -270,6 +271,8 @@ def _read_yaml(path: str) -> Dict[str, Any]:
     except UnicodeDecodeError as e:
         raise ConfigError(f"Config file '{path}' is not UTF-8 text (byte {e.start} cannot be decoded): pass a YAML "
                           f"file.") from None
+    except OSError as e:
+        raise ConfigError(f"Cannot read config file '{path}': {e.strerror or e}. Check its permissions.") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -277,7 +280,8 @@ def _read_yaml(path: str) -> Dict[str, Any]:
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise ConfigError(f"Config file '{path}' must hold a mapping of keys to values at the top level.")
+        raise ConfigError(f"Config file '{path}' must hold a mapping of keys to values at the top level (key: value "
+                          f"lines), but it holds a {type(data).__name__}; see configs/demo.yaml for the layout.")
     return data
 
 
@@ -295,51 +299,70 @@ def load_config(path: Optional[str] = None, overrides: Sequence[str] = (), schem
 # Range checks
 # --------------------------------------------------------------------------------------------------
 
+_RULES = {"at_least": (">=", lambda v, b: v >= b), "at_most": ("<=", lambda v, b: v <= b),
+          "above": (">", lambda v, b: v > b), "below": ("<", lambda v, b: v < b)}
+
+
+def _rule_text(bounds: Dict[str, float], is_int: bool) -> str:
+    if bounds == {"at_least": 1} and is_int:
+        return "be a positive integer"
+    if bounds == {"above": 0}:
+        return "be positive (> 0)"
+    if set(bounds) == {"at_least", "at_most"}:
+        return f"lie in [{bounds['at_least']:g}, {bounds['at_most']:g}]"
+    if set(bounds) == {"at_least", "below"}:
+        return f"lie in [{bounds['at_least']:g}, {bounds['below']:g})"
+    return "be " + " and ".join(f"{_RULES[k][0]} {b:g}" for k, b in bounds.items())
+
+
+def _meaning(key: str, f: dataclasses.Field) -> str:
+    return f" Meaning of {key}: {f.metadata['help']}." if f.metadata.get("help") else ""
+
+
+def check_ranges(cfg, prefix: str = "") -> None:
+    """Every number of ``cfg`` (a schema dataclass, nested sections included) against its field's
+    declared range (``schema._f``'s ``at_least``/``at_most``/``above``/``below``), and every float
+    for finiteness: the one place numbers are range-checked. A violation is a ConfigError naming
+    the key, the allowed range, what the field means and the value given."""
+    for f in dataclasses.fields(cfg):
+        key, value = prefix + f.name, getattr(cfg, f.name)
+        if dataclasses.is_dataclass(value):
+            check_ranges(value, key + ".")
+            continue
+        items = value if isinstance(value, (list, tuple)) else [value]
+        for item in items:
+            if isinstance(item, bool) or not isinstance(item, (int, float)):
+                continue
+            if isinstance(item, float) and not math.isfinite(item):
+                raise ConfigError(f"'{key}' must be a finite number; got {item}.{_meaning(key, f)}")
+            bounds = f.metadata.get("range", {})
+            if not all(_RULES[k][1](item, b) for k, b in bounds.items()):
+                raise ConfigError(f"'{key}' must {_rule_text(bounds, isinstance(item, int))}; got {item}."
+                                  f"{_meaning(key, f)}")
+
+
 def validate(cfg: TrainConfig) -> None:
     """Checks that need no knowledge of the launch (world size is checked by validate_world)."""
-    if not 0.0 <= cfg.selective_ratio <= 1.0:
-        raise ConfigError(
-            f"'selective_ratio' must lie in [0, 1] (the fraction of blocks NOT checkpointed: "
-            f"0 checkpoints every block, 1 none); got {cfg.selective_ratio}."
-        )
+    check_ranges(cfg)
     if cfg.ac_offload and cfg.selective_ratio >= 1.0:
         raise ConfigError(
             "'ac_offload' offloads the inputs of checkpointed blocks, but selective_ratio=1 checkpoints "
             "none: set selective_ratio below 1 (0 checkpoints every block) or ac_offload=false."
         )
-    for key in ("sp_size", "global_batch_size", "max_steps", "grad_accum_steps", "log_every"):
-        if getattr(cfg, key) < 1:
-            raise ConfigError(f"'{key}' must be a positive integer; got {getattr(cfg, key)}.")
     if cfg.sp_ring_size is not None:
         if cfg.sp_mode != "usp":
             raise ConfigError(f"'sp_ring_size'={cfg.sp_ring_size} sets the ring degree of sp_mode=usp, but sp_mode is "
                               f"{cfg.sp_mode}: set sp_mode=usp, or remove sp_ring_size (sp_mode=ring rings over the "
                               f"whole sequence-parallel group).")
-        if cfg.sp_ring_size < 1 or cfg.sp_size % cfg.sp_ring_size:
+        if cfg.sp_size % cfg.sp_ring_size:
             divisors = [d for d in range(1, cfg.sp_size + 1) if cfg.sp_size % d == 0]
             raise ConfigError(f"'sp_ring_size'={cfg.sp_ring_size} must divide sp_size={cfg.sp_size} (USP runs Ulysses "
                               f"over sp_size / sp_ring_size ranks inside each ring step): choose one of "
                               f"{', '.join(map(str, divisors))}.")
-    for key in ("weight_decay", "grad_clip", "ckpt_every", "warmup_steps"):
-        if getattr(cfg, key) < 0:
-            raise ConfigError(f"'{key}' must be >= 0; got {getattr(cfg, key)}.")
-    if not cfg.lr > 0:
-        raise ConfigError(f"'lr' must be positive (the weights would never change); got {cfg.lr}.")
-    if cfg.keep_last < 0:
-        raise ConfigError(f"'keep_last' must be >= 1 (checkpoints to keep), or 0 to keep all; got {cfg.keep_last}.")
-    if not 0.0 <= cfg.max_bad_data_fraction <= 1.0:
-        raise ConfigError(f"'max_bad_data_fraction' must lie in [0, 1]; got {cfg.max_bad_data_fraction}.")
     name = cfg.exp_name
     if not name or name in (".", "..") or "/" in name or "\\" in name:
         raise ConfigError(f"'exp_name' {name!r} must be a plain folder name (no '/' or '\\', not '.' or '..'): it "
                           f"names the run folder and prefixes its checkpoints; e.g. exp_name=dit_s2.")
-    if cfg.sample.cfg_scale < 0:
-        raise ConfigError(f"'sample.cfg_scale' must be >= 0 (1 disables guidance, larger values strengthen it); "
-                          f"got {cfg.sample.cfg_scale}.")
-    if cfg.sample.num_sampling_steps < 1 or getattr(cfg.sample, "samples_per_class", 1) < 1:
-        raise ConfigError("'sample.num_sampling_steps' and 'sample.samples_per_class' must be positive integers.")
-    if not 0.0 <= cfg.ema.decay <= 1.0:
-        raise ConfigError(f"'ema.decay' must lie in [0, 1]; got {cfg.ema.decay}.")
     if not cfg.ema.sharded:
         raise ConfigError("'ema.sharded'=false is not supported: the EMA is always sharded across the ZeRO group; it "
                           "holds the same values as a full copy in 1/ranks of the memory. Remove the key or set it "
@@ -347,18 +370,13 @@ def validate(cfg: TrainConfig) -> None:
     if cfg.encoder.group and not cfg.encoder.fsdp:
         raise ConfigError("'encoder.group' shards frozen encoders within a node, which needs encoder.fsdp=true; set "
                           "encoder.fsdp=true or remove encoder.group.")
-    if not 0.0 <= cfg.min_lr_ratio <= 1.0:
-        raise ConfigError(f"'min_lr_ratio' must lie in [0, 1] (the final LR as a fraction of lr); "
-                          f"got {cfg.min_lr_ratio}.")
     unknown = [name for name in cfg.logger if name not in LOGGERS]
     if unknown:
         raise ConfigError(f"'logger' lists {unknown}; the metric sinks are {', '.join(LOGGERS)} "
                           f"(metrics.jsonl is always written).")
-    if cfg.lora.rank < 0 or not 0.0 <= cfg.lora.dropout < 1.0 or (cfg.lora.targets is not None
-                                                                   and not cfg.lora.targets):
-        raise ConfigError(f"'lora' needs rank >= 0 (0: off), dropout in [0, 1) and at least one target (or "
-                          f"targets unset for the model's usual ones); got "
-                          f"rank={cfg.lora.rank}, dropout={cfg.lora.dropout}, targets={cfg.lora.targets}.")
+    if cfg.lora.targets is not None and not cfg.lora.targets:
+        raise ConfigError("'lora.targets' is an empty list: name at least one layer, or remove the key for the "
+                          "model's usual targets.")
     if cfg.lora.rank > 0 and cfg.zero_degree == 3:
         raise ConfigError("LoRA (lora.rank > 0) trains with zero_degree 0, 1 or 2; Gemini (zero_degree=3) shards "
                           "whole parameter chunks and cannot freeze the base: use zero_degree=2.")
@@ -419,11 +437,23 @@ def format_help(cls=TrainConfig, prefix: str = "") -> str:
     return "\n".join(lines)
 
 
+def program_name() -> str:
+    """How the running program was started, for usage lines: ``python train.py`` or
+    ``python -m opendit_lite.evaluate``."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if spec is not None and spec.name.endswith(".__main__"):
+        return f"python -m {spec.name[:-len('.__main__')]}"
+    if spec is not None and spec.name and not spec.name.startswith("_"):
+        return f"python -m {spec.name}"
+    return f"python {os.path.basename(sys.argv[0]) or 'script.py'}"
+
+
 def parse_cli(argv: Sequence[str], description: str, schema=TrainConfig):
     """``[--config FILE] [key=value ...]``; --help lists every key of ``schema``."""
     argv = list(argv)
     if "-h" in argv or "--help" in argv:
-        print(f"{description}\n\nusage: [--config FILE.yaml] [--debug] [key=value ...]\n\nkeys:{format_help(schema)}")
+        print(f"{description}\n\nusage: {program_name()} [--config FILE.yaml] [--debug] [key=value ...]\n\n"
+              f"keys:{format_help(schema)}")
         sys.exit(0)
     path = None
     rest = []

@@ -21,11 +21,18 @@ SP_MODE_CHOICES = SP_MODES + ("auto",)
 LR_SCHEDULES = ("constant", "linear", "cosine")
 
 
-def _f(default, help: str, choices=None, **kw):
-    """A dataclass field with a help string (and optionally the allowed values)."""
+def _f(default, help: str, choices=None, at_least=None, at_most=None, above=None, below=None, **kw):
+    """A dataclass field with a help string, optionally the allowed values, and the range a number
+    must lie in: ``at_least``/``at_most`` (inclusive) and ``above``/``below`` (exclusive) bounds,
+    for the field or, for a list, every item. The loader checks every number against its bounds,
+    and every float for finiteness, in one place (``loader.check_ranges``)."""
     meta = {"help": help}
     if choices is not None:
         meta["choices"] = tuple(choices)
+    bounds = {k: v for k, v in (("at_least", at_least), ("at_most", at_most), ("above", above), ("below", below))
+              if v is not None}
+    if bounds:
+        meta["range"] = bounds
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda d=default: type(d)(d), metadata=meta, **kw)
     return field(default=default, metadata=meta, **kw)
@@ -38,11 +45,13 @@ def _section(cls, help: str):
 @dataclass
 class ModelConfig:
     name: str = _f("DiT-S/2", "registered model name, e.g. DiT-XL/2 (see opendit_lite.models.MODELS)")
-    input_size: Optional[List[int]] = _f(None, "latent (or pixel) size [H, W] the model is built for; None: from data")
-    in_channels: Optional[int] = _f(None, "input channels; None: 4 with a VAE, 3 in pixel space")
-    num_classes: Optional[int] = _f(None, "class-label vocabulary; None: from the dataset")
+    input_size: Optional[List[int]] = _f(None, "latent (or pixel) size [H, W] the model is built for; None: from data",
+                                         at_least=1)
+    in_channels: Optional[int] = _f(None, "input channels; None: 4 with a VAE, 3 in pixel space", at_least=1)
+    num_classes: Optional[int] = _f(None, "class-label vocabulary; None: from the dataset", at_least=1)
     learn_sigma: bool = _f(True, "predict the variance too (output channels doubled), as DiT")
-    class_dropout_prob: float = _f(0.1, "label dropout probability for classifier-free guidance")
+    class_dropout_prob: float = _f(0.1, "label dropout probability for classifier-free guidance", at_least=0,
+                                   at_most=1)
     timestep_spacing: str = _f("meta", "timestep frequency spacing: meta (the DiT reference's) or diffusers (a plain "
                                "DiTTransformer2DModel.from_pretrained of the export is then exact); DiT only",
                                choices=("meta", "diffusers"))
@@ -55,15 +64,15 @@ class DataConfig:
                      "latents": "a folder written by scripts/extract_latents.py"}
     type: str = _f("shapes", "dataset kind", choices=("shapes", "image_folder", "latents"))
     path: Optional[str] = _f(None, "image folder (one sub-folder per class) or precomputed-latent folder")
-    image_size: int = _f(32, "image side in pixels after DiT's centre crop (shapes: generated size)")
-    num_samples: int = _f(4096, "shapes: number of generated samples")
+    image_size: int = _f(32, "image side in pixels after DiT's centre crop (shapes: generated size)", at_least=1)
+    num_samples: int = _f(4096, "shapes: number of generated samples", at_least=1)
     random_flip: bool = _f(True, "horizontal flip augmentation (image_folder)")
 
 
 @dataclass
 class VAEConfig:
     path: Optional[str] = _f(None, "local diffusers AutoencoderKL folder; None trains in pixel space")
-    scale_factor: float = _f(0.18215, "latent scale applied after encoding (SD VAE's constant)")
+    scale_factor: float = _f(0.18215, "latent scale applied after encoding (SD VAE's constant)", above=0)
 
 
 @dataclass
@@ -71,11 +80,12 @@ class DiffusionConfig:
     objective: str = _f("iddpm", "training objective: iddpm (DiT's Gaussian diffusion) or rflow (rectified flow)",
                         choices=("iddpm", "rflow"))
     noise_schedule: str = _f("linear", "IDDPM beta schedule", choices=("linear", "cosine"))
-    diffusion_steps: int = _f(1000, "number of diffusion timesteps used in training")
+    diffusion_steps: int = _f(1000, "number of diffusion timesteps used in training", at_least=1)
     timestep_sampling: str = _f("logit-normal", "rflow: distribution the training times are drawn from",
                                 choices=("uniform", "logit-normal"))
     shift: Optional[float] = _f(None, "rflow: time shift s (t -> s t / (1 + (s - 1) t)) of training and sampling "
-                                      "times; vpred: divides the SNR; null: none (a diffusers family: its recipe's)")
+                                      "times; vpred: divides the SNR; null: none (a diffusers family: its recipe's)",
+                                above=0)
 
 
 @dataclass
@@ -84,7 +94,7 @@ class EMAConfig:
     sharded: bool = _f(True, "the fp32 EMA is sharded across the ZeRO group (4 B x params / ranks per rank; "
                              "the same values as an unsharded EMA); false is refused")
     resume_from: Optional[str] = _f(None, "EMA checkpoint to resume from (LiteGen's ema.resume_from)")
-    decay: float = _f(0.9999, "EMA decay per optimizer step")
+    decay: float = _f(0.9999, "EMA decay per optimizer step", at_least=0, at_most=1)
 
 
 @dataclass
@@ -96,9 +106,10 @@ class EncoderConfig:
 
 @dataclass
 class LoRAConfig:
-    rank: int = _f(0, "adapter rank r; > 0 fine-tunes low-rank adapters (peft) on a frozen base, 0: full training")
-    alpha: float = _f(16.0, "adapter scale numerator: updates are scaled by alpha / rank")
-    dropout: float = _f(0.0, "dropout on the adapters' input")
+    rank: int = _f(0, "adapter rank r; > 0 fine-tunes low-rank adapters (peft) on a frozen base, 0: full training",
+                   at_least=0)
+    alpha: float = _f(16.0, "adapter scale numerator: updates are scaled by alpha / rank", above=0)
+    dropout: float = _f(0.0, "dropout on the adapters' input", at_least=0, below=1)
     targets: Optional[List[str]] = _f(None, "linear layers that get adapters: names, dotted suffixes (attn.proj) or "
                                             "regular expressions over full names; None: the model's usual targets "
                                             "(zoo: attention qkv/proj, MLP fc1/fc2; diffusers families: to_q/to_k/"
@@ -116,34 +127,38 @@ class BaseSampleConfig:
                                    "an original DiT .pt; None: the newest of this run")
     use_ema: bool = _f(True, "sample with the EMA weights when the checkpoint has them")
     cfg_scale: float = _f(4.0, "classifier-free guidance scale against the null class or caption (1 disables "
-                               "guidance)")
+                               "guidance)", at_least=0)
     seed: int = _f(0, "sampling seed (>= 0): sample i's noise comes from (seed, i), so any number of ranks "
-                      "gives the same samples")
+                      "gives the same samples", at_least=0)
     compile: bool = _f(False, "torch.compile each block of the denoiser, as training's compile does")
 
 
 @dataclass
 class SampleConfig(BaseSampleConfig):
     sampler: str = _f("ddpm", "ddpm or ddim for IDDPM; euler for rectified flow", choices=("ddpm", "ddim", "euler"))
-    num_sampling_steps: int = _f(250, "respaced number of sampling steps")
-    class_labels: Optional[List[int]] = _f(None, "labels to sample, one grid row each; None: every class")
-    samples_per_class: int = _f(8, "images per class label (grid columns)")
-    output: Optional[str] = _f(None, "PNG path of the grid; None: <run dir>/samples.png")
-    batch_size: int = _f(32, "samples per forward on each data-parallel rank (guidance runs twice as many rows)")
+    num_sampling_steps: int = _f(250, "respaced number of sampling steps", at_least=1)
+    class_labels: Optional[List[int]] = _f(None, "labels to sample, one grid row each; None: every class", at_least=0)
+    samples_per_class: int = _f(8, "images per class label (grid columns)", at_least=1)
+    output: Optional[str] = _f(None, "PNG path of the grid; None: <run dir>/samples/<checkpoint name>.png")
+    batch_size: int = _f(32, "samples per forward on each data-parallel rank (guidance runs twice as many rows)",
+                         at_least=1)
 
 
 @dataclass
 class EvalConfig:
-    samples_per_class: int = _f(50, "images generated per class label (DiT's FID-50K: 50 x 1000 classes)")
+    samples_per_class: int = _f(50, "images generated per class label (DiT's FID-50K: 50 x 1000 classes)", at_least=1)
     reference: Optional[str] = _f(None, "reference for FID: an .npz with mu/sigma, an .npz with arr_0 "
                                         "(uint8 NHWC images) or a folder of images")
     inception_path: Optional[str] = _f(None, "local InceptionV3 weights for torch-fidelity "
-                                             "(weights-inception-2015-12-05-6726825d.pth); nothing is downloaded")
+                                             "(weights-inception-2015-12-05-6726825d.pth, checked by its sha256); "
+                                             "nothing is downloaded")
+    score: bool = _f(True, "score the samples (needs inception_path; without reference: Inception Score only); "
+                           "false: only write samples.npz")
     samples: Optional[str] = _f(None, "an existing samples .npz (arr_0 uint8 NHWC) to score instead of generating")
     output_dir: Optional[str] = _f(None, "folder for samples.npz, metrics.json and PNGs; None: <run dir>/eval")
     save_png: bool = _f(False, "also write every sample as <index>.png")
     precision_recall: bool = _f(False, "also compute precision/recall (needs reference images, not only mu/sigma)")
-    batch_size: int = _f(50, "images per Inception forward")
+    batch_size: int = _f(50, "images per Inception forward", at_least=1)
 
 
 @dataclass
@@ -167,28 +182,29 @@ class TrainConfig:
                                        choices=(None, "fp32", "tf32", "bf16", "fp16"))
     allow_tf32: bool = _f(True, "allow TF32 matmuls and convolutions on Ampere+ GPUs")
     # optimizer
-    lr: float = _f(1e-4, "AdamW learning rate")
-    weight_decay: float = _f(0.0, "AdamW weight decay")
+    lr: float = _f(1e-4, "AdamW learning rate", above=0)
+    weight_decay: float = _f(0.0, "AdamW weight decay", at_least=0)
     fused_optimizer: bool = _f(True, "use the fused AdamW implementation where available")
     fused_optimizer_ema: bool = _f(False, "AdamW and the EMA update in one optimizer step, multi-tensor ops "
                                           "(zero_degree 0, 1, 2; replaces fused_optimizer's choice)")
     lr_schedule: str = _f("constant", "learning rate after warm-up: constant, or linear/cosine decay to "
                                       "min_lr_ratio x lr at max_steps", choices=LR_SCHEDULES)
-    warmup_steps: int = _f(0, "linear learning-rate warm-up steps")
-    min_lr_ratio: float = _f(0.0, "linear/cosine: the final learning rate as a fraction of lr")
-    grad_clip: float = _f(1.0, "clip the global gradient norm to this value (0 disables)")
+    warmup_steps: int = _f(0, "linear learning-rate warm-up steps", at_least=0)
+    min_lr_ratio: float = _f(0.0, "linear/cosine: the final learning rate as a fraction of lr", at_least=0, at_most=1)
+    grad_clip: float = _f(1.0, "clip the global gradient norm to this value (0 disables)", at_least=0)
     # distributed strategy
     zero_degree: int = _f(0, "0: DDP, 1/2: ZeRO-1/2 (LowLevelZero), 3: ZeRO-3 (Gemini)", choices=(0, 1, 2, 3))
     group_zero: bool = _f(False, "shard ZeRO state within a node and replicate across nodes")
-    sp_size: int = _f(1, "sequence-parallel degree (consecutive ranks form a group)")
+    sp_size: int = _f(1, "sequence-parallel degree (consecutive ranks form a group)", at_least=1)
     sp_mode: str = _f("ulysses", "sequence parallelism when sp_size > 1: ulysses (heads all-to-all; sp_size must "
                                  "divide the heads), ring (keys/values passed around the group; any sp_size), usp "
                                  "(Ulysses inside rings of sp_ring_size), dsp (re-shard frames/patches; models "
-                                 "declaring it, e.g. STDiT), or auto (ulysses when the heads allow, else usp/ring; the "
+                                 "declaring it, e.g. STDiT), or auto (the mode whose communication costs the least "
+                                 "time for the config's largest bucket, as python -m opendit_lite.plan prints; the "
                                  "report says which and why)", choices=SP_MODE_CHOICES)
     sp_ring_size: Optional[int] = _f(None, "sp_mode=usp: ring degree, a divisor of sp_size (Ulysses runs over "
                                            "sp_size / sp_ring_size ranks inside each ring step); None: the smallest "
-                                           "ring the heads allow")
+                                           "ring the heads allow", at_least=1)
     # module conversion
     fused_layernorm: bool = _f(False, "swap affine LayerNorms for apex/Triton fused LayerNorm")
     fused_adaln: bool = _f(False, "swap LayerNorm+modulate for the Triton fused AdaLN kernel")
@@ -196,24 +212,25 @@ class TrainConfig:
     # activation memory
     ac_offload: bool = _f(False, "offload checkpointed blocks' saved inputs to pinned CPU memory")
     selective_ratio: float = _f(1.0, "activation checkpointing: the fraction of blocks NOT checkpointed "
-                                     "(0: every block checkpointed, least memory; 1: none, fastest)")
+                                     "(0: every block checkpointed, least memory; 1: none, fastest)",
+                                at_least=0, at_most=1)
     # training
-    global_seed: int = _f(0, "global random seed (data-parallel rank r uses global_seed * dp_size + r)")
-    max_steps: int = _f(1000, "optimizer steps to train")
-    global_batch_size: int = _f(32, "samples per optimizer step across all ranks")
-    grad_accum_steps: int = _f(1, "micro-batches accumulated per optimizer step")
-    num_workers: int = _f(0, "data-loader worker processes per rank")
+    global_seed: int = _f(0, "global random seed (data-parallel rank r uses global_seed * dp_size + r)", at_least=0)
+    max_steps: int = _f(1000, "optimizer steps to train", at_least=1)
+    global_batch_size: int = _f(32, "samples per optimizer step across all ranks", at_least=1)
+    grad_accum_steps: int = _f(1, "micro-batches accumulated per optimizer step", at_least=1)
+    num_workers: int = _f(0, "data-loader worker processes per rank", at_least=0)
     pin_memory: bool = _f(False, "pin data-loader memory")
-    log_every: int = _f(50, "steps between logged metrics (the only host syncs of the loop)")
-    ckpt_every: int = _f(0, "steps between checkpoints (0: only at the end)")
+    log_every: int = _f(50, "steps between logged metrics (the only host syncs of the loop)", at_least=1)
+    ckpt_every: int = _f(0, "steps between checkpoints (0: only at the end)", at_least=0)
     eval_every: int = _f(0, "steps between evaluations (eval.*: FID of fresh samples) of the checkpoint saved at that "
-                            "step; a multiple of ckpt_every; 0: off")
-    keep_last: int = _f(0, "keep only this many newest checkpoints of this run (0: keep all)")
+                            "step; a multiple of ckpt_every; 0: off", at_least=0)
+    keep_last: int = _f(0, "keep only this many newest checkpoints of this run (0: keep all)", at_least=0)
     nan_policy: str = _f("stop", "on a non-finite loss: stop (exit code 3, no checkpoint after it) or skip_step "
                                  "(drop that step's update; costs one host sync per step)",
                          choices=("stop", "skip_step"))
     max_bad_data_fraction: float = _f(0.01, "fraction of samples that may fail to decode (each skipped with a "
-                                            "warning naming the file) before the run stops")
+                                            "warning naming the file) before the run stops", at_least=0, at_most=1)
     compile: bool = _f(False, "torch.compile each repeated block (the last step of parallelize)")
     cuda_graphs: bool = _f(False, "with compile: replay the compiled blocks as CUDA graphs (torch.compile "
                                   "mode 'reduce-overhead'; CUDA and fixed shapes only)")

@@ -27,12 +27,15 @@ class VideoModelConfig:
     config: Optional[dict] = _f(None, "diffusers class: constructor arguments of a random initialisation, e.g. "
                                       "{num_layers: 2, num_attention_heads: 4, attention_head_dim: 16}")
     input_size: Optional[List[int]] = _f(None, "model input frame size [H, W] (latent or pixel); None: from data and "
-                                               "VAE")
-    num_frames: Optional[int] = _f(None, "model input frames; None: data.num_frames (or the latents')")
-    in_channels: Optional[int] = _f(None, "input channels; None: the VAE's latent channels, 3 in pixel space")
-    caption_channels: Optional[int] = _f(None, "width of the caption states; None: from the text encoder or latents")
+                                               "VAE", at_least=1)
+    num_frames: Optional[int] = _f(None, "model input frames; None: data.num_frames (or the latents')", at_least=1)
+    in_channels: Optional[int] = _f(None, "input channels; None: the VAE's latent channels, 3 in pixel space",
+                                    at_least=1)
+    caption_channels: Optional[int] = _f(None, "width of the caption states; None: from the text encoder or latents",
+                                         at_least=1)
     learn_sigma: bool = _f(False, "also predict the variance (IDDPM's learned-sigma loss); rectified flow ignores it")
-    class_dropout_prob: float = _f(0.1, "probability of training on the null caption (for classifier-free guidance)")
+    class_dropout_prob: float = _f(0.1, "probability of training on the null caption (for classifier-free guidance)",
+                                   at_least=0, at_most=1)
 
 
 @dataclass
@@ -42,10 +45,11 @@ class VideoDataConfig:
                      "latents": "a folder of .pt files written by opendit_lite.data.video_latents.save_video_latents"}
     type: str = _f("shapes", "dataset kind", choices=("shapes", "csv", "latents"))
     path: Optional[str] = _f(None, "CSV file of (path, text) rows, or a precomputed-latent folder")
-    num_frames: int = _f(4, "frames per clip")
-    frame_interval: int = _f(3, "csv: take every n-th frame of the video")
-    image_size: int = _f(16, "frame side in pixels (shapes: generated size; csv: short side resize + centre crop)")
-    num_samples: int = _f(256, "shapes: number of generated clips")
+    num_frames: int = _f(4, "frames per clip", at_least=1)
+    frame_interval: int = _f(3, "csv: take every n-th frame of the video", at_least=1)
+    image_size: int = _f(16, "frame side in pixels (shapes: generated size; csv: short side resize + centre crop)",
+                         at_least=1)
+    num_samples: int = _f(256, "shapes: number of generated clips", at_least=1)
     buckets: Optional[List[dict]] = _f(None, "clip shapes to train on together (images are frames: 1), each "
                                              "{frames, resolution + aspect_ratio or height + width, batch_size, "
                                              "probability, loss_weight}; see opendit_lite/data/buckets.py. "
@@ -70,21 +74,25 @@ class TextEncoderConfig:
     kind: str = _f("shapes", "caption encoder: t5 / clip from a local folder, or 'shapes', the embedded "
                              "per-word vectors of the moving-shapes data (no download)", choices=TEXT_ENCODER_KINDS)
     path: Optional[str] = _f(None, "local folder with the text model and its tokenizer (t5, clip)")
-    max_length: int = _f(8, "caption tokens per sample (120 for Open-Sora's T5)")
+    max_length: int = _f(8, "caption tokens per sample (120 for Open-Sora's T5)", at_least=1)
 
 
 @dataclass
 class VideoSampleConfig(BaseSampleConfig):
-    sampler: str = _f("euler", "euler for rectified flow; ddpm or ddim for IDDPM", choices=("euler", "ddpm", "ddim"))
-    num_sampling_steps: int = _f(30, "sampling steps")
+    sampler: Optional[str] = _f(None, "euler for rectified flow; ddpm or ddim for IDDPM; ddim for v-prediction; "
+                                      "null: the first that fits the trained objective",
+                                choices=("euler", "ddpm", "ddim", None))
+    num_sampling_steps: int = _f(30, "sampling steps", at_least=1)
     prompts: Optional[List[str]] = _f(None, "captions to sample; None: prompt_file, or a few shapes captions")
     prompt_file: Optional[str] = _f(None, "text file with one prompt a line (used when prompts is empty)")
-    batch_size: int = _f(8, "prompts per forward on each data-parallel rank")
-    num_frames: Optional[int] = _f(None, "frames to sample (pixels, as data.buckets); None: the trained clip's")
-    height: Optional[int] = _f(None, "frame height to sample in pixels; None: the trained clip's")
-    width: Optional[int] = _f(None, "frame width to sample in pixels; None: the trained clip's")
-    fps: int = _f(4, "frames per second of the written videos")
-    output_dir: Optional[str] = _f(None, "folder for the videos and contact sheet; None: <run dir>/samples")
+    batch_size: int = _f(8, "prompts per forward on each data-parallel rank", at_least=1)
+    num_frames: Optional[int] = _f(None, "frames to sample (pixels, as data.buckets); None: the trained clip's",
+                                   at_least=1)
+    height: Optional[int] = _f(None, "frame height to sample in pixels; None: the trained clip's", at_least=1)
+    width: Optional[int] = _f(None, "frame width to sample in pixels; None: the trained clip's", at_least=1)
+    fps: int = _f(4, "frames per second of the written videos", at_least=1)
+    output_dir: Optional[str] = _f(None, "folder for the videos and contact sheet; None: "
+                                         "<run dir>/samples/<checkpoint name>")
 
 
 @dataclass
@@ -106,7 +114,7 @@ class VideoTrainConfig(TrainConfig):
                                      "bucket's batch_size then caps it)",
                            choices=("config", "auto"))
     plan_memory_gb: Optional[float] = _f(None, "bucket_batch=auto: memory per device to plan for, in GiB; None: "
-                                               "the GPU's total memory")
+                                               "the GPU's total memory", above=0)
     model: VideoModelConfig = _section(VideoModelConfig, "video model to train")
     data: VideoDataConfig = _section(VideoDataConfig, "training clips")
     diffusion: VideoDiffusionConfig = _section(VideoDiffusionConfig, "diffusion objective")

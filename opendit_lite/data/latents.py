@@ -29,6 +29,28 @@ def write_latent_meta(directory: str, meta: Dict) -> None:
         json.dump(meta, f, indent=2)
 
 
+def read_latent_meta(directory: str, shape) -> Dict:
+    """``<directory>/meta.json``, checked: it exists, is a JSON object, and its ``channels``,
+    ``height`` and ``width`` match the shards' latent ``shape`` (C, h, w)."""
+    path = os.path.join(directory, META)
+    if not os.path.isfile(path):
+        raise ValueError(f"{path!r} is missing; scripts/extract_latents.py writes it next to the shards (channels, "
+                         f"height, width, classes)")
+    try:
+        with open(path, encoding="utf-8") as f:
+            meta = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"cannot read {path!r}: {e}") from None
+    missing = [k for k in ("channels", "height", "width") if not isinstance(meta, dict) or k not in meta]
+    if missing:
+        raise ValueError(f"{path!r} lacks {', '.join(missing)}: it must give the latents' channels, height and "
+                         f"width (here {list(shape)}), as scripts/extract_latents.py writes them")
+    if (meta["channels"], meta["height"], meta["width"]) != tuple(shape):
+        raise ValueError(f"{path!r} says channels, height, width = {meta['channels']}, {meta['height']}, "
+                         f"{meta['width']} but the shards hold latents of {list(shape)}; re-extract the folder")
+    return meta
+
+
 class LatentDataset(Dataset):
     """(latent [C, h, w], label) pairs from the shards of a latent folder, loaded into memory once."""
 
@@ -49,14 +71,18 @@ class LatentDataset(Dataset):
                 raise ValueError(f"latent shard {path!r} lacks a 'latents' or 'labels' tensor")
             self.latents.append(data["latents"])
             self.labels.append(data["labels"])
+        for name, lat, labels in zip(shards, self.latents, self.labels):
+            if lat.dim() != 4 or labels.shape != lat.shape[:1]:
+                raise ValueError(f"latent shard {os.path.join(directory, name)!r} holds latents "
+                                 f"{list(lat.shape)} and labels {list(labels.shape)}; expected [n, C, h, w] and [n]")
+            if lat.shape[1:] != self.latents[0].shape[1:]:
+                raise ValueError(f"latent shards {shards[0]!r} and {name!r} in {directory!r} hold latents of "
+                                 f"different shapes ({list(self.latents[0].shape[1:])} vs {list(lat.shape[1:])}); "
+                                 f"one folder holds one image size: extract each size into its own folder")
         self.offsets = [0]
         for lat in self.latents:
             self.offsets.append(self.offsets[-1] + lat.shape[0])
-        meta_path = os.path.join(directory, META)
-        try:
-            self.meta = json.load(open(meta_path)) if os.path.exists(meta_path) else {}
-        except ValueError as e:
-            raise ValueError(f"cannot read {meta_path!r}: {e}") from None
+        self.meta = read_latent_meta(directory, tuple(self.latents[0].shape[1:]))
         self.classes = self.meta.get("classes")
         if self.classes:
             for name, labels in zip(shards, self.labels):

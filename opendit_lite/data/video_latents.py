@@ -52,11 +52,24 @@ class VideoLatentDataset(Dataset):
     def __init__(self, folder: str):
         self.files = sorted(glob.glob(os.path.join(folder, "*.pt")))
         if not self.files:
-            raise FileNotFoundError(f"no .pt latent files in {folder!r}; write them with save_video_latents")
+            raise ValueError(f"no .pt latent files in {folder!r}; write them with save_video_latents")
+        self._read(self.files[0])  # the folder's format, checked on its first file before training starts
+
+    @staticmethod
+    def _read(path: str) -> Dict:
+        try:
+            item = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as e:  # pickled objects (weights_only refuses them), truncated, not a torch file
+            raise ValueError(f"cannot read video latents {path!r} as tensors ({type(e).__name__}: "
+                             f"{' '.join(str(e).split())[:160]}); write them with save_video_latents") from None
+        missing = [k for k in ("latents", "states", "mask", "caption") if not isinstance(item, dict) or k not in item]
+        if missing:
+            raise ValueError(f"video latents {path!r} lack {', '.join(missing)}; write them with save_video_latents")
+        return item
 
     def __len__(self) -> int:
         return len(self.files)
 
     def __getitem__(self, index: int):
-        item = torch.load(self.files[index], weights_only=True)
+        item = self._read(self.files[index])
         return item["latents"], item["states"], item["mask"], item["caption"]

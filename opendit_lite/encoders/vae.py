@@ -6,19 +6,34 @@ diffusion model sees unit-variance latents.
 """
 
 import os
+import pickle
 
 import torch
+
+from ..errors import ConfigError
 
 
 def load_vae(path: str, dtype: torch.dtype = torch.float32, device="cpu"):
     if not os.path.isdir(path) or not os.path.exists(os.path.join(path, "config.json")):
-        raise FileNotFoundError(
-            f"VAE folder {path!r} not found or has no config.json: point vae.path at a local "
+        raise ConfigError(
+            f"'vae.path' {path!r} is not a folder with a config.json: point vae.path at a local "
             f"AutoencoderKL folder (AutoencoderKL.save_pretrained output); nothing is downloaded."
         )
     from diffusers.models import AutoencoderKL
 
-    vae = AutoencoderKL.from_pretrained(path, torch_dtype=dtype, local_files_only=True)
+    try:
+        vae = AutoencoderKL.from_pretrained(path, torch_dtype=dtype, local_files_only=True)
+    except Exception as e:  # diffusers raises OSError, ValueError, EnvironmentError, UnpicklingError, ...
+        chain, cause = [], e
+        while cause is not None and len(chain) < 8:  # diffusers re-raises torch's refusal as an OSError
+            chain.append(cause)
+            cause = cause.__cause__ or cause.__context__
+        if any(isinstance(c, pickle.UnpicklingError) or "Weights only load failed" in str(c) for c in chain):
+            why = ("its weights file holds pickled Python objects besides tensors, and loading it would run code "
+                   "from the file, so it is refused; re-save the VAE with AutoencoderKL.save_pretrained (safetensors)")
+        else:
+            why = f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+        raise ConfigError(f"'vae.path' {path!r} cannot be loaded as an AutoencoderKL: {why}.") from None
     return vae.to(device).eval().requires_grad_(False)
 
 

@@ -11,7 +11,8 @@ Sampling follows ``sample.*`` (checkpoint, sampler, steps, guidance scale, seed,
 and ``sp_size``; ``eval.*`` says how many samples, where they go and what they are scored against.
 Writes ``<eval.output_dir>/samples.npz`` (arr_0: uint8 [N, H, W, 3]; labels: [N]) and
 ``metrics.json``, and prints the metrics. Without ``eval.reference`` only the Inception Score is
-computed (and nothing at all without ``eval.inception_path``).
+computed; ``eval.score=false`` only writes the samples. The Inception weights (their sha256 and
+their features) and the reference and samples files are checked before anything is sampled.
 """
 
 import os

@@ -8,34 +8,40 @@ import torch
 
 from ..config import ConfigError
 from .features import load_inception
-from .images import load_images
+from .images import check_images_file, load_images
 from .metrics import score_images
-from .reference import load_reference
+from .reference import check_reference_file, load_reference
 
 
 def check_eval_config(cfg) -> None:
     """What can be checked before sampling starts, so a bad setting does not cost a sampling run."""
     e = cfg.eval
-    if e.samples_per_class < 1 or e.batch_size < 1:
-        raise ConfigError(f"'eval.samples_per_class' and 'eval.batch_size' must be positive; got "
-                          f"{e.samples_per_class} and {e.batch_size}.")
     if e.samples and not os.path.isfile(e.samples):
         raise ConfigError(f"'eval.samples' {e.samples!r} does not exist.")
     if e.reference and not os.path.exists(e.reference):
         raise ConfigError(f"'eval.reference' {e.reference!r} does not exist.")
     if e.precision_recall and not e.reference:
         raise ConfigError("'eval.precision_recall' compares with reference images: set eval.reference.")
-    if e.reference or e.inception_path:
-        load_inception(e.inception_path, "cpu")  # exits with where to put the weights
+    if not e.score and (e.reference or e.precision_recall):
+        raise ConfigError("'eval.score'=false only writes samples, but eval.reference / eval.precision_recall ask "
+                          "for metrics: remove them, or set eval.score=true with eval.inception_path.")
+    if e.samples:
+        check_images_file(e.samples)  # the files' formats from their headers: cheap, so first
+    if e.reference:
+        check_reference_file(e.reference)
+    if e.score:
+        load_inception(e.inception_path, "cpu")  # exits with where to put the weights, or why they are wrong
 
 
 def score(cfg, samples_path: str, out_dir: str) -> dict:
     """Metrics of the .npz at ``samples_path`` per ``cfg.eval`` (no reference: Inception Score only;
-    no Inception weights either: nothing), written to ``<out_dir>/metrics.json`` and printed."""
+    ``eval.score=false``: nothing), written to ``<out_dir>/metrics.json`` and printed."""
     e = cfg.eval
-    if not (e.reference or e.inception_path):
-        print(f"wrote {samples_path}; set eval.reference and eval.inception_path to score it")
+    if not e.score:
+        print(f"wrote {samples_path} (eval.score=false: not scored)")
         return {}
+    if not e.reference:
+        print("no eval.reference: computing the Inception Score only")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     feature_fn = load_inception(e.inception_path, device)
     reference = None

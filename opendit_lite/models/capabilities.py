@@ -9,7 +9,7 @@ below for models that do not declare them (a model we did not write):
 * ``supported_sp_modes`` (default ("ulysses", "ring", "usp"): every model whose attention follows the
   attention protocol runs them): the sequence-parallel modes it runs under: "ulysses" (attention heads
   all-to-all), "ring" (keys/values passed around the group), "usp" (Ulysses inside rings), "dsp"
-  (re-shard at its ``SequenceSwitch`` markers). ``sp_mode: auto`` picks among the first three.
+  (re-shard at its ``SequenceSwitch`` markers). ``sp_mode: auto`` picks among all four (dsp given frames).
 * ``guidance_layout`` (default None: no guided forward): the batch ``forward_with_cfg`` takes:
   "concat", [conditional; unconditional] 2B -> 2B (DiT); "paired", B -> B with the null
   condition added inside (STDiT, Vchitect).

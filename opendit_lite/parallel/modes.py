@@ -1,6 +1,6 @@
 """Which sequence-parallel mode runs, and with which Ulysses x ring split: the head rules of the three
-attention-sharding modes, the guiding errors when a model's heads do not allow a mode, and the rule
-``sp_mode: auto`` follows until the planner chooses by communication volume.
+attention-sharding modes, the guiding errors when a model's heads do not allow a mode, and the choice
+``sp_mode: auto`` makes (the planner prints the same).
 
 * ``ulysses``: heads are the unit of sharding, so ``sp_size`` must divide every self/joint attention
   module's head count.

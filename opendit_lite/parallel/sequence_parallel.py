@@ -286,13 +286,15 @@ def sharded_heads(model: nn.Module) -> Dict[str, int]:
 def sp_workload(model: nn.Module, frames: int, frame_tokens: int, text_tokens: int = 0,
                 name: Optional[str] = None) -> SPWorkload:
     """The model's sequence-parallel attention for one sample of ``frames`` x ``frame_tokens`` tokens
-    (after patching) and ``text_tokens`` caption tokens, read from its attention modules: a model with
-    attention kept serial along an axis (the zoo's temporal attention) attends per frame, the others
-    over all tokens; joint attention carries the text; DSP applies when the model declares it."""
+    (after patching) and ``text_tokens`` caption tokens, read from its attention modules: a zoo model with
+    attention kept serial along an axis (temporal attention) attends per frame, the others over all
+    tokens; joint attention carries the text; DSP applies when the model declares it."""
     roles = attention_roles(model)
     sharded = [(n, m) for n, m, r in roles if r in ("self", "joint")]
     joint = [m for _, m, r in roles if r == "joint"]
-    per_frame = any(r == "serial" for _, _, r in roles)
+    # The zoo keeps attention along an axis that is not sharded (temporal) serial: its SP attention runs per
+    # frame. A family's serial attention is over its text (a token refiner): its SP attention sees every token.
+    per_frame = family_spec(model) is None and any(r == "serial" for _, _, r in roles)
     first = sharded[0][1] if sharded else None
     heads = sharded_heads(model)
     hidden = getattr(first, "inner_dim", None) or (heads.get(sharded[0][0], 1) * getattr(first, "head_dim", 0)

@@ -9,7 +9,7 @@ import torch.nn as nn
 from ..build.family import SCRIPTS, check_model_family
 from ..build.lora import load_merged
 from ..build.parallelize import parallelize_from_config
-from ..checkpoint.layout import resolve_sample_checkpoint, saved_config
+from ..checkpoint.layout import check_saved_model, resolve_sample_checkpoint, saved_config
 from ..config import from_dict
 from ..models import MODELS
 from .ranks import SamplingRanks
@@ -22,6 +22,7 @@ def find_sample_checkpoint(cfg, family: str) -> str:
     name = saved_config(ckpt).get("model", {}).get("name") if os.path.isdir(ckpt) else None
     if name in MODELS:
         check_model_family(name, family, role="sample", subject=f"{ckpt!r} holds {name}, which")
+    check_saved_model(ckpt, "sample.ckpt", cfg.model.name)
     return ckpt
 
 
@@ -37,7 +38,11 @@ def load_denoiser(model: nn.Module, cfg, ckpt: str, ranks: SamplingRanks) -> nn.
     merged), parallelized for sampling over ``ranks.sp_group`` (``parallelize_from_config``:
     kernels, Ulysses/DSP, ``sample.compile``), in eval mode on ``ranks.device``. Rank 0 prints the
     parallelize report when the model is sequence-parallel or compiled."""
-    load_merged(model, ckpt, use_ema=cfg.sample.use_ema, lora=saved_config(ckpt).get("lora"))
+    lora = saved_config(ckpt).get("lora")
+    load_merged(model, ckpt, use_ema=cfg.sample.use_ema, lora=lora)
+    if ranks.is_main and lora and lora.get("rank"):
+        print(f"merged the LoRA adapters of {ckpt} (rank {lora['rank']}, alpha {lora['alpha']:g}) into its base "
+              f"weights for sampling")
     report = parallelize_from_config(model, cfg, ranks.sp_group, sampling=True)
     if ranks.is_main and (ranks.sp_size > 1 or cfg.sample.compile):
         print(report)

@@ -21,7 +21,6 @@ from ..config import ConfigError
 from ..diffusion import cfg_model_fn
 from ..diffusion.sampling_utils import SampleGenerators
 from ..encoders import vae_decode
-from .checks import check_sample_settings
 from .denoiser import adopt_trained_sections, find_sample_checkpoint, load_denoiser
 from .ranks import SamplingRanks
 from .sampler import check_sampler, denoise
@@ -44,7 +43,6 @@ def load_image_model(cfg, ranks: SamplingRanks) -> Tuple[nn.Module, str, Optiona
             dataset = build_dataset_from_config(cfg)
         resolve_model_geometry(cfg, dataset, vae)
     check_sampler(cfg)
-    check_sample_settings(cfg.sample.seed, cfg.sample.batch_size)
     model = load_denoiser(build_model_from_config(cfg), cfg, ckpt, ranks)
     return model, ckpt, vae, dataset
 

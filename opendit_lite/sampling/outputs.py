@@ -11,6 +11,15 @@ import torch
 from PIL import Image, ImageDraw
 
 
+def default_output(run_dir: str, ckpt: str, suffix: str = "") -> str:
+    """Where a sampling run writes when no output is set: ``<run dir>/samples/<checkpoint name><suffix>``
+    (``demo_step1500.png`` for ``.../checkpoints/demo_step1500``, ``DiT-XL-2-256x256.png`` for an
+    original ``.pt``), so sampling another checkpoint never replaces the samples of this one."""
+    name = os.path.basename(os.path.normpath(ckpt))
+    stem = os.path.splitext(name)[0] if os.path.isfile(ckpt) else name
+    return os.path.join(run_dir, "samples", stem + suffix)
+
+
 def labelled_grid(images: torch.Tensor, rows: int, names) -> Image.Image:
     """images [rows*cols, 3, H, W] in [-1, 1] -> one PIL grid with each row's class name on the left."""
     cols = images.shape[0] // rows

@@ -22,9 +22,13 @@ SAMPLERS = {"rflow": ("euler",), "iddpm": ("ddpm", "ddim"), "vpred": ("ddim",)}
 
 def check_sampler(cfg) -> None:
     """``sample.sampler`` fits ``diffusion.objective`` (the trained model's): euler for rectified flow,
-    ddpm or ddim for IDDPM; a ConfigError says which to use otherwise."""
+    ddpm or ddim for IDDPM, ddim for v-prediction; a ConfigError says which to use otherwise. A
+    video config's null takes the first that fits."""
     objective, sampler = cfg.diffusion.objective, cfg.sample.sampler
     fits = SAMPLERS[objective]
+    if sampler is None:  # a video config's default: the first that fits, set in place for denoise
+        cfg.sample.sampler = fits[0]
+        return
     if sampler not in fits:
         raise ConfigError(f"'sample.sampler'={sampler!r} does not fit a model trained with diffusion.objective="
                           f"{objective!r}: use sample.sampler={' or '.join(fits)}.")

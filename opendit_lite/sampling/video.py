@@ -24,7 +24,6 @@ from ..diffusion import cfg_model_fn
 from ..diffusion.sampling_utils import SampleGenerators
 from ..encoders.video_vae import VideoVAE
 from ..families import FamilyDenoiser
-from .checks import check_sample_settings
 from .denoiser import adopt_trained_sections, find_sample_checkpoint, load_denoiser
 from .ranks import SamplingRanks
 from .sampler import check_sampler, denoise
@@ -38,7 +37,7 @@ def find_video_checkpoint(cfg) -> str:
     """The checkpoint to sample (``find_sample_checkpoint``), with the model, diffusion and
     text-encoder kind it was trained with adopted into ``cfg`` in place (a local
     ``text_encoder.path`` given here wins over the saved one); then the settings checks that need
-    them (sampler, pixel space or a VAE, seed and batch)."""
+    them (sampler, pixel space or a VAE)."""
     ckpt = find_sample_checkpoint(cfg, "video")
     saved = saved_config(ckpt)
     if "model" not in saved:
@@ -51,7 +50,6 @@ def find_video_checkpoint(cfg) -> str:
     if not pixel_space(cfg) and not cfg.vae.path:
         raise ConfigError(f"The model works on {cfg.model.in_channels}-channel latents: set vae.path to the local "
                           f"VAE folder that decodes them.")
-    check_sample_settings(cfg.sample.seed, cfg.sample.batch_size)
     return ckpt
 
 
@@ -69,8 +67,12 @@ def read_prompts(cfg) -> List[str]:
     if s.prompt_file:
         if not os.path.isfile(s.prompt_file):
             raise ConfigError(f"'sample.prompt_file' {s.prompt_file!r} does not exist.")
-        with open(s.prompt_file) as f:
-            prompts = [line.strip() for line in f if line.strip()]
+        try:
+            with open(s.prompt_file, encoding="utf-8") as f:
+                prompts = [line.strip() for line in f if line.strip()]
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError(f"'sample.prompt_file' {s.prompt_file!r} cannot be read as UTF-8 text ({e}): pass a "
+                              f"text file with one prompt a line.") from None
         if not prompts:
             raise ConfigError(f"'sample.prompt_file' {s.prompt_file!r} holds no prompts (one per line).")
         return prompts

@@ -9,7 +9,6 @@ Each failed check raises a ConfigError (one paragraph, exit code 2) naming the s
 wrong and what to do.
 """
 
-import json
 import os
 import shutil
 import sys
@@ -17,8 +16,9 @@ import uuid
 
 from ..build.family import check_model_family
 from ..checkpoint.catalog import META_FILE, list_checkpoints
-from ..checkpoint.layout import checkpoint_root, wants_resume
+from ..checkpoint.layout import check_saved_model, checkpoint_root, wants_resume
 from ..config import ConfigError
+from ..errors import CheckpointError
 
 # Bytes per parameter in one checkpoint, an upper bound: fp32 weights, fp32 EMA, fp32 master
 # shards and AdamW's two fp32 moments (bf16 working weights make it smaller).
@@ -51,12 +51,6 @@ def check_writable(folder: str, key: str) -> None:
                           f"user can write to, or fix its permissions.") from None
 
 
-def saved_model_name(ckpt: str):
-    """The model name recorded in a checkpoint folder's meta.json, or None when it records none."""
-    with open(os.path.join(ckpt, META_FILE)) as f:
-        return json.load(f).get("extra_state", {}).get("config", {}).get("model", {}).get("name")
-
-
 def check_checkpoint_of_model(path: str, key: str, model_name: str) -> None:
     """``path`` exists; when it is a checkpoint folder of ours, it holds ``model_name``."""
     if not os.path.exists(path):
@@ -71,12 +65,9 @@ def check_checkpoint_of_model(path: str, key: str, model_name: str) -> None:
     if not os.path.isdir(path):
         return  # init_from: a weight file (.pt/.safetensors); load_weights checks it
     try:
-        saved = saved_model_name(path)
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"'{key}' {path!r}: cannot read its {META_FILE} ({e}); the checkpoint is damaged.") from None
-    if saved is not None and saved != model_name:
-        raise ConfigError(f"'{key}' {path!r}: the checkpoint is {saved}, the config is {model_name}. Set "
-                          f"model.name={saved} to continue that model, or point '{key}' at a {model_name} checkpoint.")
+        check_saved_model(path, key, model_name)
+    except CheckpointError as e:
+        raise ConfigError(f"'{key}' {path!r}: {e}; the checkpoint is damaged.") from None
 
 
 def check_fresh_run(cfg) -> None:

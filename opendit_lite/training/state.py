@@ -125,6 +125,8 @@ def restore_train_state(state: TrainState, cfg, booster: Booster, log: MetricsLo
                         auto=not cfg.resume_from, ema_resume_from=cfg.ema.resume_from)
     state.load_extra_state(saved)
     state.run_id = from_rank0(state.run_id)  # a fresh run: rank 0's new id on every rank
+    if resume is None and cfg.auto_resume:
+        log.write(f"auto_resume: no checkpoint of experiment '{cfg.exp_name}' yet, starting from step 0")
     if resume:
         log.write(f"resumed from {resume} at step {state.step}")
         for change in apply_configured_hyperparams(state.optimizer, state.lr_scheduler, lr=cfg.lr,

@@ -71,8 +71,13 @@ def train(spec: TrainerSpec, cfg, info) -> str:
     # Anything else random (data augmentation) draws from one stream per data-parallel rank, which
     # the ranks of a sequence-parallel group share.
     seed_everything(cfg.global_seed, plugin.dp_rank, plugin.dp_size)
-    restore_train_state(state, cfg, booster, log)
+    resumed = restore_train_state(state, cfg, booster, log)
     write_run_config(cfg, run_dir, info.is_main)
+    if resumed and state.step >= cfg.max_steps:  # e.g. `make demo` run twice: the run is complete
+        log.write(f"nothing left to train: {resumed} is at step {state.step} and max_steps={cfg.max_steps} (raise "
+                  f"max_steps to continue, or start over with overwrite=true auto_resume=false)")
+        log.close()
+        return resumed
     # What the objective calls: the boosted model, or (a diffusers family) it through its adapter;
     # the capabilities are declared by the serial model's class or by that denoiser.
     denoiser = spec.denoiser(cfg, model, state.model) if spec.denoiser is not None else state.model

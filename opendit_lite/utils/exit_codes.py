@@ -1,21 +1,26 @@
 """How the scripts end: one paragraph and a documented exit code, never a traceback for a user's
 mistake. The errors and their codes are listed in ``opendit_lite.errors``.
 
-Under torchrun every rank raises the same error; only global rank 0 prints it. ``--debug`` on the
+Under torchrun every rank raises the same error; only global rank 0 prints it, and every rank writes
+it to torch elastic's error file (``TORCHELASTIC_ERROR_FILE``), so torchrun's failure summary shows
+the paragraph and the exit code instead of a pointer to its traceback docs. ``--debug`` on the
 command line (or ``OPENDIT_DEBUG=1`` in the environment) shows the traceback as well.
 """
 
 import functools
+import json
 import os
 import signal
 import sys
 import threading
+import time
 import traceback
 from typing import Callable, Optional, Sequence
 
 from ..errors import EXIT_INTERRUPTED, EXIT_NON_FINITE, USER_ERRORS, CheckpointError, NonFiniteError, RunInterrupted  # noqa: F401  (their former home; raised by the trainers)
 
 DEBUG_FLAG, DEBUG_ENV = "--debug", "OPENDIT_DEBUG"
+ELASTIC_EXIT_DELAY_S = 2.0
 
 
 def _is_rank0() -> bool:
@@ -30,6 +35,25 @@ def _paragraph(error: BaseException) -> str:
         text += (" Point resume_from/init_from/sample.ckpt at a complete checkpoint folder, or use auto_resume=true "
                  "to take the newest one that verifies.")
     return text
+
+
+def write_elastic_error(text: str) -> None:
+    """Hand ``text`` to torchrun's failure summary through the error file torch elastic gives each
+    worker (``TORCHELASTIC_ERROR_FILE``), in the layout of torch's ``@record``: the summary prints the
+    ``py_callstack`` entry, which here is the paragraph. Outside torchrun nothing happens."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    try:
+        with open(path, "w") as f:
+            json.dump({"message": {"message": text, "extraInfo": {"py_callstack": text,
+                                                                  "timestamp": str(int(time.time()))}}}, f)
+    except OSError:
+        pass  # the summary then falls back to torchrun's own pointer; the paragraph was printed anyway
+    if not _is_rank0():
+        # Every rank fails alike; torchrun stops the others at the first exit, so give rank 0 a moment
+        # to print the paragraph before this rank's exit ends the run.
+        time.sleep(ELASTIC_EXIT_DELAY_S)
 
 
 def _interrupt(signum, frame) -> None:
@@ -63,16 +87,17 @@ def script_main(fn: Callable[[Sequence[str]], object]) -> Callable[[Optional[Seq
             return fn(argv)
         except tuple(cls for cls, _ in USER_ERRORS) as e:
             code = next(c for cls, c in USER_ERRORS if isinstance(e, cls))
+            label = "stopped" if code in (EXIT_NON_FINITE, EXIT_INTERRUPTED) else "error"
             if _is_rank0():
                 if debug:
                     traceback.print_exc()
-                label = "stopped" if code in (EXIT_NON_FINITE, EXIT_INTERRUPTED) else "error"
                 print(f"{label}: {_paragraph(e)}", file=sys.stderr, flush=True)
             if int(os.environ.get("WORLD_SIZE", "1")) > 1 and _main_thread():
                 # This rank is ending with ``code``; torchrun stopping the ranks still exiting once one
                 # has ended must not turn that into a kill by signal.
                 for sig in (signal.SIGINT, signal.SIGTERM):
                     signal.signal(sig, signal.SIG_IGN)
+            write_elastic_error(f"{label} (exit code {code}): {_paragraph(e)}")
             sys.exit(code)
         finally:
             if signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN:  # ignored: a stop honoured, keep it so

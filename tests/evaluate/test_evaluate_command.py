@@ -26,8 +26,9 @@ def _two_ranks(rank, world_size, argv):
 
 def test_two_rank_samples_equal_one_process_and_score(tmp_path, monkeypatch, capsys):
     args = image_args(str(tmp_path)) + ["eval.samples_per_class=3", "sample.batch_size=2"]
-    evaluate_main(args + [f"eval.output_dir={tmp_path}/one", "eval.save_png=true"])
-    run_distributed(_two_ranks, 2, args=(args + [f"eval.output_dir={tmp_path}/two", "sp_size=1"],),
+    evaluate_main(args + [f"eval.output_dir={tmp_path}/one", "eval.save_png=true", "eval.score=false"])
+    run_distributed(_two_ranks, 2, args=(args + [f"eval.output_dir={tmp_path}/two", "sp_size=1",
+                                                 "eval.score=false"],),
                     env={"OMP_NUM_THREADS": "1"})
     one, two = np.load(tmp_path / "one" / "samples.npz"), np.load(tmp_path / "two" / "samples.npz")
     assert one["arr_0"].shape == (9, 16, 16, 3) and one["arr_0"].dtype == np.uint8
@@ -48,22 +49,37 @@ def test_two_rank_samples_equal_one_process_and_score(tmp_path, monkeypatch, cap
     assert json.load(open(tmp_path / "two" / "metrics.json"))["fid"] == metrics["fid"]
 
 
-def test_inception_from_a_local_file(tmp_path):
-    """torch-fidelity's InceptionV3 (random weights here, saved like the real file) loads from the
-    path and gives 2048-d features and 1008 logits for uint8 images of any size."""
+def random_inception_file(path, informative: bool = True) -> str:
+    """torch-fidelity's InceptionV3 layout with random weights, saved like the real file. The
+    default initialisation (BN running variance 0) gives features of ~1e-7 for every image, which
+    the loader refuses as wrong content; ``informative`` re-initialises so that images differ."""
     from unittest import mock
 
     import torch_fidelity.feature_extractor_inceptionv3 as inception
 
-    from opendit_lite.evaluate import load_inception
-
     with mock.patch.object(inception, "load_state_dict_from_url", lambda *a, **k: None), \
             mock.patch.object(inception.FeatureExtractorInceptionV3, "load_state_dict", lambda self, sd: None):
         net = inception.FeatureExtractorInceptionV3("inception-v3-compat", ["2048"])
-    path = tmp_path / "weights-inception-2015-12-05-6726825d.pth"
+    if informative:
+        gen = torch.Generator().manual_seed(0)
+        for m in net.modules():
+            if isinstance(m, torch.nn.Conv2d):
+                m.weight.data.normal_(0, 1, generator=gen).mul_((2 / m.weight[0].numel()) ** 0.5)  # He init
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.running_var.fill_(1.0)
     torch.save(net.state_dict(), path)
-    features, logits = load_inception(str(path), "cpu")(torch.zeros(1, 3, 8, 8, dtype=torch.uint8))
+    return str(path)
+
+
+def test_inception_from_a_local_file(tmp_path, capsys):
+    """torch-fidelity's InceptionV3 loads from the path and gives 2048-d features and 1008 logits
+    for uint8 images of any size; a file other than the known one (sha256) is named in a warning."""
+    from opendit_lite.evaluate import load_inception
+
+    path = random_inception_file(tmp_path / "weights-inception-2015-12-05-6726825d.pth")
+    features, logits = load_inception(path, "cpu")(torch.zeros(1, 3, 8, 8, dtype=torch.uint8))
     assert features.shape == (1, 2048) and logits.shape == (1, 1008)
+    assert "is not torch-fidelity's weights-inception-2015-12-05-6726825d.pth (sha256" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("override, expected", [

@@ -32,9 +32,9 @@ def _load_like_the_pipeline(folder: str, family: str, transformer: torch.nn.Modu
         pipeline.load_lora_into_transformer(state, transformer=transformer, metadata=metadata)
 
 
-def _trained(family: str, lora_rank: int = 0) -> torch.nn.Module:
+def _trained(family: str, lora_rank: int = 0, sp_group=None) -> torch.nn.Module:
     model = build(family)
-    parallelize(model, fused_adaln=True, selective_ratio=0.5, lora_rank=lora_rank, lora_alpha=8.0)
+    parallelize(model, sp_group=sp_group, fused_adaln=True, selective_ratio=0.5, lora_rank=lora_rank, lora_alpha=8.0)
     if lora_rank:
         randomize_adapters(model)
     return model.eval()
@@ -113,3 +113,25 @@ def test_compiled_models_export_like_the_model(tmp_path):
     whole = torch.compile(model, backend="eager")               # a wrapper: keys under _orig_mod.
     out = export_family(whole, str(tmp_path / "cog"), state=whole.state_dict())
     assert _max_diff(diffusers.CogVideoXTransformer3DModel.from_pretrained(out), model, family) < TOL
+
+
+def _export_under_sequence_parallelism(rank, world_size, family, folder):
+    import torch.distributed as dist
+
+    # the same seeds on both ranks; Ulysses over the 2 ranks: attention processors and hooks swapped
+    model = _trained(family, lora_rank=2, sp_group=dist.group.WORLD)
+    if rank == 0:
+        export_family(model, folder)
+    dist.barrier()
+    return sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.slow  # two spawned ranks: ~20-40 s on 2 busy cores
+def test_a_sequence_parallel_model_exports_the_serial_model(tmp_path):
+    from tests.distributed import run_distributed
+
+    family = "WanTransformer3DModel"
+    folder = str(tmp_path / "sp")
+    run_distributed(_export_under_sequence_parallelism, world_size=2, args=(family, folder))
+    assert _max_diff(diffusers.WanTransformer3DModel.from_pretrained(folder), _trained(family, lora_rank=2),
+                     family) < TOL

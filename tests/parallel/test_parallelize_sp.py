@@ -85,9 +85,9 @@ def test_unknown_attention_is_a_clearerror_message():
     for r in results():
         message = r["unknown"]
         assert message.startswith("SequenceParallelError: Sequence parallelism over 2 ranks"), message
-        assert "MyAttention (blocks.0, blocks.1)" in message
-        assert "register_sequence_parallel_attention(MyAttention, UlyssesAttentionOp)" in message
-        assert "SequenceSplit/SequenceGather" in message and "sp_size=1" in message
+        assert "block 0 (MyAttention) has no attention module" in message and "attn_op" in message
+        assert "SequenceSplit" not in message and "sp_size=1" in message  # markers are not needed here
+        assert message.count("attn_op") <= 2 and len(message) < 900, message  # one piece of advice, once
         assert r["unknown_untouched"]
 
 

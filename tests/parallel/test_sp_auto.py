@@ -115,3 +115,18 @@ def test_parallelize_auto_runs_what_the_planner_prints(path):
     assert f"{choice.describe(2)} over 2 ranks" in report, report
     first, last = choice.reason.split(";")[0], choice.reason.rsplit(". ", 1)[1]   # the report wraps the rest
     assert first in report and last in report, report
+
+
+def test_a_model_without_token_geometry_is_decided_by_its_heads():
+    """A user's own model (LiteGen) with no ``patch_size``: auto decides from the heads alone."""
+    import torch.nn as nn
+
+    from opendit_lite.build.geometry import sp_auto_inputs
+    from opendit_lite.config import TrainConfig
+
+    cfg = TrainConfig()
+    assert sp_auto_inputs(nn.Linear(2, 2), cfg, 2, 8).workload is None
+    dit = build_model("DiT-T/2", input_size=8, num_classes=10)
+    cfg.model.name, cfg.model.input_size = "DiT-T/2", [8]
+    inputs = sp_auto_inputs(dit, cfg, 16, 8)
+    assert inputs.workload.tokens == 16 and inputs.spans_nodes and inputs.links.ranks_per_node == 8

@@ -32,6 +32,7 @@ TRAINING = {
 }
 SAMPLING_NEVER = {"lora_rank": 0}  # the sampler loads a run's adapters merged: none are added
 NOT_FROM_A_CONFIG = {"model", "sp_group", "compile_backend"}  # the caller's objects; no config field
+DERIVED = {"sp_auto": None}  # sp_mode=auto's inputs, derived from the config's buckets (None for other modes)
 
 
 def every_field_set() -> TrainConfig:
@@ -51,7 +52,7 @@ def calls(monkeypatch):
 
 
 def test_every_config_keyword_of_parallelize_is_covered():
-    keywords = set(inspect.signature(parallelize).parameters) - NOT_FROM_A_CONFIG
+    keywords = set(inspect.signature(parallelize).parameters) - NOT_FROM_A_CONFIG - set(DERIVED)
     assert keywords == set(TRAINING)
     defaults = {name: p.default for name, p in inspect.signature(parallelize).parameters.items()}
     assert all(value != defaults[name] for name, (_, value) in TRAINING.items())
@@ -60,13 +61,13 @@ def test_every_config_keyword_of_parallelize_is_covered():
 def test_training_passes_every_field(calls):
     group = object()
     parallelize_from_config(nn.Linear(2, 2), every_field_set(), group)
-    assert calls == [{"sp_group": group, **{name: value for name, (_, value) in TRAINING.items()}}]
+    assert calls == [{"sp_group": group, **DERIVED, **{name: value for name, (_, value) in TRAINING.items()}}]
 
 
 def test_sampling_keeps_kernels_and_sp_drops_checkpointing(calls):
     parallelize_from_config(nn.Linear(2, 2), every_field_set(), None, sampling=True)
     expected = {name: value for name, (_, value) in TRAINING.items() if not name.startswith("lora_")}
-    expected.update(SAMPLING_NEVER, sp_group=None, selective_ratio=1.0, ac_offload=False, compile=True,
+    expected.update(SAMPLING_NEVER, **DERIVED, sp_group=None, selective_ratio=1.0, ac_offload=False, compile=True,
                     cuda_graphs=False)
     assert calls == [expected]
     cfg = every_field_set()

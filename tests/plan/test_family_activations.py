@@ -2,6 +2,8 @@
 the meta device (``plan/activation_count.py``), then predicted for another clip shape and batch, within
 15% of the bytes autograd really saves on CPU (every saved tensor's storage, counted once)."""
 
+import os
+
 import pytest
 import torch
 
@@ -11,6 +13,7 @@ from opendit_lite.plan.memory_model import activation_bytes
 from tests import diffusers_families as fam
 
 TEXT = 6
+WAN_DEMO = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "wan_tiny_demo.yaml")
 
 
 def saved_bytes(model, run) -> int:
@@ -58,6 +61,40 @@ def test_counted_prediction_within_15_percent_on_cpu(diffusers, name):
 def test_wan_demo_config_plans(capsys):
     from opendit_lite.plan.__main__ import main as plan_main
 
-    assert plan_main(["--config", "configs/wan_tiny_demo.yaml", "--gpu-memory", "80", "--world-size", "8"]) == 0
+    assert plan_main(["--config", WAN_DEMO, "--gpu-memory", "80", "--world-size", "8"]) == 0
     out = capsys.readouterr().out
     assert "model WanTransformer3DModel" in out and "counted from the model's forward" in out
+
+
+@pytest.mark.parametrize("name", fam.FAMILIES)
+def test_every_family_plans_from_a_config(diffusers, capsys, tmp_path, name):
+    """The Wan demo config with model.name/model.config of each family (images: 1-frame clips), at sp 2."""
+    import yaml
+
+    from opendit_lite.plan.__main__ import main as plan_main
+
+    with open(WAN_DEMO) as f:
+        cfg = yaml.safe_load(f)
+    cfg["model"] = {"name": name, "config": fam.CONFIGS[name]}
+    if family_adapter(name).image_only:
+        cfg["data"]["num_frames"] = 1
+    path = tmp_path / "family.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    assert plan_main(["--config", str(path), "--gpu-memory", "80", "--world-size", "8", "sp_size=2",
+                      "--keep-settings"]) == 0
+    out = capsys.readouterr().out
+    assert f"model {name}" in out and "sp_mode=ulysses" in out and "counted from the model's forward" in out
+    assert "x 1 sequence(s)" in out            # a family's SP attention sees every token of the clip
+
+
+def test_plan_accuracy_benchmark_measures_a_family_on_cpu(diffusers):
+    """benchmarks/plan_accuracy.py --families on CPU with the tiny Wan: the same count as the test above."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "plan_accuracy.py")
+    spec = importlib.util.spec_from_file_location("plan_accuracy", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    row = bench.measure_family("Wan-tiny", "WanTransformer3DModel", fam.CONFIGS["WanTransformer3DModel"], 3, 6, 10,
+                               2, TEXT, device="cpu")
+    assert row["device"] == "cpu" and abs(row["act_ratio"] - 1) < 0.15, row

@@ -87,11 +87,11 @@ def _video_ckpt(tmp_path):
 
 IMAGE_PROBES = [
     ("lr=0", "'lr' must be positive"),
-    ("keep_last=-1", "'keep_last' must be >= 1"),
+    ("keep_last=-1", "'keep_last' must be >= 0"),
     ("ckpt_every=-1", "'ckpt_every' must be >= 0"),
     ("exp_name=a/b", "'exp_name' 'a/b' must be a plain folder name"),
     ("sample.cfg_scale=-1", "'sample.cfg_scale' must be >= 0"),
-    ("sample.samples_per_class=0", "must be positive integers"),
+    ("sample.samples_per_class=0", "'sample.samples_per_class' must be a positive integer"),
     ("max_bad_data_fraction=2", "'max_bad_data_fraction' must lie in [0, 1]"),
     ("model.name=DiT-Q/3", "'model.name' 'DiT-Q/3' is not a registered model"),
     ("model.name=STDiT-tiny", "is a video model"),

@@ -179,6 +179,9 @@ def _bad_inputs(tmp_path):
     os.makedirs(broken / "model")
     (broken / "model" / "model.safetensors").write_bytes(b"not safetensors")
     (broken / "meta.json").write_text((tmp_path / ckpt / "meta.json").read_text())
+    bad_meta = tmp_path / "bad-meta"
+    bad_meta.mkdir()
+    (bad_meta / "meta.json").write_text("{not json")
     no_config = tmp_path / "no-config"
     no_config.mkdir()
     save_file({"x": torch.zeros(1)}, str(no_config / "diffusion_pytorch_model.safetensors"))
@@ -189,6 +192,7 @@ def _bad_inputs(tmp_path):
     return {
         "missing checkpoint": (["--checkpoint", "/nonexistent", "--output", "x"], "is not a folder"),
         "checkpoint without meta": (["--checkpoint", str(no_meta), "--output", "x"], "has no model config"),
+        "unreadable meta.json": (["--checkpoint", str(bad_meta), "--output", "x"], "is not a readable checkpoint"),
         "corrupt weights": (["--checkpoint", str(broken), "--output", str(tmp_path / "o")], "cannot rebuild"),
         "output is a file": (["--checkpoint", ckpt, "--output", str(tmp_path / "file.txt")], "is an existing file"),
         "output holds other files": (["--checkpoint", ckpt, "--output", str(tmp_path / "photos")],
@@ -206,9 +210,9 @@ def _bad_inputs(tmp_path):
     }
 
 
-BAD_INPUTS = ("missing checkpoint", "checkpoint without meta", "corrupt weights", "output is a file",
-              "output holds other files", "import to a non-safetensors", "folder without config", "pickled weights",
-              "lora on a DiT", "import options on an export")
+BAD_INPUTS = ("missing checkpoint", "checkpoint without meta", "unreadable meta.json", "corrupt weights",
+              "output is a file", "output holds other files", "import to a non-safetensors", "folder without config",
+              "pickled weights", "lora on a DiT", "import options on an export")
 
 
 @pytest.mark.parametrize("case", BAD_INPUTS)

@@ -135,7 +135,7 @@ def test_train_in_latent_space_with_a_local_vae(tmp_path):
     saved = json.load(open(tmp_path / "vae" / "checkpoints" / "vae_step2" / "meta.json"))["extra_state"]["config"]
     assert saved["model"]["input_size"] == [8, 8] and saved["model"]["in_channels"] == 4
     run("sample.py", *common)
-    assert (tmp_path / "vae" / "samples.png").exists()
+    assert (tmp_path / "vae" / "samples" / "vae_step2.png").exists()  # named after its checkpoint
 
 
 @pytest.fixture(scope="module")

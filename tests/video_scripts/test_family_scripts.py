@@ -77,7 +77,7 @@ def test_wan_trains_on_buckets_and_samples_a_contact_sheet(wan_run):
 FAMILY_RUNS = {
     "FluxTransformer2DModel": (dict(in_channels=12), 1, []),
     "SD3Transformer2DModel": (dict(in_channels=3, out_channels=3), 1, []),
-    "CogVideoXTransformer3DModel": (dict(in_channels=3, out_channels=3), 2, ["sample.sampler=ddim"]),
+    "CogVideoXTransformer3DModel": (dict(in_channels=3, out_channels=3), 2, []),  # sample.sampler: ddim, as fits
     "HunyuanVideoTransformer3DModel": (dict(in_channels=3, out_channels=3), 2, []),
     "LTXVideoTransformer3DModel": (dict(in_channels=3, out_channels=3), 2, []),
 }
@@ -162,13 +162,24 @@ def test_ulysses_sp_size_not_dividing_the_heads_suggests_ring(capsys, tmp_path):
 
 @pytest.mark.slow
 def test_wan_demo_config_trains_sequence_parallel_under_torchrun(tmp_path):
-    """sp_size=2 on 2 ranks (one data-parallel rank: both hold the same clips) gives the serial losses."""
+    """sp_size=2 on 2 ranks (one data-parallel rank: both hold the same clips) gives the serial losses,
+    and sampling at sp_size=2 the serial contact sheet."""
     args = [*WAN, "max_steps=2", "data.num_samples=8", "global_batch_size=2"]
     proc = run(["train_video.py", *args, "sp_size=2", f"results_dir={tmp_path / 'sp'}"], torchrun=True)
     assert "ulysses over 2 ranks" in proc.stdout + proc.stderr
     main("train_video", [*args, f"results_dir={tmp_path / 'serial'}"])
     sp, serial = losses(os.path.join(tmp_path, "sp", "w")), losses(os.path.join(tmp_path, "serial", "w"))
     assert len(sp) == 2 and np.allclose(sp, serial, rtol=1e-4, atol=0), (sp, serial)
+    # sample_video.py at sp_size=2 writes the one-process contact sheet
+    from PIL import Image
+
+    sheets = []
+    for name, extra, torchrun in (("one", [], False), ("two", ["sp_size=2"], True)):
+        out = tmp_path / f"samples_{name}"
+        sample = [*args, *extra, f"results_dir={tmp_path / 'serial'}", f"sample.output_dir={out}"]
+        run(["sample_video.py", *sample], torchrun=True) if torchrun else main("sample_video", sample)
+        sheets.append(np.asarray(Image.open(out / "contact_sheet.png")))
+    assert np.array_equal(*sheets)
 
 
 def latents_folder(tmp_path, width: int) -> str:
