@@ -19,7 +19,7 @@ from typing import Any, Iterator, Optional, Sequence
 import torch
 
 from ..distributed.ranks import barrier, from_rank0, global_rank
-from ..errors import CheckpointError
+from ..errors import CheckpointError, StorageError
 from ..utils.processes import owner_stamp
 
 TMP_TAG = ".tmp-"
@@ -70,7 +70,8 @@ def atomic_path(final_path: str) -> Iterator[str]:
     """Collective: yields the same temporary sibling of ``final_path`` on every rank; when the block
     has completed on every rank, rank 0 renames it to ``final_path`` (file or folder), replacing an
     older one, and every rank waits for the rename. When the block raises (a full disk, a second
-    Ctrl-C), the rank that raised removes the temporary object before passing the error on.
+    Ctrl-C), the rank that raised removes the temporary object before passing the error on; a write
+    that found no room (``storage_failure``) becomes a :class:`StorageError` naming ``final_path``.
 
     A file replaces a file in one atomic ``os.replace``. A folder (which POSIX cannot replace
     atomically) that already exists is first renamed to ``<final>.old-<uid>``, the new one is moved
@@ -85,8 +86,13 @@ def atomic_path(final_path: str) -> Iterator[str]:
     barrier()
     try:
         yield tmp
-    except BaseException:  # a failed or interrupted write: its partial object goes with it
+    except BaseException as e:  # a failed or interrupted write: its partial object goes with it
         _remove_quietly(tmp)
+        reason = storage_failure(e) if isinstance(e, Exception) else None
+        if reason is not None:
+            raise StorageError(f"writing {final_path!r} failed: {reason}; the partial copy was removed and an "
+                               f"older {os.path.basename(final_path)!r}, if any, is kept. Free space, raise the quota "
+                               f"or file-size limit, or write to another disk, then save again.") from e
         raise
     barrier()
     if global_rank() == 0:

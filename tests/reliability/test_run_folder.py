@@ -102,6 +102,20 @@ def test_file_size_limit_during_a_two_rank_save(trained, tmp_path):
     assert [s for s, _ in list_checkpoints(ckpts, EXP)] == [1, 2]
 
 
+def test_a_write_without_room_in_atomic_path_is_a_storage_error(tmp_path):
+    """LiteGen's save_* files go through atomic_path too: no room ends as StorageError, no partial file."""
+    import errno
+
+    from opendit_lite.checkpoint.files import atomic_path
+    from opendit_lite.errors import StorageError
+
+    with pytest.raises(StorageError, match=r"writing '.*model\.pth' failed: No space left on device; the partial"):
+        with atomic_path(str(tmp_path / "model.pth")) as tmp:
+            open(tmp, "w").close()
+            raise OSError(errno.ENOSPC, "No space left on device")
+    assert os.listdir(tmp_path) == []
+
+
 def test_no_room_before_a_save_stops_naming_the_bytes(scripts, capsys, trained, tmp_path, monkeypatch):  # noqa: F811
     out, ckpts = copy_run(trained, tmp_path)
     monkeypatch.setattr("opendit_lite.checkpoint.state._free_bytes", lambda folder: 1000)
