@@ -32,21 +32,32 @@ def read_video_csv(path: str) -> List[Tuple[str, str]]:
 
     A cheap scan, no decoding: rows without a path or whose file is missing or empty are dropped
     with a warning; an empty caption is kept as "" (the model learns it like the null caption)."""
-    with open(path, newline="") as f:
-        reader = csv.DictReader(f)
-        if not reader.fieldnames or not {"path", "text"} <= set(reader.fieldnames):
-            raise ValueError(f"{path}: the CSV needs a header with 'path' and 'text' columns, got {reader.fieldnames}")
-        root = os.path.dirname(os.path.abspath(path))
-        rows, dropped, uncaptioned = [], [], 0
-        for line, row in enumerate(reader, start=2):
-            video = (row.get("path") or "").strip()
-            full = video if os.path.isabs(video) else os.path.join(root, video)
-            if not video or not os.path.isfile(full) or os.path.getsize(full) == 0:
-                dropped.append(f"line {line}: {video or '(no path)'}")
-                continue
-            caption = (row.get("text") or "").strip()
-            uncaptioned += not caption
-            rows.append((full, caption))
+    if not os.path.isfile(path):
+        raise ValueError(f"{path} is not a file: point data.path at a CSV file with 'path' and 'text' columns")
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            return _read_rows(path, f)
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path} is not UTF-8 text (byte {e.start} cannot be decoded): save the CSV as "
+                         f"UTF-8") from None
+
+
+def _read_rows(path: str, f) -> List[Tuple[str, str]]:
+    """The rows of the open CSV ``f`` (see ``read_video_csv``)."""
+    reader = csv.DictReader(f)
+    if not reader.fieldnames or not {"path", "text"} <= set(reader.fieldnames):
+        raise ValueError(f"{path}: the CSV needs a header with 'path' and 'text' columns, got {reader.fieldnames}")
+    root = os.path.dirname(os.path.abspath(path))
+    rows, dropped, uncaptioned = [], [], 0
+    for line, row in enumerate(reader, start=2):
+        video = (row.get("path") or "").strip()
+        full = video if os.path.isabs(video) else os.path.join(root, video)
+        if not video or not os.path.isfile(full) or os.path.getsize(full) == 0:
+            dropped.append(f"line {line}: {video or '(no path)'}")
+            continue
+        caption = (row.get("text") or "").strip()
+        uncaptioned += not caption
+        rows.append((full, caption))
     if dropped:
         print(f"warning: {path}: skipping {len(dropped)} row(s) whose video is missing or empty, e.g. {dropped[0]}",
               file=sys.stderr)

@@ -24,7 +24,7 @@ def periodic_evaluation(cfg, log) -> Optional[Callable[[int, str], None]]:
     every = cfg.eval_every
     if not every:
         return None
-    if every < 0 or not cfg.ckpt_every or every % cfg.ckpt_every != 0:
+    if not cfg.ckpt_every or every % cfg.ckpt_every != 0:
         raise ConfigError(f"'eval_every'={every} evaluates saved checkpoints: it must be a positive multiple of "
                           f"'ckpt_every' (now {cfg.ckpt_every}), e.g. eval_every={max(cfg.ckpt_every, 1) * 2}.")
     if not cfg.eval.reference or cfg.eval.samples:

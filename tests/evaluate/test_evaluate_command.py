@@ -85,7 +85,8 @@ def test_inception_from_a_local_file(tmp_path, capsys):
 @pytest.mark.parametrize("override, expected", [
     (["eval.reference=/nonexistent/ref.npz"], "'eval.reference' '/nonexistent/ref.npz' does not exist"),
     (["eval.samples=/nonexistent/s.npz"], "'eval.samples' '/nonexistent/s.npz' does not exist"),
-    (["eval.reference=configs"], "'eval.inception_path' is not set"),
+    (["eval.samples_per_class=1"], "'eval.inception_path' is not set"),  # checked before sampling
+    (["eval.reference=configs"], "'eval.reference' 'configs' is a folder without images"),
     (["eval.precision_recall=true"], "'eval.precision_recall' compares with reference images"),
 ])
 def test_config_errors_exit_2(override, expected, capsys):

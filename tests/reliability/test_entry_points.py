@@ -245,6 +245,18 @@ def test_video_csv_rows_without_a_caption_are_counted_loudly(tmp_path, capsys):
     csv.write_text("path,text\na.mp4,a red square\nb.mp4,\n")
     assert [caption for _, caption in read_video_csv(str(csv))] == ["a red square", ""]
     assert f"warning: {csv}: 1 row(s) have an empty caption" in capsys.readouterr().err
+    latin1 = tmp_path / "latin1.csv"
+    latin1.write_bytes("path,text\na.mp4,caf\xe9\n".encode("latin-1"))
+    with pytest.raises(ValueError, match="is not UTF-8 text"):
+        read_video_csv(str(latin1))
+    with pytest.raises(ValueError, match="is not a file"):
+        read_video_csv(str(tmp_path))
+
+
+def test_a_csv_folder_through_train_video(entry, capsys, tmp_path):
+    code, err = run_main(entry, capsys, "train_video", *VIDEO, f"results_dir={tmp_path}", "data.type=csv",
+                         f"data.path={tmp_path}")
+    assert_one_paragraph(code, err, "is not a file: point data.path at a CSV file")
 
 
 def test_torchrun_summary_names_the_error_printed_once(entry, capsys, tmp_path, monkeypatch):
@@ -268,6 +280,19 @@ def test_torchrun_summary_names_the_error_printed_once(entry, capsys, tmp_path, 
     summary = ChildFailedError("train.py", failures).format_msg()
     assert summary.count("traceback : error (exit code 2): 'num_workers' must be >= 0") == 2, summary
     assert "To enable traceback" not in summary
+
+
+@pytest.mark.slow
+def test_torchrun_prints_the_paragraph_once_and_its_summary_names_it(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           "train.py", "--config", "configs/demo.yaml", f"results_dir={tmp_path}", "num_workers=-1"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**QUIET_ENV, "OMP_NUM_THREADS": "1"})
+    printed = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert printed == ["error: 'num_workers' must be >= 0; got -1. Meaning of num_workers: data-loader worker "
+                       "processes per rank."], proc.stderr
+    assert "traceback : error (exit code 2): 'num_workers' must be >= 0" in proc.stderr, proc.stderr
+    assert "To enable traceback" not in proc.stderr and proc.returncode != 0
 
 
 def test_fused_adaln_that_matches_nothing_names_the_protocol():
