@@ -201,6 +201,26 @@ def test_train_refuses_a_live_lock_and_takes_over_a_stale_one(scripts, capsys, t
     assert not os.path.exists(lock)  # released at exit
 
 
+def test_a_shared_checkpoint_dir_is_locked_per_experiment(scripts, capsys, tmp_path):  # noqa: F811
+    """Runs of different results_dirs writing one checkpoint_dir: the experiment's lock there stops
+    the second, as the run folder's lock does."""
+    import json
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (shared / f"{EXP}.lock").write_text(json.dumps({"pid": holder.pid, "host": socket.gethostname(),
+                                                        "started": time.time()}))
+        code, err = run_main(scripts, capsys, "train", *train_args(tmp_path / "b", "max_steps=1"),
+                             f"checkpoint_dir={shared}")
+        assert_one_paragraph(code, err, f"another run is using '{shared}' (pid {holder.pid} on ")
+        assert not (tmp_path / "b" / EXP / LOCK_FILE).exists()  # the run folder's lock was released too
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 # --------------------------------------------------------------------------------------------------
 # 4. Signals at any time; auto_resume that finds nothing that verifies
 # --------------------------------------------------------------------------------------------------
