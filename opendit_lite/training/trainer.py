@@ -29,7 +29,7 @@ from ..distributed.launch import cleanup_distributed, init_distributed
 from ..distributed.seed import seed_everything
 from ..models import MODELS, registered_class
 from ..models.capabilities import check_sp_mode, condition_dropout_kwarg
-from ..utils.exit_codes import script_main
+from ..utils.exit_codes import ignore_stop_signals, script_main
 from .loop import build_booster, run_steps, write_run_config
 from .metrics import MetricsLogger
 from .preflight import check_disk_space, check_training_inputs, check_writable
@@ -146,6 +146,10 @@ def _run_trainer(spec: TrainerSpec, description: str, argv: Sequence[str]) -> st
                     _say(f"removed {len(removed)} temporary folder(s) left by interrupted saves of this run: "
                          f"{', '.join(removed)}")
             return train(spec, cfg, info)
+    except BaseException:
+        if info.world_size > 1:  # on its way to an exit code: torchrun stopping the other ranks must not change it
+            ignore_stop_signals()
+        raise
     finally:
         cleanup_distributed()
 
