@@ -31,7 +31,8 @@ the sp_size ranks of a group share each clip, each holding 1/sp_size of its toke
 
 from opendit_lite.utils.exit_codes import exit_at_once_on_stop_signals
 
-exit_at_once_on_stop_signals()  # a Ctrl-C or SIGTERM during the imports below: exit 130 at once
+if __name__ == "__main__":
+    exit_at_once_on_stop_signals()  # a Ctrl-C or SIGTERM during the imports below: exit 130 at once
 
 from opendit_lite.utils.quiet import quiet_third_party_startup  # noqa: E402
 

@@ -144,6 +144,7 @@ def run_steps(state: TrainState, cfg, booster: Booster, log: MetricsLogger,
                 elif state.step < cfg.max_steps:
                     stopped = stop.agreed(state.step, loss_sum)
                 if stopped:
+                    stop.honour()
                     log.write(f"stop requested: saving at step {state.step}; continue with auto_resume=true")
                     break
                 if cfg.ckpt_every and state.step % cfg.ckpt_every == 0 and state.step < cfg.max_steps:

@@ -8,6 +8,10 @@ tells the other ranks the outcome, so every rank stops alike.
 
     with RunLock(run_dir, is_main=info.is_main, report=print):
         ...  # check the folder, clean up, train
+
+A ``checkpoint_dir`` outside the run folder, which runs of other results_dirs may share, gets a
+lock of the experiment too (``<checkpoint_dir>/<exp_name>.lock``, ``experiment_lock_name``), so two
+runs writing the same checkpoint names there cannot both start.
 """
 
 import json
@@ -22,6 +26,11 @@ from ..errors import RunLockedError
 from ..utils.processes import owner_alive, this_host
 
 LOCK_FILE = "run.lock"
+
+
+def experiment_lock_name(exp_name: str) -> str:
+    return f"{exp_name}.lock"
+
 EMPTY_LOCK_STALE_S = 10.0  # an empty lock file older than this was left by a crash mid-write
 
 
@@ -53,8 +62,9 @@ def _read(path: str) -> Optional[dict]:
 class RunLock:
     """The run folder's lock (a context manager; collective when entered under torchrun)."""
 
-    def __init__(self, run_dir: str, is_main: bool = True, report: Callable[[str], None] = print):
-        self.path = os.path.join(run_dir, LOCK_FILE)
+    def __init__(self, run_dir: str, is_main: bool = True, report: Callable[[str], None] = print,
+                 name: str = LOCK_FILE):
+        self.path = os.path.join(run_dir, name)
         self.is_main, self.report = is_main, report
         self.owner = {"pid": os.getpid(), "host": this_host(), "started": time.time(), "argv": sys.argv,
                       "token": uuid.uuid4().hex}
@@ -114,8 +124,8 @@ class RunLock:
                 continue
             who = _describe(owner) if owner else "an owner its lock file does not name"
             return (f"another run is using {os.path.dirname(self.path)!r} ({who}; lock file {self.path}). Wait for "
-                    f"it to end or stop it, or choose another exp_name / results_dir. If that process is gone, "
-                    f"delete the lock file.")
+                    f"it to end or stop it, or choose another exp_name / results_dir / checkpoint_dir. If that "
+                    f"process is gone, delete the lock file.")
         return f"could not take the lock {self.path}: it keeps changing hands; try again."
 
     def __enter__(self) -> "RunLock":

@@ -1,15 +1,18 @@
 """Stop a run cleanly on Ctrl-C or SIGTERM (a scheduler's pre-emption): the first signal asks the
 loop to stop at the next step boundary where every rank agrees on it (a single process: the next
 step; several ranks: within ``CHECK_EVERY`` steps, or the next log point if sooner), and a
-checkpoint is saved, so no work since the last checkpoint is lost. A second signal stops at once,
-unless it comes within ``REPEAT_WINDOW_S`` of the first: a launcher (torchrun) that forwards the
-stop it got itself, or a scheduler that signals every process of the job, must not cost the save."""
+checkpoint is saved, so no work since the last checkpoint is lost. A second signal while waiting for
+that step stops at once, unless it comes within ``REPEAT_WINDOW_S`` of the first: a launcher
+(torchrun) that forwards the stop it got itself, or a scheduler that signals every process of the
+job, must not cost the save. Once the ranks agreed, signals are ignored until the process exits."""
 
 import signal
 import time
 
 import torch
 import torch.distributed as dist
+
+from ..utils.exit_codes import ignore_stop_signals
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 CHECK_EVERY = 5  # steps between the ranks' flag all-reduces (one tiny collective and host sync each)
@@ -46,13 +49,13 @@ class StopRequest:
             self._previous = {}
         return self
 
+    def honour(self) -> None:
+        """The ranks agreed to stop: the checkpoint is written and the process ends with exit code 130;
+        from now on a repeat (torchrun stopping the ranks still exiting once one has ended) is ignored."""
+        self._previous = {}
+        ignore_stop_signals()
+
     def __exit__(self, *exc) -> None:
-        if self.requested and self._previous:
-            # The stop was honoured and the process is ending with exit code 130: a repeat (torchrun
-            # stopping the ranks still exiting once one has ended) must not kill it on the way out.
-            for sig in self._previous:
-                signal.signal(sig, signal.SIG_IGN)
-            self._previous = {}
         self._restore()
 
     def flag_like(self, like: torch.Tensor) -> torch.Tensor:

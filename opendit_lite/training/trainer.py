@@ -8,6 +8,7 @@ loop of ``loop.py`` with "batch -> loss" built from the spec's ``model_inputs`` 
 objective.
 """
 
+import contextlib
 import os
 import sys
 from typing import Optional, Sequence
@@ -28,11 +29,11 @@ from ..distributed.launch import cleanup_distributed, init_distributed
 from ..distributed.seed import seed_everything
 from ..models import MODELS, registered_class
 from ..models.capabilities import check_sp_mode, condition_dropout_kwarg
-from ..utils.exit_codes import script_main
+from ..utils.exit_codes import ignore_stop_signals, script_main
 from .loop import build_booster, run_steps, write_run_config
 from .metrics import MetricsLogger
 from .preflight import check_disk_space, check_training_inputs, check_writable
-from .run_lock import RunLock
+from .run_lock import RunLock, experiment_lock_name
 from .spec import TrainerSpec
 from .state import build_train_state, restore_train_state
 
@@ -136,7 +137,8 @@ def _run_trainer(spec: TrainerSpec, description: str, argv: Sequence[str]) -> st
         check_writable(cfg.results_dir, "results_dir")  # the run folder's lock goes there
         # One run per run folder: the checks of what the folder holds, and everything after, happen
         # under its lock (rank 0 takes it; a second run on the folder stops here naming the first).
-        with RunLock(os.path.join(cfg.results_dir, cfg.exp_name), info.is_main, report=_say):
+        with RunLock(os.path.join(cfg.results_dir, cfg.exp_name), info.is_main, report=_say), \
+                _checkpoint_dir_lock(cfg, info.is_main):
             check_training_inputs(cfg, family=spec.name)
             if info.is_main:
                 removed = remove_orphaned_tmp(checkpoint_root(cfg), cfg.exp_name)
@@ -144,8 +146,20 @@ def _run_trainer(spec: TrainerSpec, description: str, argv: Sequence[str]) -> st
                     _say(f"removed {len(removed)} temporary folder(s) left by interrupted saves of this run: "
                          f"{', '.join(removed)}")
             return train(spec, cfg, info)
+    except BaseException:
+        if info.world_size > 1:  # on its way to an exit code: torchrun stopping the other ranks must not change it
+            ignore_stop_signals()
+        raise
     finally:
         cleanup_distributed()
+
+
+def _checkpoint_dir_lock(cfg, is_main: bool):
+    """The experiment's lock in a ``checkpoint_dir`` of its own (other runs may share that folder)."""
+    if not cfg.checkpoint_dir:
+        return contextlib.nullcontext()
+    check_writable(cfg.checkpoint_dir, "checkpoint_dir")
+    return RunLock(cfg.checkpoint_dir, is_main, report=_say, name=experiment_lock_name(cfg.exp_name))
 
 
 def _say(line: str) -> None:

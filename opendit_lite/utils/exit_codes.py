@@ -61,10 +61,14 @@ def _interrupt(signum, frame) -> None:
 
 
 def exit_at_once_on_stop_signals() -> None:
-    """Call first in a script, before its slow imports: a Ctrl-C or SIGTERM before ``script_main``
-    runs ends the process with exit code 130 and no traceback (nothing has been written yet)."""
+    """Call first in a script run as a program, before its slow imports: a Ctrl-C or SIGTERM before
+    ``script_main`` runs ends the process at once with exit code 130 and one line, no traceback.
+    Nothing has been written yet, and an exception raised in the middle of a library's import could
+    be swallowed or leave it half-imported, hence ``os._exit``."""
     def _exit(signum, frame):
-        raise SystemExit(EXIT_INTERRUPTED)
+        if _is_rank0():
+            os.write(2, b"stopped: interrupted; nothing further was written.\n")
+        os._exit(EXIT_INTERRUPTED)
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _exit)
@@ -92,11 +96,8 @@ def script_main(fn: Callable[[Sequence[str]], object]) -> Callable[[Optional[Seq
                 if debug:
                     traceback.print_exc()
                 print(f"{label}: {_paragraph(e)}", file=sys.stderr, flush=True)
-            if int(os.environ.get("WORLD_SIZE", "1")) > 1 and _main_thread():
-                # This rank is ending with ``code``; torchrun stopping the ranks still exiting once one
-                # has ended must not turn that into a kill by signal.
-                for sig in (signal.SIGINT, signal.SIGTERM):
-                    signal.signal(sig, signal.SIG_IGN)
+            if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+                ignore_stop_signals()
             write_elastic_error(f"{label} (exit code {code}): {_paragraph(e)}")
             sys.exit(code)
         finally:
@@ -109,3 +110,12 @@ def script_main(fn: Callable[[Sequence[str]], object]) -> Callable[[Optional[Seq
 
 def _main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
+
+
+def ignore_stop_signals() -> None:
+    """This process is ending (a stop honoured, or an error on its way to the exit code): Ctrl-C and
+    SIGTERM are ignored from now on, so that torchrun stopping the ranks still exiting once one has
+    ended, or a repeated stop, cannot cut a save short or turn the exit code into a kill by signal."""
+    if _main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)

@@ -1,6 +1,6 @@
 """Checkpoints are never lost: run-scoped pruning that keeps the last finite one, the ``*.old-*``
 copy of a re-saved step, and SIGKILL at random moments of saving always leaving the newest
-complete checkpoint to auto_resume."""
+complete checkpoint to auto_resume, and only litter that the next start-up removes."""
 
 import json
 import multiprocessing
@@ -11,6 +11,7 @@ import time
 
 from opendit_lite.checkpoint.catalog import list_checkpoints, verify_checkpoint
 from opendit_lite.checkpoint.layout import newest_verified_checkpoint
+from opendit_lite.checkpoint.litter import remove_orphaned_tmp
 from opendit_lite.checkpoint.state import _prune
 from opendit_lite.plugins import OpenDiTPlugin  # noqa: F401  imported once here, before the children fork
 from tests.checkpoint.test_state import _save, _setup, _train
@@ -110,3 +111,8 @@ def test_sigkill_at_random_moments_of_saving_then_auto_resume(tmp_path):
         chosen = newest_verified_checkpoint(root, EXP, report=lambda _: None)
         assert chosen == found[-1][1], (trial, chosen, os.listdir(root))  # the newest complete one verifies
         assert verify_checkpoint(chosen)["step"] == found[-1][0]
+        # The next run's start-up clean-up: whatever the killed saver left under a temporary name goes,
+        # the complete checkpoints stay.
+        litter = sorted(n for n in os.listdir(root) if ".tmp-" in n)
+        assert sorted(os.path.basename(p) for p in remove_orphaned_tmp(root, EXP)) == litter
+        assert list_checkpoints(root, EXP) == found and not [n for n in os.listdir(root) if ".tmp-" in n]

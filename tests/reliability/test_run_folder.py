@@ -201,6 +201,26 @@ def test_train_refuses_a_live_lock_and_takes_over_a_stale_one(scripts, capsys, t
     assert not os.path.exists(lock)  # released at exit
 
 
+def test_a_shared_checkpoint_dir_is_locked_per_experiment(scripts, capsys, tmp_path):  # noqa: F811
+    """Runs of different results_dirs writing one checkpoint_dir: the experiment's lock there stops
+    the second, as the run folder's lock does."""
+    import json
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (shared / f"{EXP}.lock").write_text(json.dumps({"pid": holder.pid, "host": socket.gethostname(),
+                                                        "started": time.time()}))
+        code, err = run_main(scripts, capsys, "train", *train_args(tmp_path / "b", "max_steps=1"),
+                             f"checkpoint_dir={shared}")
+        assert_one_paragraph(code, err, f"another run is using '{shared}' (pid {holder.pid} on ")
+        assert not (tmp_path / "b" / EXP / LOCK_FILE).exists()  # the run folder's lock was released too
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 # --------------------------------------------------------------------------------------------------
 # 4. Signals at any time; auto_resume that finds nothing that verifies
 # --------------------------------------------------------------------------------------------------
@@ -219,10 +239,14 @@ def _signal_when(tmp_path, ready, sig=signal.SIGTERM):
 
 
 def test_sigterm_during_the_imports_exits_130_at_once(tmp_path):
-    start = time.time()
-    code, err, took = _signal_when(tmp_path, lambda: time.time() > start + 0.5)
-    assert code == 130 and "Traceback" not in err, err
-    assert took < 10 and not os.path.exists(tmp_path / EXP), (took, err)
+    """Signals at several moments of the imports (and, on a fast machine, just after them)."""
+    for delay in (0.2, 0.6, 1.2, 2.5):
+        start = time.time()
+        code, err, took = _signal_when(tmp_path / str(delay), lambda: time.time() > start + delay)
+        assert code == 130 and "Traceback" not in err, (delay, err)
+        assert len([line for line in err.splitlines() if line.startswith("stopped:")]) == 1, (delay, err)
+        ckpts = tmp_path / str(delay) / EXP / "checkpoints"
+        assert took < 15 and (not ckpts.exists() or os.listdir(ckpts) == []), (delay, took, err)
 
 
 def test_sigterm_during_start_up_exits_130_without_partial_files(tmp_path):
