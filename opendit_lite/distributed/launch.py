@@ -46,7 +46,10 @@ def init_distributed() -> DistInfo:
     else:
         device, backend = torch.device("cpu"), "gloo"
     if not dist.is_initialized():
-        dist.init_process_group(backend, rank=rank, world_size=world)
+        if world == 1:  # nothing to rendezvous with: an in-memory store, no port that another process may take
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+        else:
+            dist.init_process_group(backend, rank=rank, world_size=world)
     return DistInfo(rank, world, local_rank, local_world, device)
 
 
