@@ -282,7 +282,6 @@ def test_torchrun_summary_names_the_error_printed_once(entry, capsys, tmp_path, 
     assert "To enable traceback" not in summary
 
 
-@pytest.mark.slow
 def test_torchrun_prints_the_paragraph_once_and_its_summary_names_it(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                            "train.py", "--config", "configs/demo.yaml", f"results_dir={tmp_path}", "num_workers=-1"],
@@ -323,7 +322,6 @@ def test_make_demo_is_rerunnable_and_clean_keeps_the_venv():
     assert "rm -rf .venv" in distclean.stdout
 
 
-@pytest.mark.slow
 def test_a_rerun_continues_says_so_and_samples_per_checkpoint(entry, capsys, tmp_path):
     """The demo's way (auto_resume=true) run twice: the first starts from step 0 and says so, the
     second finds the run complete and says there is nothing left to train; sample.py on a LoRA run
@@ -352,7 +350,6 @@ def _noise(stderr: str):
     return [line for line in stderr.splitlines() if any(word in line for word in NOISE)]
 
 
-@pytest.mark.slow
 def test_quiet_start_import_and_a_tiny_run(tmp_path):
     """``import opendit_lite`` (with the entry points that pull in Colossal-AI) and a one-step
     train.py print no third-party warnings (--debug / OPENDIT_DEBUG=1 would let them through)."""
