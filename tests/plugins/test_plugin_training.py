@@ -105,6 +105,7 @@ def results(tmp_path_factory):
     return run_distributed(_train_all, 2, args=(str(tmp_path_factory.mktemp("ckpt")),))
 
 
+@pytest.mark.slow  # the shared 2-rank fixture trains every strategy (~35 s on 2 cores)
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_training_equals_single_process(results, name):
     tol = TOLERANCE[CONFIGS[name][0].get("precision", "fp32")]

@@ -34,6 +34,7 @@ def test_bucketed_run_resumes_exactly_and_samples_other_shapes(tmp_path):
         assert "contact_sheet.png" in proc.stdout
 
 
+@pytest.mark.slow
 def test_bucketed_sequence_parallel_matches_serial_loss(tmp_path):
     """sp_size=2 on 2 ranks: one data-parallel rank, the same batches on both ranks, 5x7 = 35 patches
     per frame in the wide bucket (not divisible by 2): the serial loss curve."""
