@@ -18,7 +18,7 @@ from typing import Any, Iterator, Optional, Sequence
 
 import torch
 
-from ..distributed.ranks import barrier, from_rank0, global_rank
+from ..distributed.ranks import barrier, from_rank0, global_rank, global_world_size
 from ..errors import CheckpointError, StorageError
 from ..utils.processes import owner_stamp
 
@@ -49,6 +49,11 @@ def storage_failure(error: BaseException) -> Optional[str]:
                     else "a write came up short (a full disk or a file-size limit)")
         error = error.__cause__ or error.__context__
     return None
+
+
+# how a write into a folder that is gone fails: OSError ENOENT, torch.save's "Parent directory ... does
+# not exist", safetensors' "No such file or directory"
+_MISSING_PATH = re.compile(r"No such file or directory|does not exist")
 
 
 def remove_path(path: str) -> None:
@@ -87,7 +92,14 @@ def atomic_path(final_path: str) -> Iterator[str]:
     try:
         yield tmp
     except BaseException as e:  # a failed or interrupted write: its partial object goes with it
+        # Another rank whose write failed has already removed the shared temporary folder: this
+        # rank's write then fails on a missing path, which says nothing about this rank's storage.
+        abandoned = (global_world_size() > 1 and isinstance(e, Exception) and not os.path.lexists(tmp)
+                     and _MISSING_PATH.search(str(e)) is not None)
         _remove_quietly(tmp)
+        if abandoned:
+            raise CheckpointError(f"writing {final_path!r} was abandoned on rank {global_rank()}: another rank "
+                                  f"failed and removed the partial copy; every complete copy is kept.") from e
         reason = storage_failure(e) if isinstance(e, Exception) else None
         if reason is not None:
             raise StorageError(f"writing {final_path!r} failed: {reason}; the partial copy was removed and an "
