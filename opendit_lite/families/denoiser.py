@@ -38,6 +38,7 @@ class FamilyDenoiser:
         self.adapter, self.model, self.config = adapter, model, config
         self.text_tokens, self.text_width = text_tokens, text_width
         self._projection: Optional[torch.Tensor] = None
+        self._projection_on: Optional[torch.Tensor] = None
 
     @property
     def patch_size(self) -> Tuple[int, int, int]:
@@ -57,10 +58,15 @@ class FamilyDenoiser:
         mean = (states * keep).sum(1) / keep.sum(1).clamp(min=1)                     # [B, W]
         if width == states.shape[-1]:
             return mean
-        if self._projection is None or self._projection.shape != (states.shape[-1], width):
+        p = self._projection  # the fp32 master on the CPU; its copy on the states' device and dtype is kept
+        if p is None or p.shape != (states.shape[-1], width):
             g = torch.Generator().manual_seed(POOLED_PROJECTION_SEED)
-            self._projection = torch.randn(states.shape[-1], width, generator=g) / states.shape[-1] ** 0.5
-        return mean @ self._projection.to(states.device, states.dtype)               # [B, P]
+            p = self._projection = torch.randn(states.shape[-1], width, generator=g) / states.shape[-1] ** 0.5
+            self._projection_on = p
+        if self._projection_on.device != states.device or self._projection_on.dtype != states.dtype:
+            self._projection_on = p.to(states.device, states.dtype)  # once, not every step
+        p = self._projection_on
+        return mean @ p                                                              # [B, P]
 
     def __call__(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor, mask: Optional[torch.Tensor] = None,
                  drop: Optional[torch.Tensor] = None) -> torch.Tensor:
