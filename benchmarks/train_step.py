@@ -25,7 +25,7 @@ Configurations (``--configs``):
     torch-bf16-compile  the same loop under bf16 autocast with the DDP model torch.compile'd
     zero<D>[+kernels][+compile][+ac[<ratio>]][+offload]
                         OpenDiTPlugin at zero_degree D (0 DDP, 1/2 ZeRO, 3 Gemini) in --precision,
-                        with its sharded EMA, set up by ``opendit_lite.transforms.parallelize``: +kernels: the
+                        with its sharded EMA, set up by ``opendit_lite.parallelization.parallelize``: +kernels: the
                         fused AdaLN Triton kernel and flash attention when installed (DiT has no
                         affine LayerNorm for the fused LayerNorm); +compile: torch.compile per
                         block; +ac: activation checkpointing leaving a fraction <ratio> of blocks out
@@ -256,8 +256,8 @@ def build_plugin_config(config: BenchConfig, workload: Workload, device: torch.d
     """Our stack: OpenDiTPlugin + Booster, with kernels, checkpointing and compile as asked."""
     from colossalai.booster import Booster
 
+    from opendit_lite.parallelization import parallelize
     from opendit_lite.plugins import OpenDiTPlugin
-    from opendit_lite.transforms import parallelize
 
     plugin = OpenDiTPlugin(zero_degree=config.zero_degree, precision=config.precision, grad_clip=grad_clip)
     booster = Booster(plugin=plugin)

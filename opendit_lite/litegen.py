@@ -17,7 +17,7 @@ an unknown key is a ConfigError naming the nearest field, or with ``LiteGen(conf
 strict=False)`` a warning listing the keys it ignores); the plugin and booster come from
 ``training.loop.build_booster`` (the precision resolved once, ``gen.plugin.precision``: ``auto`` is
 bf16 on CUDA, fp32 on CPU; tf32; ``grad_precision`` check); the model is prepared by
-``opendit_lite.build.parallelize.parallelize_from_config`` as in train.py, whose report
+``opendit_lite.builders.parallelize.parallelize_from_config`` as in train.py, whose report
 (``gen.parallelize_report``) is printed on rank 0; checkpoints follow ``checkpoint.layout`` and
 resuming is ``checkpoint.resume.restore_run``, as in train.py. Without ``torchrun`` the one-rank
 process group is created here (``distributed.launch.init_distributed``).
@@ -28,7 +28,7 @@ process group is created here (``distributed.launch.init_distributed``).
   error): ``parallelize_from_config`` with the config's settings (fused kernels, attention
   backend, Ulysses/ring/USP/DSP sequence parallelism when ``sp_size > 1``, activation checkpointing/offload
   from ``selective_ratio``, the fraction of blocks NOT checkpointed, and ``ac_offload``, per-block
-  ``compile`` with ``cuda_graphs``, in that order; see ``opendit_lite/transforms.py`` for why), then
+  ``compile`` with ``cuda_graphs``, in that order; see ``opendit_lite/parallelization.py`` for why), then
   boosted with its optimizer and
   LR scheduler. Then the weights are loaded (see below) and the EMA is created from them
   (``ema.enable``), so it starts from the loaded weights;
@@ -37,7 +37,7 @@ process group is created here (``distributed.launch.init_distributed``).
   sharded by torch FSDP (FULL_SHARD, for inference) over the world or, with ``encoder.group``,
   within each node;
 - a ``Dataset``: a DataLoader sharded over the data-parallel ranks, ``global_batch_size //
-  (dp_size * grad_accum_steps)`` samples per rank and micro-batch (``build.batch.micro_batch_size``);
+  (dp_size * grad_accum_steps)`` samples per rank and micro-batch (``builders.batch.micro_batch_size``);
 - any other callable (e.g. ``vae.encode``): wrapped by ``torch.compile``, falling back to the eager
   callable when compilation is unavailable or fails on the first call. A method stays bound to
   its original module: pass ``vae.encode`` or ``vae``, not both with ``encoder.fsdp`` (the FSDP
@@ -75,17 +75,17 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 from torch.utils.data import Dataset
 
-from .build.batch import micro_batch_size
-from .build.parallelize import parallelize_from_config
+from .builders.batch import micro_batch_size
+from .builders.parallelize import parallelize_from_config
 from .checkpoint.files import atomic_path
 from .checkpoint.layout import checkpoint_root, companion_path, litegen_path, pick_resume_checkpoint
 from .checkpoint.resume import restore_run
-from .checkpoint.state import load_model_weights, save_checkpoint
+from .checkpoint.save_restore import load_model_weights, save_checkpoint
 from .config import from_object, to_dict, validate_world
 from .distributed.launch import init_distributed
 from .distributed.mesh import node_group
+from .parallelization import ParallelizeReport
 from .training.loop import build_booster
-from .transforms import ParallelizeReport
 
 __all__ = ["LiteGen", "CompiledFunction", "classify_components", "companion_path", "litegen_path"]
 
@@ -339,7 +339,7 @@ class LiteGen:
                         output_folder: Optional[str] = None, keep_last: Optional[int] = None) -> str:
         """Collective: everything needed to continue (model, optimizer, EMA, LR scheduler, RNG, the resolved
         config and ``extra_state``) as ``[exp_name]_step[N]/``, the folder train.py writes and sample.py
-        reads; see ``opendit_lite.checkpoint.state``."""
+        reads; see ``opendit_lite.checkpoint.save_restore``."""
         self._require("save_checkpoint")
         keep_last = self.config.keep_last if keep_last is None else keep_last
         return save_checkpoint(

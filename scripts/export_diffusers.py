@@ -58,9 +58,9 @@ def _saved_config(checkpoint: str) -> dict:
 
 
 def _is_diffusers_family(saved: dict) -> bool:
-    from opendit_lite.models.diffusers_families import FAMILIES
+    from opendit_lite.families import is_family
 
-    return saved["model"].get("name") in {path.rsplit(".", 1)[1] for path in FAMILIES}
+    return is_family(saved["model"].get("name"))
 
 
 def _model_from_checkpoint(checkpoint: str, use_ema: bool, saved: dict):
@@ -142,7 +142,7 @@ def _publish(output: str, write) -> str:
 
 def export_family(checkpoint: str, output: str, saved: dict, use_ema: bool = True, lora: str = "merged") -> str:
     """A diffusers-family run's checkpoint -> a folder its diffusers class loads."""
-    from opendit_lite.build.diffusers_export import export_family_checkpoint
+    from opendit_lite.interop.family_checkpoint import export_family_checkpoint
 
     return export_family_checkpoint(saved["model"], saved.get("lora"), checkpoint, output, use_ema=use_ema,
                                     lora_mode=lora)

@@ -35,7 +35,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 
 from ..models.blocks import blocks_source
-from .blocks import find_checkpoint_blocks, select_blocks
+from .block_selection import find_checkpoint_blocks, select_blocks
 from .offload import ActivationOffloader
 
 

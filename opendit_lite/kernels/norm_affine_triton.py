@@ -41,7 +41,7 @@ Every launch sums in the same order, so the gradients are deterministic, which f
 not be.
 
 Layering (as in Liger-Kernel): ``@triton.jit`` kernels here -> host launch functions here ->
-torch custom ops with fake and autograd registrations in ``ops.py`` -> functions and modules in
+torch custom ops with fake and autograd registrations in ``custom_ops.py`` -> functions and modules in
 ``adaln.py``, ``gated_residual.py`` and ``layernorm.py``.
 """
 

@@ -1,7 +1,7 @@
 """The two primitives a ring needs, per (query block, key block) pair: attention that also returns the
 log-sum-exp of each row, and its backward given the row's *final* output and log-sum-exp.
 
-The attention ops of ``opendit_lite.kernels.attention`` return only the output, so the ring cannot
+The attention ops of ``opendit_lite.kernels.attention_op`` return only the output, so the ring cannot
 merge their results; these are the same backends one level down (aten's kernels behind SDPA).
 
 Layout: q ``[B, H, nq, Dh]``, k/v ``[B, H, nk, Dh]``; ``bias``: None or an additive float mask

@@ -14,9 +14,9 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 import torch.nn as nn
 
-from ..build.diffusers_model import diffusers_config, family_adapter, is_family
-from ..build.family import config_family
-from ..build.geometry import (
+from ..builders.diffusers_model import diffusers_config, family_adapter, is_family
+from ..builders.family import config_family
+from ..builders.geometry import (
     LatentBucket,
     config_downsample,
     latent_buckets,
@@ -45,14 +45,14 @@ def model_of_config(cfg, device="meta") -> nn.Module:
     m.in_channels = m.in_channels or (4 if latent else 3)
     with torch.device(device):
         if config_family(cfg) == "video":
-            from ..build.video import build_video_model
+            from ..builders.video import build_video_model
 
             if is_family(m.name):
                 m.config, m.path = diffusers_config(cfg), None
             else:
                 m.caption_channels = m.caption_channels or CAPTION_WIDTHS[cfg.text_encoder.kind]
             return build_video_model(cfg)
-        from ..build.image import build_model_from_config
+        from ..builders.image import build_model_from_config
 
         size = cfg.data.image_size // config_downsample(cfg)
         m.input_size = m.input_size or [size, size]
@@ -110,7 +110,7 @@ def plan_config(cfg, memory_gib: float, world_size: int, max_batch: int = 256, m
     ``precision``: the run's resolved precision (None: ``plan_precision(cfg)``); ``ranks_per_node``: GPUs
     per node (an SP group larger than a node spans nodes). SP sizes are those at which some mode runs
     (ulysses, dsp, usp, ring); the plan's ``sp_choice`` is the mode ``sp_mode: auto`` takes at its
-    sp_size and why (the same decision a run makes: ``build.geometry.sp_auto_inputs``)."""
+    sp_size and why (the same decision a run makes: ``builders.geometry.sp_auto_inputs``)."""
     precision = precision or plan_precision(cfg)
     model = model_of_config(cfg)
     shape = model_shape_of_config(cfg, model)

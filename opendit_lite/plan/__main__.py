@@ -11,7 +11,7 @@ import argparse
 import math
 import sys
 
-from ..build.family import config_schema
+from ..builders.family import config_schema
 from ..config import ConfigError, from_dict, parse_overrides, read_yaml
 from ..utils.exit_codes import script_main
 from . import plan_config, plan_precision

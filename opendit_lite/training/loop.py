@@ -20,10 +20,10 @@ from ..plugins import OpenDiTPlugin
 from ..precision import check_fp8_supported, resolve_precision
 from .cuda_graphs import check_cuda_graphs
 from .guard import NonFiniteGuard
-from .metrics import MetricsLogger, peak_memory_gib
 from .mfu import counted_flops, current_device_peak_tflops
 from .state import TrainState, save_train_state
 from .stop import StopRequest
+from .telemetry import MetricsLogger, peak_memory_gib
 
 
 def build_booster(cfg, info) -> Tuple[OpenDiTPlugin, Booster]:

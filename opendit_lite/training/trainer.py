@@ -15,9 +15,9 @@ from typing import Optional, Sequence
 
 import torch
 
-from ..build.lora import export_merged
-from ..build.objective import build_training_objective
-from ..build.parallelize import parallelize_from_config
+from ..builders.lora_checkpoint import export_merged
+from ..builders.objective import build_training_objective
+from ..builders.parallelize import parallelize_from_config
 from ..checkpoint.layout import checkpoint_root, wants_resume
 from ..checkpoint.litter import remove_orphaned_tmp
 from ..checkpoint.weights import load_weights
@@ -31,11 +31,11 @@ from ..models import MODELS, registered_class
 from ..models.capabilities import check_sp_mode, condition_dropout_kwarg
 from ..utils.exit_codes import ignore_stop_signals, script_main
 from .loop import build_booster, run_steps, write_run_config
-from .metrics import MetricsLogger
 from .preflight import check_disk_space, check_training_inputs, check_writable
 from .run_lock import RunLock, experiment_lock_name
 from .spec import TrainerSpec
 from .state import build_train_state, restore_train_state
+from .telemetry import MetricsLogger
 
 
 def train(spec: TrainerSpec, cfg, info) -> str:

@@ -1,5 +1,5 @@
 """The video trainer's declarations (``VIDEO_TRAINER``), which train_video.py runs with the shared
-loop: the cross-section checks of the video schema, the data (built by ``opendit_lite.build.video``)
+loop: the cross-section checks of the video schema, the data (built by ``opendit_lite.builders.video``)
 and how one loader batch becomes the model's input; ``bucket_batch: auto`` sizes the buckets with
 the planner here, above the builders.
 """
@@ -7,8 +7,7 @@ the planner here, above the builders.
 import os
 from typing import Optional
 
-from ..build.diffusers_export import export_family_checkpoint
-from ..build.diffusers_model import (
+from ..builders.diffusers_model import (
     check_family_inputs,
     diffusers_config,
     family_denoiser,
@@ -16,8 +15,8 @@ from ..build.diffusers_model import (
     is_family,
     resolve_family_text,
 )
-from ..build.family import check_model_family
-from ..build.video import (
+from ..builders.family import check_model_family
+from ..builders.video import (
     CaptionEncoder,
     bucket_loss_weights,
     build_bucket_sampler,
@@ -37,6 +36,7 @@ from ..data.buckets import BucketBatchSampler
 from ..distributed.ranks import global_rank
 from ..encoders.video_vae import VideoVAE
 from ..errors import ConfigError
+from ..interop.family_checkpoint import export_family_checkpoint
 from ..parallel.modes import ulysses_heads_error
 from ..precision import Precision
 from .spec import TrainerSpec, TrainingData

@@ -13,7 +13,7 @@ from safetensors import safe_open
 
 from opendit_lite.errors import ConfigError
 from opendit_lite.interop import LORA_WEIGHT_NAME, export_family
-from opendit_lite.transforms import parallelize
+from opendit_lite.parallelization import parallelize
 from tests.diffusers_families import FAMILIES, build, forward_inputs, output, randomize_adapters
 
 TOL = 1e-5

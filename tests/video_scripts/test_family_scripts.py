@@ -111,7 +111,7 @@ def test_family_trains_with_its_recipe_and_samples(tmp_path, name):
 
 
 def test_model_path_loads_a_local_diffusers_folder(tmp_path):
-    from opendit_lite.build.video import build_video_model
+    from opendit_lite.builders.video import build_video_model
     from opendit_lite.config import load_config
     from opendit_lite.config.video_schema import VideoTrainConfig
 
@@ -232,7 +232,7 @@ def test_the_run_ends_with_a_diffusers_folder_holding_its_ema(wan_run):
 def test_a_lora_run_exports_its_adapters_and_bad_export_settings_exit_2(tmp_path, capsys):
     import diffusers
 
-    from opendit_lite.build.lora import load_merged
+    from opendit_lite.builders.lora_checkpoint import load_merged
     from opendit_lite.checkpoint.layout import saved_config
 
     args = [*WAN, f"results_dir={tmp_path}", "max_steps=2", "data.num_samples=4", "global_batch_size=2",
