@@ -3,6 +3,8 @@
 Every number is taken in the same run on the same device: times are ``triton.testing.do_bench``
 quantiles (p20/p50/p80, L2 flushed before each call), bandwidths count bytes read plus bytes
 written, and the reference bandwidth is a large device-to-device copy measured the same way.
+CPU tensors (the dry run of benchmarks/gpu_report.py) are timed with a wall clock instead and have
+no peak-memory reading: the code path is exercised, the numbers mean nothing.
 """
 
 import argparse
@@ -44,7 +46,7 @@ class Row:
     tflops: Optional[float]           # for compute-bound kernels (attention)
     baseline: str                     # the provider the speedup is measured against
     speedup: Optional[float]          # baseline p50 / this p50, same mode, shape and dtype
-    peak_mem_mib: float               # allocated during one call beyond what was allocated before it
+    peak_mem_mib: Optional[float]     # allocated during one call beyond what was allocated before it (CUDA)
     gpu: str
     torch_version: str
     triton_version: str
@@ -104,15 +106,35 @@ def versions() -> Tuple[str, str, str]:
     return torch.cuda.get_device_name(), torch.__version__, triton.__version__
 
 
-def time_ms(fn: Callable[[], object], grad_to_none: Sequence[torch.Tensor] = (), rep: int = 100) -> List[float]:
-    """[p20, p50, p80] milliseconds of ``fn``."""
+def time_ms(fn: Callable[[], object], grad_to_none: Sequence[torch.Tensor] = (), rep: int = 100,
+            device: str = "cuda") -> List[float]:
+    """[p20, p50, p80] milliseconds of ``fn`` (on the CPU: wall clock over a few calls)."""
+    if device != "cuda":
+        return cpu_time_ms(fn, grad_to_none)
     import triton.testing
 
     return triton.testing.do_bench(fn, rep=rep, quantiles=QUANTILES, grad_to_none=list(grad_to_none) or None)
 
 
-def peak_memory_mib(fn: Callable[[], object]) -> float:
-    """MiB allocated at the peak of one call of ``fn`` beyond what was allocated before it."""
+def cpu_time_ms(fn: Callable[[], object], grad_to_none: Sequence[torch.Tensor] = (), calls: int = 3) -> List[float]:
+    """[p20, p50, p80] wall-clock milliseconds of ``calls`` calls of ``fn`` after one warm-up call."""
+    times = []
+    for i in range(calls + 1):
+        for t in grad_to_none:
+            t.grad = None
+        start = time.perf_counter()
+        fn()
+        if i:
+            times.append((time.perf_counter() - start) * 1e3)
+    times.sort()
+    return [times[min(len(times) - 1, int(q * len(times)))] for q in QUANTILES]
+
+
+def peak_memory_mib(fn: Callable[[], object]) -> Optional[float]:
+    """MiB allocated at the peak of one call of ``fn`` beyond what was allocated before it (None
+    without CUDA's allocator statistics)."""
+    if not torch.cuda.is_available():
+        return None
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
@@ -121,14 +143,15 @@ def peak_memory_mib(fn: Callable[[], object]) -> float:
     return (torch.cuda.max_memory_allocated() - before) / MIB
 
 
-def copy_bandwidth_gbps(nbytes: int = 2 * 2**30, rep: int = 200) -> float:
+def copy_bandwidth_gbps(nbytes: int = 2 * 2**30, rep: int = 200, device: str = "cuda") -> float:
     """Device-to-device copy bandwidth in GB/s (bytes read + bytes written), from a copy of
     ``nbytes`` (default 2 GiB, far beyond any L2) timed at its median."""
-    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
-    ms = time_ms(functools.partial(dst.copy_, src), rep=rep)[1]
+    ms = time_ms(functools.partial(dst.copy_, src), rep=rep, device=device)[1]
     del src, dst
-    torch.cuda.empty_cache()
+    if device == "cuda":
+        torch.cuda.empty_cache()
     return 2 * nbytes / (ms * 1e-3) / 1e9
 
 
@@ -162,10 +185,11 @@ def bench_providers(kernel: str, label: str, fns: Dict[str, Callable[..., torch.
     before each timed call.
     """
     rows = []
+    device = dy.device.type
     for provider, fn in fns.items():
         calls = modes_for(lambda: fn(*inputs), dy)
         for mode, call in calls.items():
-            p20, p50, p80 = time_ms(call, grad_to_none=inputs, rep=rep)
+            p20, p50, p80 = time_ms(call, grad_to_none=inputs, rep=rep, device=device)
             seconds = p50 * 1e-3
             gbps = bytes_moved[mode] / seconds / 1e9 if bytes_moved else None
             rows.append(Row(
@@ -173,7 +197,8 @@ def bench_providers(kernel: str, label: str, fns: Dict[str, Callable[..., torch.
                 ms_p20=p20, ms_p50=p50, ms_p80=p80, gbps=gbps,
                 frac_of_copy_bw=gbps / copy_gbps if gbps and copy_gbps else None,
                 tflops=flops[mode] / seconds / 1e12 if flops else None, baseline="", speedup=None,
-                peak_mem_mib=peak_memory_mib(call), gpu=info[0], torch_version=info[1], triton_version=info[2],
+                peak_mem_mib=peak_memory_mib(call) if device == "cuda" else None, gpu=info[0],
+                torch_version=info[1], triton_version=info[2],
             ))
         del calls  # frees the retained graph before the next provider
         for t in inputs:
@@ -278,4 +303,4 @@ def print_rows(rows: List[Row]) -> None:
         fmt = lambda v, spec: format(v, spec) if v is not None else "-"  # noqa: E731
         print(f"{r.provider:<10} {r.mode:<9} {r.shape:<24} {r.ms_p50:>9.4f} {fmt(r.gbps, '8.0f'):>8} "
               f"{fmt(None if r.frac_of_copy_bw is None else 100 * r.frac_of_copy_bw, '6.1f'):>6} "
-              f"{fmt(r.tflops, '8.1f'):>8} {fmt(r.speedup, '7.2f'):>7} {r.peak_mem_mib:>9.1f}")
+              f"{fmt(r.tflops, '8.1f'):>8} {fmt(r.speedup, '7.2f'):>7} {fmt(r.peak_mem_mib, '9.1f'):>9}")
