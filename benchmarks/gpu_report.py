@@ -219,12 +219,28 @@ def parse_pytest_log(text: str) -> dict:
                 failing=failing[:60], collection_errors=collect_errors, finished=finished)
 
 
+def gpu_test_files() -> List[str]:
+    """The test files that can hold ``gpu or kernels`` tests: tests/kernels (marked ``kernels`` by its
+    conftest) and every test file that writes the ``gpu`` marker. Collecting these alone instead of
+    the whole suite saves every pytest-xdist worker importing all the test modules."""
+    found = []
+    for folder, _, files in os.walk(os.path.join(ROOT, "tests")):
+        for name in sorted(files):
+            if not (name.startswith("test_") and name.endswith(".py")):
+                continue
+            path = os.path.join(folder, name)
+            with open(path, errors="replace") as f:
+                if os.path.relpath(folder, ROOT).split(os.sep)[:2] == ["tests", "kernels"] or "mark.gpu" in f.read():
+                    found.append(os.path.relpath(path, ROOT))
+    return sorted(found)
+
+
 # Colossal-AI's Adam kernels (HybridAdam: Gemini's optimizer) compile just in time on first use,
 # about 100 s on a fresh GPU machine. Started with pytest rather than when the first Gemini test
 # reaches it, so that the build overlaps the kernel tests; torch's extension loader locks the build
 # folder, so the test that needs the kernels waits for this build instead of starting its own.
 PREBUILD = ("from colossalai.kernel.kernel_loader import CPUAdamLoader, FusedOptimizerLoader; "
-            "FusedOptimizerLoader().load(); CPUAdamLoader().load()")
+            "CPUAdamLoader().load(); FusedOptimizerLoader().load()")  # HybridAdam's order
 
 
 def section_tests(ctx: Context) -> None:
@@ -246,7 +262,7 @@ def run_tests(ctx: Context) -> None:
     workers = 0 if ctx.dry_run else min(8, max(1, (os.cpu_count() or 2) // 2))
     cmd = [sys.executable, "-m", "pytest", "-m", "gpu or kernels", "-v", "-rfE", "-p", "no:cacheprovider",
            "--continue-on-collection-errors", "--timeout", "240", "-n", str(workers)]
-    cmd += DRY_RUN_TESTS if ctx.dry_run else ["tests"]
+    cmd += DRY_RUN_TESTS if ctx.dry_run else gpu_test_files()
     ctx.note(f"command: {' '.join(cmd[1:])} ({'CUDA' if torch.cuda.is_available() else 'CPU, Triton interpreter'})")
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     log_path = ctx.path(PYTEST_LOG)
@@ -414,7 +430,7 @@ def loss_parity(ctx: Context, device, fp8: bool) -> None:
     steps, batch = (LOSS_STEPS, LOSS_BATCH) if not ctx.dry_run else (6, 2)
     args = argparse.Namespace(model="DiT-S/2" if not ctx.dry_run else "DiT-T/2", steps=steps, batch_size=batch,
                               image_size=32 if not ctx.dry_run else 16, num_samples=steps * batch, lr=1e-4, seed=0,
-                              compile=False)
+                              compile=False, workers=4 if not ctx.dry_run else 0)
     runs = {"bf16": fp8_parity.train(args, fp8=False, device=device),
             "fp8": fp8_parity.train(args, fp8=fp8, device=device)}
     tail = max(1, steps // 10)
@@ -544,10 +560,10 @@ class Section:
 
 
 SECTIONS = [
-    Section("tests", "GPU and kernel tests (pytest -m \"gpu or kernels\")", 115.0, section_tests),
-    Section("train_bf16", "DiT-XL/2 256 px training step, bf16", 185.0, section_train_bf16),
-    Section("train_fp8", "DiT-XL/2 256 px training step, fp8, and fp8 vs bf16 loss", 80.0, section_train_fp8),
-    Section("kernels", "Fused kernels against eager, torch.compile and the copy bandwidth", 60.0, section_kernels),
+    Section("tests", "GPU and kernel tests (pytest -m \"gpu or kernels\")", 120.0, section_tests),
+    Section("train_bf16", "DiT-XL/2 256 px training step, bf16", 180.0, section_train_bf16),
+    Section("train_fp8", "DiT-XL/2 256 px training step, fp8, and fp8 vs bf16 loss", 75.0, section_train_fp8),
+    Section("kernels", "Fused kernels against eager, torch.compile and the copy bandwidth", 65.0, section_kernels),
     Section("plan", "Planner: predicted against measured memory", 40.0, section_plan),
     Section("max_seq_len", "Largest step without / with activation checkpointing / with offload", None,
             section_max_seq_len),
@@ -605,6 +621,10 @@ def run_section(section: Section, out_dir: str, dry_run: bool, seconds: float, s
 
 
 def git_commit() -> str:
+    """The checkout's short commit (+dirty); on a copy of the tree without .git (the GPU machine's),
+    $GPU_REPORT_COMMIT when the command sets it, else "unknown"."""
+    if not os.path.isdir(os.path.join(ROOT, ".git")) and not os.path.isfile(os.path.join(ROOT, ".git")):
+        return os.environ.get("GPU_REPORT_COMMIT", "unknown")
     try:
         sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                              timeout=10, check=True).stdout.strip()
