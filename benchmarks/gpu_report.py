@@ -280,9 +280,9 @@ def run_tests(ctx: Context) -> None:
     result = parse_pytest_log(text)
     ctx.record(dict(kind="tests", selection="gpu or kernels", workers=workers, pytest_exit=rc, log=PYTEST_LOG,
                     **result))
-    if rc is None:
+    if rc is None and not result["finished"]:
         raise RuntimeError(f"pytest did not finish within the section's time; {result['total']} tests reported")
-    if result["failed"] or result["errors"] or rc not in (0, 5):
+    if result["failed"] or result["errors"] or rc not in (0, 5, None):  # None: stopped after its closing line
         raise RuntimeError(f"pytest: {result['failed']} failed, {result['errors']} errors (exit {rc})")
 
 
@@ -910,7 +910,7 @@ def write_readme(path: str) -> bool:
 
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--budget", type=float, help="seconds for all sections together (default 480; dry run 150)")
+    parser.add_argument("--budget", type=float, help="seconds for all sections together (default 480; dry run 300)")
     parser.add_argument("--only", nargs="+", choices=list(BY_NAME), metavar="SECTION",
                         help=f"run these sections only, in priority order ({', '.join(BY_NAME)})")
     parser.add_argument("--dry-run", action="store_true",
@@ -948,7 +948,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
               "section at toy sizes on the CPU.", file=sys.stderr)
         return 2
     out_dir = args.out or (DRY_RUN_DIR if args.dry_run else os.environ.get("OUT") or RESULTS_DIR)
-    budget = args.budget or (150.0 if args.dry_run else 480.0)
+    budget = args.budget or (300.0 if args.dry_run else 480.0)  # the dry run's sections end long before
     names = [s.name for s in SECTIONS if not args.only or s.name in args.only]
     start_method = args.start_method or ("fork" if args.dry_run else "spawn")
     if args.dry_run and start_method == "fork":
