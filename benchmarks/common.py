@@ -13,6 +13,7 @@ import dataclasses
 import functools
 import os
 import re
+import subprocess
 import sys
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
@@ -92,6 +93,20 @@ def largest_fitting(fits: Callable[[int], bool], start: int, limit: int,
         else:
             bad = mid
     return good
+
+
+def git_commit() -> str:
+    """Short commit of the checkout, with "+dirty" when tracked files differ from it. A copy of the
+    tree without .git (the GPU machine's) gives $GPU_REPORT_COMMIT when set, else "unknown"."""
+    if not os.path.exists(os.path.join(ROOT, ".git")):
+        return os.environ.get("GPU_REPORT_COMMIT", "unknown")
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                             check=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "diff-index", "--quiet", "HEAD", "--"], cwd=ROOT, timeout=10).returncode != 0
+        return sha + ("+dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
 
 
 def require_cuda() -> None:

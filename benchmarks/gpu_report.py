@@ -330,8 +330,9 @@ def train_step_setup(ctx: Context, precision: str):
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     name = ts.device_name(device)
-    info = ts.RunInfo(model=args.model, device=name, world_size=1, peak_tflops=args.peak_tflops or
-                      ts.device_peak_tflops(name), date=datetime.date.today().isoformat(), commit=ts.git_commit(),
+    info = ts.RunInfo(model=args.model, device=name, world_size=1,
+                      peak_tflops=args.peak_tflops or ts.device_peak_tflops(name),
+                      date=datetime.date.today().isoformat(), commit=ts.common.git_commit(),
                       torch_version=versions()["torch"])
     return ts, args, ts.build_workload(args.model, args.image_size, args.num_classes), info, device, sizes
 
@@ -620,20 +621,6 @@ def run_section(section: Section, out_dir: str, dry_run: bool, seconds: float, s
     return {0: "ok", EXIT_SKIPPED: "skipped"}.get(process.exitcode, "failed")
 
 
-def git_commit() -> str:
-    """The checkout's short commit (+dirty); on a copy of the tree without .git (the GPU machine's),
-    $GPU_REPORT_COMMIT when the command sets it, else "unknown"."""
-    if not os.path.isdir(os.path.join(ROOT, ".git")) and not os.path.isfile(os.path.join(ROOT, ".git")):
-        return os.environ.get("GPU_REPORT_COMMIT", "unknown")
-    try:
-        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                             timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "diff-index", "--quiet", "HEAD", "--"], cwd=ROOT, timeout=10).returncode
-        return sha + ("+dirty" if dirty else "")
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"  # the GPU machine's copy of the tree may carry no .git
-
-
 def preload() -> None:
     """The dry run forks its sections from this process: import once what every section imports."""
     import warnings
@@ -654,13 +641,15 @@ def preload() -> None:
 
 def run_report(out_dir: str, budget: float, names: Sequence[str], dry_run: bool, start_method: str) -> dict:
     """Every section of ``names`` in order within ``budget`` seconds; returns the final results."""
+    import common  # benchmarks/common.py (imports torch)
+
     os.makedirs(out_dir, exist_ok=True)
     for stale in (RESULTS_NAME, SUMMARY_NAME, PYTEST_LOG):
         with contextlib.suppress(FileNotFoundError):
             os.remove(os.path.join(out_dir, stale))
     chosen = [BY_NAME[n] for n in names]
     doc = dict(schema=SCHEMA_VERSION,
-               run=dict(**versions(context=False), python=platform.python_version(), commit=git_commit(),
+               run=dict(**versions(context=False), python=platform.python_version(), commit=common.git_commit(),
                         date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                         budget_s=budget, dry_run=dry_run, finished=False),
                sections=[dict(name=s.name, title=s.title, status="pending", timeout_s=None, seconds=None, notes=[],

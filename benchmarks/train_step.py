@@ -71,7 +71,6 @@ import os
 import platform
 import re
 import statistics
-import subprocess
 import sys
 import time
 import traceback
@@ -684,18 +683,6 @@ def profile_table(trainer: Trainer, batch: dict, steps: int, device: torch.devic
 # Main
 # ----------------------------------------------------------------------------------------------
 
-def git_commit() -> str:
-    """Short commit of the checkout, with "+dirty" when tracked files differ from it; "unknown" outside git."""
-    root = common.ROOT
-    try:
-        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
-                             check=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "diff-index", "--quiet", "HEAD", "--"], cwd=root, timeout=10).returncode != 0
-        return sha + ("+dirty" if dirty else "")
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
@@ -779,7 +766,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     name = device_name(device)
     info = RunInfo(model=args.model, device=name, world_size=dist_info.world_size,
                    peak_tflops=args.peak_tflops or device_peak_tflops(name),
-                   date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"), commit=git_commit(),
+                   date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"), commit=common.git_commit(),
                    torch_version=torch.__version__)
     say = print if dist_info.is_main else (lambda *a, **k: None)
     say(f"{info.model} on {info.world_size} x {info.device} (dense bf16 peak "
