@@ -201,9 +201,9 @@ def _wan_parts(seed: int) -> dict:
     """Wan 2.x's shared parts: UMT5 (32 wide), the 16-channel Wan VAE with the release's per-channel
     latent mean and std (its defaults; 4x in time and space here, 4x8x8 in the release)."""
     tokenizer = t5_tokenizer()
-    torch.manual_seed(seed)
     vae = _diffusers("AutoencoderKLWan", seed + 1, base_dim=8, z_dim=16, dim_mult=[1, 1, 1], num_res_blocks=1,
                      temperal_downsample=[True, True], scale_factor_temporal=4, scale_factor_spatial=4)
+    torch.manual_seed(seed + 2)
     return dict(tokenizer=tokenizer, text_encoder=t5_encoder(tokenizer, 32, umt5=True), vae=vae.eval())
 
 
