@@ -635,8 +635,8 @@ def preload() -> None:
     from diffusers import WanTransformer3DModel  # noqa: F401
 
     import opendit_lite.families  # noqa: F401
-    import opendit_lite.plugins  # noqa: F401
     import opendit_lite.parallelization  # noqa: F401
+    import opendit_lite.plugins  # noqa: F401
 
 
 def run_report(out_dir: str, budget: float, names: Sequence[str], dry_run: bool, start_method: str) -> dict:
