@@ -96,10 +96,14 @@ def largest_fitting(fits: Callable[[int], bool], start: int, limit: int,
 
 
 def git_commit() -> str:
-    """Short commit of the checkout, with "+dirty" when tracked files differ from it. A copy of the
-    tree without .git (the GPU machine's) gives $GPU_REPORT_COMMIT when set, else "unknown"."""
+    """$GPU_REPORT_COMMIT when set (the GPU machine's copy of the tree may carry a stale .git or none,
+    so the commit the copy was made from is named by whoever copied it); else the checkout's short
+    commit, with "+dirty" when tracked files differ from it; "unknown" without git."""
+    named = os.environ.get("GPU_REPORT_COMMIT", "").strip()
+    if named:
+        return named
     if not os.path.exists(os.path.join(ROOT, ".git")):
-        return os.environ.get("GPU_REPORT_COMMIT", "unknown")
+        return "unknown"
     try:
         sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                              check=True, timeout=10).stdout.strip()

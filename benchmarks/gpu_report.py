@@ -797,6 +797,7 @@ def render_summary(doc: dict) -> str:
              f"{run['device']}, torch {run['torch']}, triton {run['triton']}, Python {run['python']}, "
              f"commit {run['commit']}, {run['date']}, budget {run['budget_s']:.0f} s"
              f"{'' if run['finished'] else ' (in progress, or cut short: the rows below are what was measured)'}",
+             *([f"({run['commit_note']})"] if run.get("commit_note") else []),
              "",
              "| section | status | seconds | timeout (s) | rows |", "|---|---|---:|---:|---:|"]
     for s in doc["sections"]:
@@ -829,7 +830,8 @@ def readme_table(doc: Optional[dict]) -> str:
     run = doc["run"]
     sections = {s["name"]: s for s in doc["sections"]}
     lines = [f"Measured by `make gpu-report` on {run['device']} (torch {run['torch']}, triton {run['triton']}, "
-             f"commit {run['commit']}, {run['date']}); every number comes from `benchmarks/results/results.json`.",
+             f"commit {run['commit']}, {run['date']}); every number comes from `benchmarks/results/results.json`."
+             + (f" ({run['commit_note']}.)" if run.get("commit_note") else ""),
              ""]
     tests = [r for r in sections.get("tests", {}).get("rows", []) if r.get("kind") == "tests"]
     if tests:
