@@ -89,13 +89,22 @@ PROGRAMS_PER_SM = 8
 
 
 @triton.jit
+def _modulation(PTR, b, n, stride_b, stride_n, cols, mask, PLUS_ONE: tl.constexpr):
+    """The fp32 modulation tile of rows (sample ``b``, token ``n``): PTR's values, plus 1 with PLUS_ONE."""
+    m = tl.load(PTR + b * stride_b + n * stride_n + cols, mask=mask, other=0.0).to(tl.float32)
+    if PLUS_ONE:
+        m = m + 1.0
+    return m
+
+
+@triton.jit
 def _residual_input(X, H, GATE, XN, offs, b, n, cols, mask, stride_gate_b, stride_gate_n,
                     RESIDUAL: tl.constexpr, STORE_XN: tl.constexpr):
     """The fp32 [BLOCK_M, BLOCK_C] tile to normalise: X, or X + GATE * H rounded to XN's dtype."""
     x = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
     if RESIDUAL:
         h = tl.load(H + offs, mask=mask, other=0.0).to(tl.float32)
-        g = tl.load(GATE + b * stride_gate_b + n * stride_gate_n + cols, mask=mask, other=0.0).to(tl.float32)
+        g = _modulation(GATE, b, n, stride_gate_b, stride_gate_n, cols, mask, False)
         xn = (x + g * h).to(XN.dtype.element_ty)
         if STORE_XN:
             tl.store(XN + offs, xn, mask=mask)
@@ -149,10 +158,8 @@ def _norm_affine_fwd_kernel(
         mask = row_mask[:, None] & (cols < D)
         x = _residual_input(X, H, GATE, XN, row_off + cols, b, n, cols, mask, stride_gate_b, stride_gate_n,
                             RESIDUAL, False)
-        shift = tl.load(SHIFT + b * stride_shift_b + n * stride_shift_n + cols, mask=mask, other=0.0).to(tl.float32)
-        a = tl.load(SCALE + b * stride_scale_b + n * stride_scale_n + cols, mask=mask, other=0.0).to(tl.float32)
-        if SCALE_PLUS_ONE:
-            a = a + 1.0
+        shift = _modulation(SHIFT, b, n, stride_shift_b, stride_shift_n, cols, mask, False)
+        a = _modulation(SCALE, b, n, stride_scale_b, stride_scale_n, cols, mask, SCALE_PLUS_ONE)
         y = (x - mean[:, None]) * rstd[:, None] * a + shift
         tl.store(Y + row_off + cols, y.to(Y.dtype.element_ty), mask=mask)
     tl.store(MEAN + rows, mean, mask=row_mask)
@@ -196,9 +203,7 @@ def _norm_affine_bwd_kernel(
             mask = row_mask[:, None] & (cols < D)
             x = tl.load(X + row_off + cols, mask=mask, other=0.0).to(tl.float32)
             dy = tl.load(DY + row_off + cols, mask=mask, other=0.0).to(tl.float32)
-            a = tl.load(SCALE + b * stride_scale_b + n * stride_scale_n + cols, mask=mask, other=0.0).to(tl.float32)
-            if SCALE_PLUS_ONE:
-                a = a + 1.0
+            a = _modulation(SCALE, b, n, stride_scale_b, stride_scale_n, cols, mask, SCALE_PLUS_ONE)
             xhat = tl.where(mask, (x - mean) * rstd, 0.0)
             g = dy * a
             sum_g += tl.sum(g, axis=1)
@@ -213,9 +218,7 @@ def _norm_affine_bwd_kernel(
             offs = row_off + cols
             x = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
             dy = tl.load(DY + offs, mask=mask, other=0.0).to(tl.float32)
-            a = tl.load(SCALE + b * stride_scale_b + n * stride_scale_n + cols, mask=mask, other=0.0).to(tl.float32)
-            if SCALE_PLUS_ONE:
-                a = a + 1.0
+            a = _modulation(SCALE, b, n, stride_scale_b, stride_scale_n, cols, mask, SCALE_PLUS_ONE)
             xhat = tl.where(mask, (x - mean) * rstd, 0.0)
             dx = (dy * a - mean_g - xhat * mean_gx) * rstd
             if HAS_DXN:
@@ -223,7 +226,7 @@ def _norm_affine_bwd_kernel(
             tl.store(DX + offs, dx.to(DX.dtype.element_ty), mask=mask)
             if RESIDUAL:
                 h = tl.load(H + offs, mask=mask, other=0.0).to(tl.float32)
-                gate = tl.load(GATE + b * stride_gate_b + n * stride_gate_n + cols, mask=mask, other=0.0).to(tl.float32)
+                gate = _modulation(GATE, b, n, stride_gate_b, stride_gate_n, cols, mask, False)
                 tl.store(DH + offs, (dx * gate).to(DH.dtype.element_ty), mask=mask)
             if PER_ROW:
                 tl.store(DSHIFT + offs, dy.to(DSHIFT.dtype.element_ty), mask=mask)
@@ -268,10 +271,8 @@ def _row_fwd_kernel(
     mean = tl.sum(x, axis=1) / D
     xc = tl.where(mask, x - mean[:, None], 0.0)
     rstd = 1.0 / tl.sqrt(tl.sum(xc * xc, axis=1) / D + eps)   # about the mean: exact where E[x^2] - mean^2 is not
-    shift = tl.load(SHIFT + b * stride_shift_b + n * stride_shift_n + cols, mask=mask, other=0.0).to(tl.float32)
-    a = tl.load(SCALE + b * stride_scale_b + n * stride_scale_n + cols, mask=mask, other=0.0).to(tl.float32)
-    if SCALE_PLUS_ONE:
-        a = a + 1.0
+    shift = _modulation(SHIFT, b, n, stride_shift_b, stride_shift_n, cols, mask, False)
+    a = _modulation(SCALE, b, n, stride_scale_b, stride_scale_n, cols, mask, SCALE_PLUS_ONE)
     y = xc * rstd[:, None] * a + shift
     tl.store(Y + offs, y.to(Y.dtype.element_ty), mask=mask)
     tl.store(MEAN + rows, mean, mask=row_mask)
@@ -302,11 +303,9 @@ def _row_bwd_kernel(
     cmask1 = cols1 < D
     cols = cols1[None, :]
     if not PER_ROW:  # one modulation row for all of this program's rows
-        a_row = tl.load(SCALE + b * stride_scale_b + cols1, mask=cmask1, other=0.0).to(tl.float32)
-        if SCALE_PLUS_ONE:
-            a_row = a_row + 1.0
+        a_row = _modulation(SCALE, b, 0, stride_scale_b, 0, cols1, cmask1, SCALE_PLUS_ONE)
         if RESIDUAL:
-            gate_row = tl.load(GATE + b * stride_gate_b + cols1, mask=cmask1, other=0.0).to(tl.float32)
+            gate_row = _modulation(GATE, b, 0, stride_gate_b, 0, cols1, cmask1, False)
         acc_shift = tl.zeros([BLOCK_D], dtype=tl.float32)
         acc_scale = tl.zeros([BLOCK_D], dtype=tl.float32)
         acc_gate = tl.zeros([BLOCK_D], dtype=tl.float32)
@@ -321,10 +320,7 @@ def _row_bwd_kernel(
         mean = tl.load(MEAN + rows, mask=row_mask, other=0.0)[:, None]
         rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)[:, None]
         if PER_ROW:
-            a = tl.load(SCALE + b * stride_scale_b + ns[:, None] * stride_scale_n + cols, mask=mask,
-                        other=0.0).to(tl.float32)
-            if SCALE_PLUS_ONE:
-                a = a + 1.0
+            a = _modulation(SCALE, b, ns[:, None], stride_scale_b, stride_scale_n, cols, mask, SCALE_PLUS_ONE)
         else:
             a = a_row[None, :]
         xhat = tl.where(mask, (x - mean) * rstd, 0.0)
@@ -338,8 +334,7 @@ def _row_bwd_kernel(
         if RESIDUAL:
             h = tl.load(H + offs, mask=mask, other=0.0).to(tl.float32)
             if PER_ROW:
-                gate = tl.load(GATE + b * stride_gate_b + ns[:, None] * stride_gate_n + cols, mask=mask,
-                               other=0.0).to(tl.float32)
+                gate = _modulation(GATE, b, ns[:, None], stride_gate_b, stride_gate_n, cols, mask, False)
             else:
                 gate = gate_row[None, :]
             tl.store(DH + offs, (dx * gate).to(DH.dtype.element_ty), mask=mask)
