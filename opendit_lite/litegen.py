@@ -5,7 +5,7 @@
         model, optimizer, text_encoder, dataset, vae.encode)
     for step, batch in ...:
         ...
-        gen.update_ema(model)                   # decay: ema.decay of the config (or decay=...)
+        gen.update_ema(model)                   # decay: ema.decay of the config, warmed up (or decay=...)
         if step % every == 0:
             gen.save_model(step=step); gen.save_optimizer(step=step); gen.save_ema(step=step)
             # or everything at once (LR scheduler, RNG, epoch/sampler position, config):
@@ -84,6 +84,7 @@ from .checkpoint.save_restore import load_model_weights, save_checkpoint
 from .config import from_object, to_dict, validate_world
 from .distributed.launch import init_distributed
 from .distributed.mesh import node_group
+from .ema import ema_decay, ema_horizon_note, ema_warmup_on
 from .parallelization import ParallelizeReport
 from .training.loop import build_booster
 
@@ -205,6 +206,7 @@ class LiteGen:
         self.ema_enabled = self.config.ema.enable
         self.model = self.optimizer = self.lr_scheduler = None
         self.resume_state: Dict[str, Any] = {}
+        self._ema_updates = 0  # update_ema calls (plus a resumed run's step): what the EMA's warm-up counts
         self.parallelize_report: Optional[ParallelizeReport] = None  # what initialize did to the trainable model
         self._encoder_group = None
 
@@ -285,6 +287,11 @@ class LiteGen:
         self.resume_state = restore_run(
             self.booster, self.model, self.optimizer, self.lr_scheduler, ema=ema, resume=resume,
             auto=not cfg.resume_from, ema_resume_from=cfg.ema.resume_from)
+        self._ema_updates = self.resume_state.get("step", 0)  # the warm-up continues where the run was saved
+        if self.ema_enabled and cfg.lora.rank:  # adapters start at zero: a long horizon would erase them
+            note = ema_horizon_note(cfg.ema.decay, cfg.max_steps, ema_warmup_on(cfg.ema.warmup, cfg.lora.rank))
+            if note.startswith("warning:") and self.info.is_main:
+                print(note, file=sys.stderr)
 
     # ------------------------------------------------------------------ training-time API
 
@@ -298,9 +305,16 @@ class LiteGen:
 
     def update_ema(self, model, decay: Optional[float] = None) -> None:
         """``ema = decay * ema + (1 - decay) * weights`` on this rank's EMA shard (after optimizer.step());
-        ``decay`` defaults to the config's ``ema.decay``."""
+        ``decay`` defaults to the config's ``ema.decay``, warmed up where ``ema.warmup`` resolves on (LoRA
+        runs by default: ``opendit_lite.ema.decay``) over the updates made so far (a resumed run counts
+        from its checkpoint's ``step``)."""
         self._require("update_ema", ema=True)
-        self.plugin.update_ema(model, self.optimizer, decay=self.config.ema.decay if decay is None else decay)
+        next_decay = None
+        if decay is None:
+            ema, warmup = self.config.ema, ema_warmup_on(self.config.ema.warmup, self.config.lora.rank)
+            decay, next_decay = (ema_decay(ema.decay, self._ema_updates + i, warmup) for i in (0, 1))
+        self.plugin.update_ema(model, self.optimizer, decay=decay, next_decay=next_decay)
+        self._ema_updates += 1
 
     def _target(self, kind: str, output_folder: Optional[str], filename: Optional[str], step: Optional[int]) -> str:
         return litegen_path(kind, output_folder or self.checkpoint_folder, self.exp_name, filename, step)

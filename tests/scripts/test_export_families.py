@@ -1,7 +1,8 @@
 """scripts/export_diffusers.py --checkpoint on a diffusers-family run (a checkpoint folder as the
 trainer writes it: model/, ema.safetensors with the trainable weights' EMA, meta.json with the
 run's model and lora sections): the folder loads with the plain diffusers class and gives the
-EMA model's outputs (or the trained one's with --no-ema); LoRA merged or as an adapter file; the
+EMA model's outputs (or the trained one's with --no-ema); a LoRA run's adapters alone (the default,
+no copy of the base) or merged; the
 family's bad inputs end with exit 2 and one paragraph."""
 
 import importlib.util
@@ -79,14 +80,15 @@ def test_a_family_run_exports_its_ema_or_trained_weights(tmp_path, capsys):
 def test_a_lora_run_exports_merged_or_as_an_adapter(tmp_path):
     family = "FluxTransformer2DModel"
     ckpt, _, ema = _checkpoint(tmp_path, family, lora=True)
-    merged = _script().main(["--checkpoint", ckpt, "--output", str(tmp_path / "merged")])
+    merged = _script().main(["--checkpoint", ckpt, "--output", str(tmp_path / "merged"), "--lora", "merged"])
     assert _diff(diffusers.FluxTransformer2DModel.from_pretrained(merged), ema, family) < TOL
-    adapter = _script().main(["--checkpoint", ckpt, "--output", str(tmp_path / "adapter"), "--lora", "adapter"])
-    loaded = diffusers.FluxTransformer2DModel.from_pretrained(adapter)
+    adapter = _script().main(["--checkpoint", ckpt, "--output", str(tmp_path / "adapter")])  # a LoRA run's default
+    assert os.listdir(adapter) == [LORA_WEIGHT_NAME]  # no copy of the base beside the adapters
+    loaded = build(family, seed=0)                     # the base the run trained on
     loaded.load_lora_adapter(adapter, weight_name=LORA_WEIGHT_NAME)
     assert _diff(loaded, ema, family) < TOL
     # an export replaces an earlier one in place, leaving no file of it behind
-    again = _script().main(["--checkpoint", ckpt, "--output", str(tmp_path / "adapter")])
+    again = _script().main(["--checkpoint", ckpt, "--output", str(tmp_path / "adapter"), "--lora", "merged"])
     assert sorted(os.listdir(again)) == ["config.json", "diffusion_pytorch_model.safetensors"]
 
 
