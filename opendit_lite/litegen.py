@@ -29,9 +29,11 @@ process group is created here (``distributed.launch.init_distributed``).
   backend, Ulysses/ring/USP/DSP sequence parallelism when ``sp_size > 1``, activation checkpointing/offload
   from ``selective_ratio``, the fraction of blocks NOT checkpointed, and ``ac_offload``, per-block
   ``compile`` with ``cuda_graphs``, in that order; see ``opendit_lite/parallelization.py`` for why), then
-  boosted with its optimizer and
-  LR scheduler. Then the weights are loaded (see below) and the EMA is created from them
-  (``ema.enable``), so it starts from the loaded weights;
+  boosted with its optimizer and LR scheduler (with ``lora.rank``, an optimizer built on the
+  model's weights before the adapters were added is pointed at the adapters:
+  ``adapt_optimizer_to_lora``). Then the weights are loaded (see below) and the EMA is created from
+  them (``ema.enable``), so it starts from the loaded weights; ``update_ema`` warms its decay up for
+  LoRA (``ema.warmup``);
 - its ``torch.optim.Optimizer`` and optional ``LRScheduler``: boosted with it;
 - frozen modules (no trainable parameter): moved to this rank's device; with ``encoder.fsdp``
   sharded by torch FSDP (FULL_SHARD, for inference) over the world or, with ``encoder.group``,
@@ -114,6 +116,23 @@ def apply_frozen_fsdp(module: nn.Module, group, device: torch.device) -> nn.Modu
         module, process_group=group, sharding_strategy=ShardingStrategy.FULL_SHARD, device_id=device,
         auto_wrap_policy=partial(size_based_auto_wrap_policy, min_num_params=FSDP_MIN_UNIT_PARAMS),
     )
+
+
+def adapt_optimizer_to_lora(optimizer: Optimizer, model: nn.Module) -> None:
+    """Point an optimizer built on ``model``'s parameters before ``lora.rank`` added adapters (and froze
+    the rest) at the adapters: it would otherwise step only frozen weights, which get no gradient, and
+    the run would train nothing. One parameter group keeps its settings; several are refused (which
+    group an adapter belongs to is the user's choice)."""
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    if {id(p) for g in optimizer.param_groups for p in g["params"]} == {id(p) for p in trainable}:
+        return  # already built on the adapters
+    if len(optimizer.param_groups) != 1:
+        raise ValueError(f"lora.rank is set: initialize added LoRA adapters and froze the other weights, but the "
+                         f"optimizer has {len(optimizer.param_groups)} parameter groups, so which "
+                         f"group each adapter joins is not known; build it with one group, or on the adapters "
+                         f"after opendit_lite.parallelize(model, lora_rank=...)")
+    optimizer.param_groups[0]["params"] = trainable
+    optimizer.state.clear()
 
 
 class CompiledFunction:
@@ -233,6 +252,8 @@ class LiteGen:
                 raise ValueError("the optimizer updates parameters that are not the trainable module's")
 
         self._prepare_trainable(model)
+        if optimizer is not None and self.config.lora.rank:
+            adapt_optimizer_to_lora(optimizer, model)
         self.model, self.optimizer, _, _, self.lr_scheduler = self.booster.boost(
             model, optimizer, lr_scheduler=pick.get("lr_scheduler"))
         self._load_initial_state()
