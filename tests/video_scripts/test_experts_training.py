@@ -80,7 +80,7 @@ def test_both_experts_export_as_lora_files_the_pipeline_loads(wan22, lora_run):
     with LoadLog() as log:
         pipe.load_lora_weights(out)
         pipe.load_lora_weights(os.path.join(out, "transformer_2"), load_into_transformer_2=True)
-    assert "key" not in log.text().lower() and "warn" not in log.text().lower(), log.text()
+    assert not log.text(), log.text()
     # the EMA experts of the final checkpoint, merged, as the reference
     fresh = WanPipeline.from_pretrained(pipeline)
     ckpt = final_checkpoint(lora_run)

@@ -9,6 +9,7 @@ An EMA decay whose horizon would erase a LoRA run is a one-line warning with the
 import io
 import logging
 import os
+import re
 import warnings
 
 import pytest
@@ -64,6 +65,13 @@ class LoadLog:
     def text(self) -> str:
         return self.stream.getvalue() + "".join(str(w.message) for w in self.warnings)
 
+    def key_warnings(self) -> list:
+        """The lines about missing or unexpected keys, or a transformer that found no LoRA keys. (Flux's
+        and SD3's loaders also say that their text encoders found none, "safe to ignore", for every
+        transformer-only LoRA: that line is theirs, not a mismatch.)"""
+        return [line for line in self.text().splitlines() if "prefix='text_encoder" not in line
+                and (re.search(r"unexpected|missing|incompatible", line, re.I) or "No LoRA keys" in line)]
+
 
 def pipeline_output(pipeline: str, lora: str = None) -> torch.Tensor:
     """The Wan pipeline's latents for PROMPT from fixed noise, with the LoRA folder ``lora`` loaded."""
@@ -73,7 +81,7 @@ def pipeline_output(pipeline: str, lora: str = None) -> torch.Tensor:
     if lora is not None:
         with LoadLog() as log:
             pipe.load_lora_weights(lora)
-        assert "key" not in log.text().lower() and "warn" not in log.text().lower(), log.text()
+        assert not log.text(), log.text()  # Wan's loader has no text encoder to report on: nothing at all
     noise = torch.randn(1, 16, 2, 8, 8, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         return pipe(PROMPT, latents=noise, output_type="latent", **TINY_CALLS["wan"]).frames
