@@ -24,7 +24,7 @@ import torch.nn as nn
 
 from ..errors import ConfigError
 from ..families import FamilyDenoiser, Recipe, family_adapter, family_class_names, is_family
-from .experts import build_experts, component_path
+from .pipeline_experts import build_experts, component_path
 
 __all__ = ["build_diffusers_model", "check_family_inputs", "diffusers_config", "family_adapter", "family_denoiser",
            "family_names", "family_recipe", "is_family", "resolve_family_text"]

@@ -2,7 +2,7 @@
 diffusers' ``DiTTransformer2DModel`` and back (``scripts/export_diffusers.py`` writes the folders);
 ``diffusers_export`` writes the diffusers transformers trained here (Wan, Flux, ...) back to
 folders their own class loads, or their LoRA adapters alone as their pipeline's LoRA file;
-``pipeline_folder`` writes a pipeline folder around freshly written transformers, linking the
+``pipeline_links`` writes a pipeline folder around freshly written transformers, linking the
 untouched components; ``family_checkpoint`` exports a family run's checkpoint (imported from there:
 it reads checkpoints and needs the families registered); ``pretrained_files`` gives exported files
 the mode of a plain file and checks pretrained folders coming in."""

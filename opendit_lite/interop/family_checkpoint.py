@@ -9,7 +9,7 @@ demand. Three layouts, by the run's saved ``model`` and ``lora`` sections and th
   ``load_lora_weights(out + "/transformer_2", load_into_transformer_2=True)``;
 * a run from ``model.pipeline`` (full training, or LoRA merged): a pipeline folder,
   ``DiffusionPipeline.from_pretrained(out)``, with each trained transformer written fresh and every
-  other component linked to the source pipeline, not copied (``pipeline_folder.link_pipeline``);
+  other component linked to the source pipeline, not copied (``pipeline_links.link_pipeline``);
 * otherwise (``model.path`` or ``model.config``): the transformer's own folder,
   ``<Class>.from_pretrained(out)``.
 
@@ -36,7 +36,7 @@ from ..families import family_of, is_family
 from ..models.experts import expert_components
 from ..models.lora import apply_lora
 from .diffusers_export import export_family, export_lora
-from .pipeline_folder import link_pipeline, read_model_index
+from .pipeline_links import link_pipeline, read_model_index
 
 
 def _component_folder(model: dict, component: str) -> Optional[str]:

@@ -15,7 +15,6 @@ import torch
 import torch.nn as nn
 
 from ..builders.diffusers_model import diffusers_config, family_adapter, is_family
-from ..builders.experts import resolve_expert
 from ..builders.family import config_family
 from ..builders.geometry import (
     LatentBucket,
@@ -24,6 +23,7 @@ from ..builders.geometry import (
     latent_folder_size,
     sp_auto_inputs,
 )
+from ..builders.pipeline_experts import resolve_expert
 from ..config import ConfigError
 from ..families import FamilyDenoiser
 from ..models.blocks import find_blocks

@@ -15,9 +15,9 @@ from ..builders.diffusers_model import (
     is_family,
     resolve_family_text,
 )
-from ..builders.experts import expert_objective_range, resolve_expert
 from ..builders.family import check_model_family
 from ..builders.objective import build_training_objective
+from ..builders.pipeline_experts import expert_objective_range, resolve_expert
 from ..builders.video import (
     CaptionEncoder,
     bucket_loss_weights,

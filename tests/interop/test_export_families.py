@@ -15,6 +15,7 @@ import torch
 from safetensors import safe_open
 
 from opendit_lite.errors import ConfigError
+from opendit_lite.families import family_of
 from opendit_lite.interop import LORA_WEIGHT_NAME, export_family
 from opendit_lite.parallelization import parallelize
 from tests.diffusers_families import FAMILIES, build, forward_inputs, output, randomize_adapters
@@ -55,6 +56,7 @@ def test_the_plain_diffusers_class_loads_the_export_with_the_same_outputs(family
     model = _trained(family, lora_rank=0 if lora == "none" else 4)
     out = export_family(model, str(tmp_path / "transformer"), lora="merged" if lora == "none" else lora)
     if lora == "adapter":
+        assert family_of(family).pipeline == PIPELINES[family]  # whose save_lora_weights wrote the file
         assert os.listdir(out) == [LORA_WEIGHT_NAME]  # the adapters alone: no copy of the base weights
         loaded = build(family)                          # the base the adapters were trained on
         assert _max_diff(loaded, model, family) > 1e-4  # the base alone is not the adapted model

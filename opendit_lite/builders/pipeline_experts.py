@@ -16,7 +16,7 @@ from typing import Callable, Optional, Tuple
 import torch.nn as nn
 
 from ..errors import ConfigError
-from ..interop.pipeline_folder import read_model_index
+from ..interop.pipeline_links import read_model_index
 from ..models.experts import NoiseExperts, expert_components, expert_time_range
 
 
