@@ -15,8 +15,9 @@ specific to it:
 * ``encoding`` (``<family>/encoding.py``): the family's VAE, latent normalisation and text encoder,
   for extracting latents (``scripts/extract_latents.py --family``).
 
-Export needs nothing per family: a trained model goes back to its diffusers class by that class's
-name (``interop.export_family``); the LoRA file's ``transformer.`` prefix is every pipeline's.
+Export needs one name per family, ``pipeline``: a trained model goes back to its diffusers class by
+that class's name (``interop.export_family``), its LoRA adapters through the pipeline class's own
+``save_lora_weights`` (``interop.export_lora``), which ``<pipeline>.load_lora_weights`` reads.
 
 ``register_family`` checks the record (its pieces name the same class and family), then fans the
 pieces out to the mechanisms that look them up by class in their own tables, below this package in
@@ -50,6 +51,7 @@ class Family:
 
     name: str                          # its folder under opendit_lite/families/ ("wan", "hunyuan_video")
     class_name: str                    # the diffusers transformer class (``model.name`` in a config)
+    pipeline: str                      # the diffusers pipeline class whose LoRA files and folders the export writes
     module: str                        # the diffusers module defining that class
     block_lists: Tuple[str, ...]       # capability: the block lists, in forward order
     lora_targets: Tuple[str, ...]      # capability: the layers LoRA adapts by default

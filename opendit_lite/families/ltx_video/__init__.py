@@ -12,6 +12,7 @@ from .sp_spec import SP_SPEC
 FAMILY = register_family(Family(
     name="ltx_video",
     class_name="LTXVideoTransformer3DModel",
+    pipeline="LTXPipeline",
     module="diffusers.models.transformers.transformer_ltx",
     block_lists=("transformer_blocks",),
     lora_targets=ATTENTION + FEED_FORWARD,

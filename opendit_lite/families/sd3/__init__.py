@@ -12,6 +12,7 @@ from .sp_spec import SP_SPEC
 FAMILY = register_family(Family(
     name="sd3",
     class_name="SD3Transformer2DModel",
+    pipeline="StableDiffusion3Pipeline",
     module="diffusers.models.transformers.transformer_sd3",
     block_lists=("transformer_blocks",),
     lora_targets=JOINT_ATTENTION + FEED_FORWARD + CONTEXT_FEED_FORWARD,
