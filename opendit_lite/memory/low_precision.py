@@ -244,9 +244,14 @@ def apply_base_precision(model: nn.Module, precision: Optional[str]) -> Precisio
                           f"{type(model).__name__}'s blocks have no frozen linear layer: it needs LoRA (lora.rank > "
                           f"0), whose base is frozen.")
     original = stored = 0
-    for parent, child, linear, _ in targets:
+    ignore = set(getattr(model, "_ddp_params_and_buffers_to_ignore", ()))
+    for parent, child, linear, name in targets:
         layer = LowPrecisionLinear(linear, precision)
         setattr(parent, child, layer)
         original += layer.original.numel() * layer.original.element_size()
         stored += _stored_bytes(layer)
+        ignore.update(f"{name}.{t}" for t in ("weight", "scale") if hasattr(layer, t))
+    # Frozen and built alike on every rank from the same weights: DDP need not broadcast them (and gloo has
+    # no float8 type to broadcast them in).
+    model._ddp_params_and_buffers_to_ignore = sorted(ignore)
     return PrecisionReport(precision, len(targets), original, stored, tuple(t[3] for t in targets))
