@@ -2,8 +2,11 @@
 
 Prints, per bucket of the config (or its one image/clip shape), the recommended batch per
 data-parallel rank and the predicted memory, and for the run the zero_degree, sp_size, the
-sequence-parallel mode (what ``sp_mode: auto`` takes, and why), selective_ratio and offload, with the
-assumptions behind them. ``key=value`` overrides after the
+sequence-parallel mode (what ``sp_mode: auto`` takes, and why), selective_ratio and offload, blocks to
+swap and the base weights' precision (LoRA runs) or Gemini's optimizer offload (full fine-tunes), with
+the assumptions behind them; then the config fragment that sets them, each key with what it saves at
+the predicted peak and what it costs in step time. When nothing fits it exits with 2 and names the
+smallest device that would. ``key=value`` overrides after the
 options change the config as on the trainers' command lines, e.g. ``precision=fp32``.
 """
 
@@ -14,7 +17,8 @@ import sys
 from ..builders.family import config_schema
 from ..config import ConfigError, from_dict, parse_overrides, read_yaml
 from ..utils.exit_codes import script_main
-from . import plan_config, plan_precision
+from . import Speed, plan_config, plan_precision
+from .fragment import config_fragment
 
 
 class _Parser(argparse.ArgumentParser):
@@ -65,7 +69,12 @@ def main(argv) -> int:
     p.add_argument("--gpus-per-node", type=lambda t: _number(t, int, "GPUs per node", 1, True), default=8,
                    help="an SP group larger than a node spans nodes (sp_mode=auto times it on the slower links)")
     p.add_argument("--keep-settings", action="store_true",
-                   help="keep the config's zero_degree/sp_size/selective_ratio/ac_offload; only size the buckets")
+                   help="keep the config's zero_degree/sp_size/selective_ratio/ac_offload, memory.blocks_to_swap and "
+                        "lora.base_precision; only size the buckets")
+    p.add_argument("--tflops", type=lambda t: _number(t, float, "the achieved TFLOP/s", 0, False),
+                   default=Speed.tflops, help="achieved bf16 matmul TFLOP/s of the device (step-time costs)")
+    p.add_argument("--h2d-gbps", type=lambda t: _number(t, float, "the host-to-device GB/s", 0, False),
+                   default=Speed.h2d_gbps, help="pinned host-to-device copy GB/s (cost of swapping, offload)")
     p.add_argument("overrides", nargs="*", help="key=value config overrides")
     args = p.parse_args(argv)
     if args.min_batch > args.max_batch:
@@ -77,10 +86,14 @@ def main(argv) -> int:
     result, buckets, shape = plan_config(cfg, args.gpu_memory, args.world_size, max_batch=args.max_batch,
                                          min_batch=args.min_batch, reserve_gib=args.reserve,
                                          fixed=args.keep_settings, precision=precision,
-                                         ranks_per_node=args.gpus_per_node)
+                                         ranks_per_node=args.gpus_per_node,
+                                         speed=Speed(tflops=args.tflops, h2d_gbps=args.h2d_gbps))
     print(f"plan for {args.config}: {args.world_size} device(s) of {args.gpu_memory:g} GiB, precision "
           f"{precision.name}" + (" (auto on a GPU)" if cfg.precision == "auto" else ""))
     print(result.table(buckets, shape))
+    print()
+    raw = [dict(b) for b in cfg.data.buckets] if getattr(cfg.data, "buckets", None) else []
+    print(config_fragment(cfg, result, result.costs.per_sample, raw, args.world_size, args.gpu_memory))
     return 0
 
 

@@ -33,7 +33,7 @@ def adapters_on(model):
 
 
 def _sequence_parallel(rank, world_size):
-    from opendit_lite.transforms import apply_sequence_parallel
+    from opendit_lite.parallelization import apply_sequence_parallel
 
     serial = adapters_on(tiny_dit(INPUT))
     model = adapters_on(tiny_dit(INPUT))

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
-from opendit_lite.build.lora import load_merged
+from opendit_lite.builders.lora_checkpoint import load_merged
 from opendit_lite.errors import ConfigError
 from opendit_lite.memory import LowPrecisionLinear, apply_base_precision
 from opendit_lite.memory.low_precision import FP8_MAX
