@@ -64,9 +64,6 @@ def model_of_config(cfg, device="meta") -> nn.Module:
             from ..builders.video import build_video_model
 
             if is_family(m.name):
-                release = released_config(m.path, m.name)
-                if release is not None:  # planning a released model whose folder is not here
-                    m.config, m.path = release[1], None
                 resolve_expert(cfg)  # Wan 2.2's experts: both, or the one trained
                 both = m.expert == "both"
                 m.config, m.path, m.expert = diffusers_config(cfg), None, None  # from its config, never its weights
@@ -147,8 +144,9 @@ def memory_settings(cfg) -> Tuple[int, str, float]:
 def adapted_model(cfg, model: nn.Module) -> nn.Module:
     """``model`` (meta device) with the config's LoRA adapters when it trains them."""
     if cfg.lora.rank:
-        apply_lora(model, rank=cfg.lora.rank, alpha=cfg.lora.alpha, dropout=cfg.lora.dropout,
-                   targets=cfg.lora.targets)
+        with torch.device("meta"):  # the adapters too: nothing allocated, nothing initialised
+            apply_lora(model, rank=cfg.lora.rank, alpha=cfg.lora.alpha, dropout=cfg.lora.dropout,
+                       targets=cfg.lora.targets)
     return model
 
 
@@ -222,6 +220,10 @@ def plan_config(cfg, memory_gib: float, world_size: int, max_batch: int = 256, m
     takes at its sp_size and why (the same decision a run makes: ``builders.geometry.sp_auto_inputs``).
     When nothing fits, the ConfigError names the smallest device that would (``smallest_card``)."""
     precision = precision or plan_precision(cfg)
+    release = released_config(cfg.model.path, cfg.model.name) if config_family(cfg) == "video" else None
+    if release is not None:  # a released model whose folder is not on this machine: its config's numbers
+        cfg = copy.deepcopy(cfg)
+        cfg.model.config, cfg.model.path, path = release[1], None, cfg.model.path
     model = adapted_model(cfg, model_of_config(cfg))
     shape = model_shape_of_config(cfg, model, precision)
     buckets = latent_buckets(cfg)
@@ -250,9 +252,8 @@ def plan_config(cfg, memory_gib: float, world_size: int, max_batch: int = 256, m
         card = smallest_card(lambda gib: plan(shape, buckets, gib, world_size, **arguments), memory_gib)
         raise ConfigError(f"{e}{'; ' + card if card else ''}.") from None
     result.costs = costs
-    release = released_config(cfg.model.path, cfg.model.name) if config_family(cfg) == "video" else None
     if release is not None:
-        result.assumptions.append(f"model.path {cfg.model.path!r} is not on this machine: planned with the "
+        result.assumptions.append(f"model.path {path!r} is not on this machine: planned with the "
                                   f"released {release[0]} transformer config (opendit_lite/plan/released.py)")
     result.assumptions.append(f"weights: {weights.block_linear / 1e9:.2f}B frozen linear weights in the blocks, "
                               f"{weights.trainable / 1e6:.1f}M trainable; step-time costs at batch 1 of "

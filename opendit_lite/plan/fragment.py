@@ -25,6 +25,10 @@ def _without(plan: Plan, setting: Setting, per_sample, **change) -> float:
     return peak_bytes(plan, other, per_sample(other))
 
 
+def _size(nbytes: float) -> str:
+    return f"{nbytes / GiB:.2f} GiB" if nbytes >= 0.1 * GiB else f"{nbytes / 2**20:.2f} MiB"
+
+
 def _pct(x: float) -> str:
     return f"+{100 * x:.1f}%" if x < 0.1 else f"+{100 * x:.0f}%"
 
@@ -40,13 +44,13 @@ def config_fragment(cfg, plan: Plan, per_sample, raw_buckets: Sequence[dict], wo
     host = costs.host(s)
 
     def saves(**change) -> str:
-        return f"saves {(_without(plan, s, per_sample, **change) - peak) / GiB:.2f} GiB"
+        return f"saves {_size(_without(plan, s, per_sample, **change) - peak)}"
 
     lines: List[str] = [
         f"# python -m opendit_lite.plan: set these to fit {memory_gib:g} GiB per device ({world_size} device(s)):",
-        f"# predicted peak {peak / GiB:.2f} GiB of {plan.usable_gib:.2f} usable; predicted step time "
+        f"# predicted peak {_size(peak)} of {_size(plan.usable_gib * GiB)} usable; predicted step time "
         f"{plan.cost:.2f}x that of plain ZeRO-2 without checkpointing; host memory the settings use: "
-        f"{host / GiB:.1f} GiB.",
+        f"{_size(host)}.",
     ]
     zero_note = {0: "DDP (fp32 weights, autocast)", 1: "ZeRO-1", 2: "ZeRO-2 (bf16 working weights)",
                  3: "ZeRO-3 (Gemini: weights, gradients and optimizer sharded in chunks)"}[s.zero_degree]
