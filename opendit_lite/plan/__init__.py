@@ -162,6 +162,7 @@ class Costs:
     speed: Speed
     buckets: Tuple[LatentBucket, ...] = ()
     caption_tokens: int = 0
+    ema: bool = True     # the run keeps the sharded fp32 EMA of its trainable parameters
 
     def per_sample(self, s: Setting) -> Dict[str, float]:
         """Activation GiB per sample of each bucket under ``s``."""
@@ -176,7 +177,7 @@ class Costs:
         if s.zero_degree == 3:
             trained -= ADAM_K * w.trainable * s.optim_offload / self.world_size
         frozen = frozen_device_bytes(w, s.zero_degree, self.element_bytes, s.base_precision, s.blocks_to_swap)
-        return frozen + trained + ema_bytes(w.trainable, self.world_size)
+        return frozen + trained + (ema_bytes(w.trainable, self.world_size) if self.ema else 0)
 
     def host(self, s: Setting) -> float:
         return host_bytes(self.weights, s.zero_degree, self.element_bytes, s.base_precision, s.blocks_to_swap,
@@ -232,7 +233,7 @@ def plan_config(cfg, memory_gib: float, world_size: int, max_batch: int = 256, m
     caption = cfg.text_encoder.max_length if config_family(cfg) == "video" else 0
     costs = Costs(shape, weights, world_size, precision.element_bytes,
                   sample_tokens(shape, largest.frames, largest.height, largest.width), speed or Speed(),
-                  tuple(buckets), caption)
+                  tuple(buckets), caption, cfg.ema.enable)
     settings = [Setting(cfg.zero_degree, cfg.sp_size, cfg.selective_ratio, cfg.ac_offload, *memory_settings(cfg))
                 ] if fixed else None
 
