@@ -7,7 +7,7 @@ import torch
 
 from opendit_lite.memory.block_swap import _SwappedForward
 from opendit_lite.memory.low_precision import LowPrecisionLinear
-from opendit_lite.transforms import parallelize
+from opendit_lite.parallelization import parallelize
 from tests import diffusers_families as families
 from tests.video_scripts.test_family_scripts import WAN, exits_2
 
