@@ -138,9 +138,18 @@ class _Slot:
 class SwappedBlock:
     """One swapped block: its frozen tensors' host copies and the fetch in flight, if any."""
 
-    def __init__(self, index: int, name: str, block: nn.Module, slots: List[_Slot]):
+    def __init__(self, index: int, name: str, block: nn.Module, slots: List[_Slot], owner: object = None):
         self.index, self.name, self.block, self.slots = index, name, block, slots
+        self.owner = owner   # keeps the host tensors' page-locked buffer registered (StreamCopier)
         self.pending = None  # (copies, event) of a fetch started ahead of use
+
+    def rehost(self, hosts: Sequence[torch.Tensor], owner: object) -> None:
+        """Make ``hosts`` the block's host tensors (placement converted or pinned them)."""
+        for slot, host in zip(self.slots, hosts):
+            slot.host = host
+            slot.put(host)
+        self.owner = owner
+        self.pending = None
 
     @property
     def nbytes(self) -> int:
@@ -194,10 +203,7 @@ class BlockSwapper:
             return
         self.copier = copier_for(device, self.counts)
         for block in self.blocks:
-            block.pending = None
-            for slot in block.slots:
-                slot.host = self.copier.to_host(slot.host)
-                slot.put(slot.host)
+            block.rehost(*self.copier.to_host([slot.host for slot in block.slots]))
 
 
 class _WeightRef:
@@ -290,11 +296,11 @@ def _placement(block: nn.Module, swapped: SwappedBlock, swapper: BlockSwapper):
             devices = {t.device for t in targets}
             if len(devices) == 1:
                 swapper.retarget(devices.pop())
-            for slot, target in zip(swapped.slots, targets):
-                if target.dtype != slot.host.dtype:
-                    slot.host = swapper.copier.to_host(slot.host.to(target.dtype))
-                slot.put(slot.host)
-            swapped.pending = None
+            if any(t.dtype != slot.host.dtype for slot, t in zip(swapped.slots, targets)):  # cast on the host
+                swapped.rehost(*swapper.copier.to_host([slot.host.to(t.dtype) for slot, t in zip(swapped.slots,
+                                                                                                   targets)]))
+            else:
+                swapped.rehost([slot.host for slot in swapped.slots], swapped.owner)
         return result
 
     return _apply
@@ -366,20 +372,21 @@ def apply_block_swap(model: nn.Module, blocks_to_swap: int, *,
     resident = 0
     for k, i in enumerate(chosen):
         block, prefix = blocks[i], names[id(blocks[i])]
-        slots = []
+        slots, tensors = [], []
         for mod_name, module in block.named_modules():
-            tensors = [(n, p, True) for n, p in module._parameters.items()]
-            tensors += [(n, b, False) for n, b in module._buffers.items()]
-            for name, t, is_param in tensors:
+            entries = [(n, p, True) for n, p in module._parameters.items()]
+            entries += [(n, b, False) for n, b in module._buffers.items()]
+            for name, t, is_param in entries:
                 if t is None:
                     continue
                 if (is_param and t.requires_grad) or uses[id(t)] > 1:
                     resident += t.numel() if is_param and t.requires_grad else 0
                     continue
-                slots.append(_Slot(module, name, is_param, swapper.copier.to_host(t.data if is_param else t)))
+                slots.append(_Slot(module, name, is_param, t))
+                tensors.append(t.data if is_param else t)
                 ignore.append(".".join(x for x in (prefix, mod_name, name) if x))
         swapped = SwappedBlock(i, prefix, block, slots)
-        swapped.uninstall()  # the block's frozen tensors now are the host copies
+        swapped.rehost(*swapper.copier.to_host(tensors))  # the block's frozen tensors now are the host copies
         swapper.blocks.append(swapped)
         block.forward = _SwappedForward(block.forward, swapper, k)
         block._apply = _placement(block, swapped, swapper)

@@ -39,6 +39,8 @@ def test_stream_copier_gives_the_plain_model_on_cuda(checkpoint):
         for slot in block.slots:
             assert slot.host.device.type == "cpu" and slot.host.is_pinned()
             assert slot.current().data_ptr() == slot.host.data_ptr()
+        # One page-locked buffer of the block's size (plus alignment), not a power of two per tensor.
+        assert block.owner.registered and block.owner.buffer.numel() <= block.nbytes + 256 * len(block.slots)
     want = step(reference, x, y)
     for _ in range(2):
         report.swapper.counts.reset()
