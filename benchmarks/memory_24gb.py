@@ -4,9 +4,9 @@ base, against the planner's prediction (issue "fine-tune 12-14B models on one 24
     python benchmarks/memory_24gb.py                              # Wan 2.1 14B shapes, 480p x 81 frames
     python benchmarks/memory_24gb.py --layers 8 --steps 2         # a quicker look: 8 of the 40 blocks
 
-CUDA only (exits with 2 elsewhere). The model is the released Wan2.1-T2V-14B transformer config
-(``opendit_lite/plan/released.py``) with random bf16 weights (no download), LoRA rank 32 on the
-family's usual layers, every block checkpointed (``--selective-ratio``), optionally the checkpointed
+CUDA only (exits with 2 elsewhere). The model is the released Wan2.1-T2V-14B transformer config (the
+Wan family's record, ``opendit_lite/families/wan/__init__.py``) with random bf16 weights (no download),
+LoRA rank 32 on the family's usual layers, every block checkpointed (``--selective-ratio``), optionally the checkpointed
 inputs offloaded (``--ac-offload``), trained through the booster with ZeRO-2 on one GPU (bf16 working
 weights, fp32 master copies of the adapters) on one clip of ``--frames`` x ``--height`` x ``--width``
 latents (21 x 60 x 104: 81 frames at 480 x 832) and 512 caption tokens. For each combination of
@@ -39,9 +39,10 @@ _SHAPES = {}  # layers -> (meta model with LoRA, its ModelShape)
 
 
 def wan_config(layers: int) -> dict:
-    from opendit_lite.plan.released import RELEASED
+    from opendit_lite.families import find_family
 
-    return dict(RELEASED["Wan2.1-T2V-14B-Diffusers"][1], num_layers=layers)
+    release = next(r for r in find_family("wan").releases if r.name == "Wan2.1-T2V-14B-Diffusers")
+    return dict(release.config, num_layers=layers)
 
 
 def build(layers: int, rank: int):

@@ -29,6 +29,7 @@ from .family_denoiser import FamilyDenoiser
 from .registry import (
     FAMILIES,
     Family,
+    Release,
     family_adapter,
     family_class_names,
     family_of,
@@ -38,5 +39,5 @@ from .registry import (
     unregistered_pieces,
 )
 
-__all__ = ["FAMILIES", "Family", "FamilyAdapter", "FamilyDenoiser", "Recipe", "family_adapter", "family_class_names",
-           "family_of", "find_family", "is_family", "register_family", "unregistered_pieces"]
+__all__ = ["FAMILIES", "Family", "FamilyAdapter", "FamilyDenoiser", "Recipe", "Release", "family_adapter",
+           "family_class_names", "family_of", "find_family", "is_family", "register_family", "unregistered_pieces"]

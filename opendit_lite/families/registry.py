@@ -13,7 +13,9 @@ specific to it:
 * ``fused_norms`` (``<family>/fused_norms.py``): the block swaps of the ``fused_adaln`` conversion
   and what it leaves, and why;
 * ``encoding`` (``<family>/encoding.py``): the family's VAE, latent normalisation and text encoder,
-  for extracting latents (``scripts/extract_latents.py --family``).
+  for extracting latents (``scripts/extract_latents.py --family``);
+* ``releases`` (in the record): the transformer configs of released checkpoints, so that the planner
+  (``python -m opendit_lite.plan``) plans a config naming one whose folder is not on this machine.
 
 Export needs one name per family, ``pipeline``: a trained model goes back to its diffusers class by
 that class's name (``interop.export_family``), its LoRA adapters through the pipeline class's own
@@ -30,7 +32,7 @@ Lookups: ``find_family`` (short name, alias or class name; a ConfigError naming 
 diffusers class name, as a config's ``model.name`` gives it, or a model).
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple, Union
 
 import torch.nn as nn
@@ -43,6 +45,20 @@ from ..parallel.diffusers_sp import FAMILIES as SP_SPECS
 from ..parallel.diffusers_sp import register_family_spec
 from ..parallel.diffusers_sp.spec_types import FamilySpec
 from .adapter_base import FamilyAdapter
+
+
+@dataclass(frozen=True)
+class Release:
+    """A released checkpoint of a family: its repository and the constructor arguments in its
+    ``transformer/config.json`` (the architecture's numbers; no weights)."""
+
+    repo: str                                   # "Wan-AI/Wan2.1-T2V-14B-Diffusers"
+    config: dict = field(hash=False)            # transformer/config.json, without its "_class_name" keys
+
+    @property
+    def name(self) -> str:
+        """The repository's name: the folder ``huggingface-cli download`` or ``git clone`` writes."""
+        return self.repo.rsplit("/", 1)[-1]
 
 
 @dataclass(frozen=True)
@@ -60,6 +76,7 @@ class Family:
     fused_norms: FusedNorms            # fused_adaln's block swaps
     encoding: FamilyEncoders           # VAE, latent normalisation, text encoder
     aliases: Tuple[str, ...] = ()      # other short names ``find_family`` takes
+    releases: Tuple[Release, ...] = ()  # released checkpoints' transformer configs (for the planner)
 
     @property
     def class_path(self) -> str:

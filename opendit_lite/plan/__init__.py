@@ -37,7 +37,7 @@ from .activation_count import counted_profile
 from .memory_model import ADAM_K, GiB, ModelShape, activation_bytes, ema_bytes, model_state_bytes, sample_tokens
 from .planner import MemoryOptions, Plan, Setting, plan, smallest_card
 from .released import released_config
-from .weights import (
+from .weight_costs import (
     Speed,
     WeightShape,
     dequantize_seconds,
@@ -152,7 +152,7 @@ def adapted_model(cfg, model: nn.Module) -> nn.Module:
 
 @dataclasses.dataclass(frozen=True)
 class Costs:
-    """A setting's weight-memory bytes and step-time costs for one planned run (``weights.py``)."""
+    """A setting's weight-memory bytes and step-time costs for one planned run (``weight_costs.py``)."""
 
     shape: ModelShape
     weights: WeightShape
@@ -224,7 +224,7 @@ def plan_config(cfg, memory_gib: float, world_size: int, max_batch: int = 256, m
     release = released_config(cfg.model.path, cfg.model.name) if config_family(cfg) == "video" else None
     if release is not None:  # a released model whose folder is not on this machine: its config's numbers
         cfg = copy.deepcopy(cfg)
-        cfg.model.config, cfg.model.path, path = release[1], None, cfg.model.path
+        cfg.model.config, cfg.model.path, path = dict(release.config), None, cfg.model.path
     model = adapted_model(cfg, model_of_config(cfg))
     shape = model_shape_of_config(cfg, model, precision)
     buckets = latent_buckets(cfg)
@@ -255,7 +255,8 @@ def plan_config(cfg, memory_gib: float, world_size: int, max_batch: int = 256, m
     result.costs = costs
     if release is not None:
         result.assumptions.append(f"model.path {path!r} is not on this machine: planned with the "
-                                  f"released {release[0]} transformer config (opendit_lite/plan/released.py)")
+                                  f"released {release.repo} transformer config (its family's record, "
+                                  f"opendit_lite/families/)")
     result.assumptions.append(f"weights: {weights.block_linear / 1e9:.2f}B frozen linear weights in the blocks, "
                               f"{weights.trainable / 1e6:.1f}M trainable; step-time costs at batch 1 of "
                               f"{largest.name} on {costs.speed.describe()}")

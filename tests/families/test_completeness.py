@@ -8,6 +8,7 @@ import importlib
 import os
 
 import pytest
+import torch
 
 import opendit_lite.families as families
 from opendit_lite.converter import adaln_model_notes
@@ -84,3 +85,19 @@ def test_a_duplicate_or_inconsistent_record_is_refused_before_anything_is_regist
         register_family(dataclasses.replace(wan, name="mixed", class_name="MixedModel", sp_spec=flux.sp_spec))
     assert "mixed" not in FAMILIES and "wan2" not in FAMILIES and "MixedModel" not in SP_SPECS
     assert isinstance(wan, Family)
+
+
+# The released checkpoints the records hold, with their size as announced (billions of parameters).
+RELEASE_BILLIONS = {"Wan-AI/Wan2.1-T2V-14B-Diffusers": 14, "black-forest-labs/FLUX.1-dev": 12,
+                    "hunyuanvideo-community/HunyuanVideo": 13}
+
+
+def test_every_release_builds_its_class_at_its_announced_size():
+    releases = {r.repo: (family, r) for family in FAMILIES.values() for r in family.releases}
+    assert set(releases) == set(RELEASE_BILLIONS)
+    for repo, (family, release) in releases.items():
+        cls = getattr(importlib.import_module(family.module), family.class_name)
+        with torch.device("meta"):  # the architecture only: no memory
+            model = cls(**release.config)
+        billions = sum(p.numel() for p in model.parameters()) / 1e9
+        assert round(billions) == RELEASE_BILLIONS[repo], f"{repo}: {billions:.2f}B parameters"

@@ -1,9 +1,9 @@
 """HunyuanVideo (diffusers' ``HunyuanVideoTransformer3DModel``): its record in the families registry, built from the
 pieces in this folder (``adapter.py``, ``sp_spec.py``, ``fused_norms.py``, ``encoding.py``) and its
-capabilities, and registered on import."""
+capabilities, with its released checkpoints' shapes for the planner; registered on import."""
 
 from ..lora_targets import CONTEXT_FEED_FORWARD, FEED_FORWARD, JOINT_ATTENTION, SINGLE_STREAM_MLP
-from ..registry import Family, register_family
+from ..registry import Family, Release, register_family
 from .adapter import HunyuanVideoAdapter
 from .encoding import ENCODING
 from .fused_norms import FUSED_NORMS
@@ -21,4 +21,9 @@ FAMILY = register_family(Family(
     fused_norms=FUSED_NORMS,
     encoding=ENCODING,
     aliases=("hunyuanvideo",),
+    releases=(Release("hunyuanvideo-community/HunyuanVideo", dict(
+        in_channels=16, out_channels=16, num_attention_heads=24, attention_head_dim=128, num_layers=20,
+        num_single_layers=40, num_refiner_layers=2, mlp_ratio=4.0, patch_size=2, patch_size_t=1, qk_norm="rms_norm",
+        guidance_embeds=True, text_embed_dim=4096, pooled_projection_dim=768, rope_theta=256.0,
+        rope_axes_dim=[16, 56, 56])),),
 ))
