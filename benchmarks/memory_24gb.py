@@ -17,7 +17,9 @@ activations of one sample; the planner adds its reserve on top when it sizes a d
 
 Targets: fits 24 GB (measured peak + ~1.5 GB context and fragmentation under 24 GiB) with at most 25%
 step-time overhead from swapping 16 of 40 blocks; planner within 10% of the measured peak. Results:
-CSV under benchmarks/results/ with the device name.
+a CSV (``--out``; default benchmarks/results/memory_24gb_<date>.csv), one row per combination written
+the moment it is measured (device, torch version, commit), so a run cut short keeps what it measured;
+a combination that fails (out of memory) gets a row with its error and the run goes on.
 """
 
 import argparse
@@ -129,10 +131,13 @@ def measure(args, swap: int, precision: str) -> dict:
     peak = (torch.cuda.max_memory_allocated() - base) / GiB
     fetches = report.swapper.counts.fetches if report.swapper is not None else 0
     del boosted, optimizer, model, out, booster, plugin
-    return {"layers": args.layers, "swap": swap, "base_precision": precision, "peak_gib": round(peak, 2),
-            "predicted_gib": round(predicted, 2), "error_pct": round(100 * (predicted - peak) / peak, 1),
-            "step_s": round(statistics.median(times), 3), "fetches": fetches,
-            "device": torch.cuda.get_device_name()}
+    return {"peak_gib": round(peak, 2), "predicted_gib": round(predicted, 2),
+            "error_pct": round(100 * (predicted - peak) / peak, 1), "step_s": round(statistics.median(times), 3),
+            "fetches": fetches}
+
+
+FIELDS = ("layers", "frames", "height", "width", "swap", "base_precision", "peak_gib", "predicted_gib", "error_pct",
+          "step_s", "fetches", "error", "device", "torch", "commit")
 
 
 def main(argv=None) -> int:
@@ -147,36 +152,49 @@ def main(argv=None) -> int:
     p.add_argument("--selective-ratio", type=float, default=0.0, help="fraction of blocks not checkpointed")
     p.add_argument("--ac-offload", action="store_true", help="offload the checkpointed blocks' inputs")
     p.add_argument("--steps", type=int, default=3, help="timed steps after one warm-up step")
+    p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
+                                                 f"memory_24gb_{datetime.date.today()}.csv"),
+                   help="CSV file, one row written per measured combination")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("error: benchmarks/memory_24gb.py measures GPU memory and needs a CUDA device; none is visible.",
               file=sys.stderr)
         return 2
+    from common import git_commit  # benchmarks/common.py
+
     from opendit_lite.distributed.launch import init_distributed
 
     init_distributed()
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    same = dict(layers=args.layers, frames=args.frames, height=args.height, width=args.width,
+                device=torch.cuda.get_device_name(), torch=torch.__version__, commit=git_commit())
     rows = []
-    for precision in args.base_precision:
-        for swap in args.swap:
-            if swap > args.layers:
-                continue
-            row = measure(args, swap, precision)
-            rows.append(row)
-            print(row, flush=True)
-    plain = next((r for r in rows if r["swap"] == 0 and r["base_precision"] == "none"), None)
+    with open(args.out, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=FIELDS)
+        writer.writeheader()
+        f.flush()
+        for precision in args.base_precision:
+            for swap in args.swap:
+                if swap > args.layers:
+                    continue
+                row = dict(same, swap=swap, base_precision=precision)
+                try:
+                    row.update(measure(args, swap, precision))
+                except torch.cuda.OutOfMemoryError as e:  # the combination does not fit: said, and the run goes on
+                    row["error"] = f"out of memory: {str(e).splitlines()[0]}"
+                    torch.cuda.empty_cache()
+                rows.append(row)
+                writer.writerow(row)
+                f.flush()
+                print(row, flush=True)
+    measured = [r for r in rows if "step_s" in r]
+    plain = next((r for r in measured if r["swap"] == 0 and r["base_precision"] == "none"), None)
     print(f"\n{'swap':>5} {'base':>5} {'peak GiB':>9} {'planner GiB':>12} {'error':>7} {'step s':>8} {'overhead':>9}")
-    for r in rows:
+    for r in measured:
         overhead = f"{100 * (r['step_s'] / plain['step_s'] - 1):+.1f}%" if plain else "-"
         print(f"{r['swap']:>5} {r['base_precision']:>5} {r['peak_gib']:>9.2f} {r['predicted_gib']:>12.2f} "
               f"{r['error_pct']:>6.1f}% {r['step_s']:>8.3f} {overhead:>9}")
-    out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
-                       f"memory_24gb_{datetime.date.today()}.csv")
-    os.makedirs(os.path.dirname(out), exist_ok=True)
-    with open(out, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    print(f"wrote {out}")
+    print(f"wrote {args.out}")
     return 0
 
 

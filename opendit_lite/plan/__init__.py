@@ -34,8 +34,17 @@ from ..parallel import declared_sp_modes, resolve_auto, sharded_heads
 from ..parallel.modes import mode_candidates
 from ..precision import Precision, resolve_precision
 from .activation_count import counted_profile
-from .memory_model import ADAM_K, GiB, ModelShape, activation_bytes, ema_bytes, model_state_bytes, sample_tokens
-from .planner import MemoryOptions, Plan, Setting, plan, smallest_card
+from .memory_model import (
+    ADAM_K,
+    GiB,
+    ModelShape,
+    activation_bytes,
+    ema_bytes,
+    model_state_bytes,
+    offloaded_activation_bytes,
+    sample_tokens,
+)
+from .planner import HostBudget, MemoryOptions, Plan, Setting, plan, smallest_card
 from .released import released_config
 from .weight_costs import (
     Speed,
@@ -180,8 +189,14 @@ class Costs:
         return frozen + trained + (ema_bytes(w.trainable, self.world_size) if self.ema else 0)
 
     def host(self, s: Setting) -> float:
+        """Host bytes per rank of the weight-memory settings (swapped blocks, kept originals, optimizer offload)."""
         return host_bytes(self.weights, s.zero_degree, self.element_bytes, s.base_precision, s.blocks_to_swap,
                           s.optim_offload, self.world_size)
+
+    def host_per_sample(self, s: Setting, bucket: LatentBucket) -> float:
+        """Host bytes per rank of one sample's offloaded activations (``ac_offload``)."""
+        return offloaded_activation_bytes(self.shape, bucket.frames, bucket.height, bucket.width, 1,
+                                          self.element_bytes, s.sp_size, s.selective_ratio, s.offload)
 
     def seconds(self, s: Setting) -> Dict[str, float]:
         """Compute seconds of one sample's step at batch 1, and what each weight-memory setting adds."""
@@ -209,14 +224,27 @@ def memory_options(weights: WeightShape, world_size: int) -> MemoryOptions:
     return MemoryOptions(optim_offloads=(0.0, 0.5, 1.0), zero_degrees=(0, 3) if world_size == 1 else None)
 
 
+HOST_RESERVE_FRACTION = 0.1   # of the host memory, for the operating system and page cache
+HOST_GIB_PER_RANK = 2.0       # each training process itself: Python, libraries, CUDA's host side, data loading
+
+
+def host_budget(costs: Costs, host_gib: float, ranks: int) -> HostBudget:
+    """The host memory of a node of ``host_gib`` GiB that ``ranks`` training processes leave to the settings:
+    ``host_gib`` less 10% and ``HOST_GIB_PER_RANK`` per process."""
+    usable = host_gib * (1 - HOST_RESERVE_FRACTION) - HOST_GIB_PER_RANK * ranks
+    return HostBudget(usable, ranks, costs.host, costs.host_per_sample)
+
+
 def plan_config(cfg, memory_gib: float, world_size: int, max_batch: int = 256, min_batch: int = 1,
                 reserve_gib: float = 1.0, fixed: bool = False, precision: Optional[Precision] = None,
-                ranks_per_node: int = 8, speed: Optional[Speed] = None) -> Tuple[Plan, List[LatentBucket], ModelShape]:
+                ranks_per_node: int = 8, speed: Optional[Speed] = None,
+                host_gib: Optional[float] = None) -> Tuple[Plan, List[LatentBucket], ModelShape]:
     """Plan a config. ``fixed``: keep the config's zero_degree/sp_size/selective_ratio/ac_offload (and
     memory.blocks_to_swap, lora.base_precision) and only size the buckets (what ``bucket_batch: auto``
     does inside a run whose settings are already chosen). ``precision``: the run's resolved precision
     (None: ``plan_precision(cfg)``); ``ranks_per_node``: GPUs per node (an SP group larger than a node
-    spans nodes); ``speed``: the device throughputs the step-time costs assume. SP sizes are those at
+    spans nodes); ``speed``: the device throughputs the step-time costs assume; ``host_gib``: host memory
+    per node (None: not checked; see ``host_budget`` for what may use it). SP sizes are those at
     which some mode runs (ulysses, dsp, usp, ring); the plan's ``sp_choice`` is the mode ``sp_mode: auto``
     takes at its sp_size and why (the same decision a run makes: ``builders.geometry.sp_auto_inputs``).
     When nothing fits, the ConfigError names the smallest device that would (``smallest_card``)."""
@@ -246,7 +274,8 @@ def plan_config(cfg, memory_gib: float, world_size: int, max_batch: int = 256, m
     options = memory_options(weights, world_size)
     arguments = dict(element_bytes=precision.element_bytes, caption_tokens=caption, reserve_gib=reserve_gib,
                      min_batch=min_batch, max_batch=max_batch, settings=settings, sp_sizes=sp_sizes, options=options,
-                     states=costs.states, extra_cost=costs.extra_cost)
+                     states=costs.states, extra_cost=costs.extra_cost,
+                     host=host_budget(costs, host_gib, min(world_size, ranks_per_node)) if host_gib else None)
     try:
         result = plan(shape, buckets, memory_gib, world_size, **arguments)
     except ValueError as e:
@@ -288,6 +317,6 @@ def plan_bucket_batches(cfg, buckets: Sequence, world_size: int, precision: Prec
             for b in buckets]
 
 
-__all__ = ["Costs", "LatentBucket", "ModelShape", "Plan", "Setting", "Speed", "WeightShape", "adapted_model",
-           "latent_buckets", "family_shape", "memory_settings", "model_of_config", "model_shape_of_config", "plan",
-           "plan_bucket_batches", "plan_config", "plan_precision"]
+__all__ = ["Costs", "HostBudget", "LatentBucket", "ModelShape", "Plan", "Setting", "Speed", "WeightShape",
+           "adapted_model", "family_shape", "host_budget", "latent_buckets", "memory_settings", "model_of_config",
+           "model_shape_of_config", "plan", "plan_bucket_batches", "plan_config", "plan_precision"]

@@ -5,14 +5,18 @@ data-parallel rank and the predicted memory, and for the run the zero_degree, sp
 sequence-parallel mode (what ``sp_mode: auto`` takes, and why), selective_ratio and offload, blocks to
 swap and the base weights' precision (LoRA runs) or Gemini's optimizer offload (full fine-tunes), with
 the assumptions behind them; then the config fragment that sets them, each key with what it saves at
-the predicted peak and what it costs in step time. When nothing fits it exits with 2 and names the
-smallest device that would. ``key=value`` overrides after the
-options change the config as on the trainers' command lines, e.g. ``precision=fp32``.
+the predicted peak and what it costs in step time. Settings that put weights, optimizer states or
+activations in host memory must fit the node's host memory too (``--host-memory``, default: this
+machine's RAM; plan on the training machine or give its size). When nothing fits it exits with 2 and
+names the smallest device that would. ``key=value`` overrides after the options change the config as
+on the trainers' command lines, e.g. ``precision=fp32``.
 """
 
 import argparse
 import math
+import os
 import sys
+from typing import Optional
 
 from ..builders.family import config_schema
 from ..config import ConfigError, from_dict, parse_overrides, read_yaml
@@ -29,6 +33,22 @@ class _Parser(argparse.ArgumentParser):
         raise ConfigError(f"{message}. Run python -m opendit_lite.plan --help for the options.")
 
 
+def machine_host_gib() -> Optional[float]:
+    """This machine's RAM in GiB (the smaller of the physical memory and a container's cgroup limit);
+    None where the system does not say."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+    for limit_file in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(limit_file) as f:
+                limit = f.read().strip()
+        except OSError:
+            continue
+        if limit.isdigit():
+            total = min(total, int(limit))
+    return total / 2 ** 30
 
 
 def _number(text: str, kind, what: str, low: float, inclusive: bool):
@@ -68,6 +88,9 @@ def main(argv) -> int:
                    help="GiB kept free besides 10%% of the memory")
     p.add_argument("--gpus-per-node", type=lambda t: _number(t, int, "GPUs per node", 1, True), default=8,
                    help="an SP group larger than a node spans nodes (sp_mode=auto times it on the slower links)")
+    p.add_argument("--host-memory", type=lambda t: _number(t, float, "the host memory per node (GiB)", 0, False),
+                   default=None, help="host memory (RAM) per node in GiB, for swapped blocks and offloaded states "
+                                      "and activations (default: this machine's)")
     p.add_argument("--keep-settings", action="store_true",
                    help="keep the config's zero_degree/sp_size/selective_ratio/ac_offload, memory.blocks_to_swap and "
                         "lora.base_precision; only size the buckets")
@@ -83,12 +106,16 @@ def main(argv) -> int:
     # Built without load_config's checks of data paths: planning needs no data.
     cfg = from_dict(config_schema(tree), tree)
     precision = plan_precision(cfg)
+    host_gib = args.host_memory if args.host_memory is not None else machine_host_gib()
     result, buckets, shape = plan_config(cfg, args.gpu_memory, args.world_size, max_batch=args.max_batch,
                                          min_batch=args.min_batch, reserve_gib=args.reserve,
                                          fixed=args.keep_settings, precision=precision,
                                          ranks_per_node=args.gpus_per_node,
-                                         speed=Speed(tflops=args.tflops, h2d_gbps=args.h2d_gbps))
-    print(f"plan for {args.config}: {args.world_size} device(s) of {args.gpu_memory:g} GiB, precision "
+                                         speed=Speed(tflops=args.tflops, h2d_gbps=args.h2d_gbps), host_gib=host_gib)
+    host = ("host memory not checked (this machine does not report its RAM: --host-memory)" if host_gib is None
+            else f"{host_gib:.1f} GiB host memory per node" + ("" if args.host_memory is not None
+                                                               else " (this machine's; --host-memory)"))
+    print(f"plan for {args.config}: {args.world_size} device(s) of {args.gpu_memory:g} GiB, {host}, precision "
           f"{precision.name}" + (" (auto on a GPU)" if cfg.precision == "auto" else ""))
     print(result.table(buckets, shape))
     print()

@@ -41,7 +41,11 @@ def config_fragment(cfg, plan: Plan, per_sample, raw_buckets: Sequence[dict], wo
     s, costs = plan.setting, plan.costs
     seconds = costs.seconds(s)
     peak = peak_bytes(plan, s, per_sample(s))
-    host = costs.host(s)
+    # Per rank: the weight-memory settings' part and the largest bucket's offloaded activations.
+    host = costs.host(s) + max((plan.batches[b.name] * costs.host_per_sample(s, b) for b in costs.buckets),
+                               default=0.0)
+    node = (f" ({plan.host_gib:.2f} of {plan.host_usable_gib:.2f} GiB usable per node)" if plan.host_gib is not None
+            else " (host memory not checked)")
 
     def saves(**change) -> str:
         return f"saves {_size(_without(plan, s, per_sample, **change) - peak)}"
@@ -50,7 +54,7 @@ def config_fragment(cfg, plan: Plan, per_sample, raw_buckets: Sequence[dict], wo
         f"# python -m opendit_lite.plan: set these to fit {memory_gib:g} GiB per device ({world_size} device(s)):",
         f"# predicted peak {_size(peak)} of {_size(plan.usable_gib * GiB)} usable; predicted step time "
         f"{plan.cost:.2f}x that of plain ZeRO-2 without checkpointing; host memory the settings use: "
-        f"{_size(host)}.",
+        f"{_size(host)} per rank{node}.",
     ]
     zero_note = {0: "DDP (fp32 weights, autocast)", 1: "ZeRO-1", 2: "ZeRO-2 (bf16 working weights)",
                  3: "ZeRO-3 (Gemini: weights, gradients and optimizer sharded in chunks)"}[s.zero_degree]

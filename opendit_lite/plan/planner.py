@@ -17,6 +17,12 @@ lowest estimated cost per sample, from these assumptions (printed with every pla
   choice, timed from the bytes of ``parallel/comm_volume.py``).
 
 Ties go to the setting listed first (smaller SP, less recompute, no offload, lower ZeRO degree).
+
+Host memory (``HostBudget``, when given): what a setting puts in one node's host memory (swapped
+blocks, the original weights a low-precision base keeps, Gemini's offloaded optimizer states: a fixed
+amount per rank; offloaded activations: per sample) times the ranks on the node must stay within the
+usable host memory; a bucket's batch is capped by it too, and a setting that cannot hold even its
+fixed part is skipped. A setting that puts nothing on the host is never refused for it.
 """
 
 import math
@@ -47,6 +53,42 @@ class Setting:
         return c + 0.05 * math.log2(self.sp_size)
 
 
+@dataclass(frozen=True)
+class HostBudget:
+    """One node's host memory that the settings may use (the module docstring): ``usable_gib`` for
+    ``ranks`` ranks, each needing ``fixed(setting)`` bytes plus ``per_sample(setting, bucket)`` per sample."""
+
+    usable_gib: float
+    ranks: int
+    fixed: Callable[[Setting], float]
+    per_sample: Callable[[Setting, LatentBucket], float]
+
+    def spare_per_rank(self, setting: Setting) -> float:
+        """Bytes per rank left for offloaded activations once ``setting``'s fixed part is held."""
+        return self.usable_gib * GiB / self.ranks - self.fixed(setting)
+
+    def capped(self, setting: Setting, buckets: Sequence[LatentBucket], batches: Dict[str, int]) -> Dict[str, int]:
+        """``batches`` capped by what the host holds (every batch 0 when not even the fixed part fits; unchanged
+        when the setting puts nothing on the host)."""
+        fixed, spare = self.fixed(setting), self.spare_per_rank(setting)
+        capped = {}
+        for b in buckets:
+            on_host = self.per_sample(setting, b)
+            if fixed and spare < 0:
+                capped[b.name] = 0
+            elif on_host:  # offloaded activations: the batch the host holds too
+                capped[b.name] = min(batches[b.name], max(0, int(spare // on_host)))
+            else:
+                capped[b.name] = batches[b.name]
+        return capped
+
+    def need_gib(self, setting: Setting, buckets: Sequence[LatentBucket], batches: Dict[str, int]) -> float:
+        """The node's host GiB under ``setting`` at ``batches`` (the largest bucket's activations: buckets
+        take turns)."""
+        activations = max((batches[b.name] * self.per_sample(setting, b) for b in buckets), default=0.0)
+        return self.ranks * (self.fixed(setting) + activations) / GiB
+
+
 @dataclass
 class Plan:
     setting: Setting
@@ -59,6 +101,8 @@ class Plan:
     sp_requested: str = "auto"                 # the config's sp_mode
     cost: float = 0.0                          # estimated time per sample relative to plain ZeRO-2
     costs: Optional[object] = None             # plan.Costs of the run (weight bytes, step-time shares), if known
+    host_gib: Optional[float] = None           # host memory of one node the settings use (None: not checked)
+    host_usable_gib: Optional[float] = None    # of the node's usable host memory
 
     def sp_text(self) -> str:
         """The SP mode of the plan and why (one paragraph)."""
@@ -82,6 +126,9 @@ class Plan:
                  f"{self.cost or s.cost():.2f}x)",
                  f"sequence parallel: {self.sp_text()}",
                  f"memory per device: {self.usable_gib:.2f} GiB usable, model states + EMA {self.states_gib:.2f} GiB",
+                 *([f"host memory per node: {self.host_gib:.2f} GiB of {self.host_usable_gib:.2f} GiB usable (swapped "
+                    f"blocks, kept originals, offloaded optimizer states and activations)"]
+                   if self.host_gib is not None else []),
                  f"{'bucket':<20} {'latent TxHxW':>14} {'tokens/rank':>12} {'GiB/sample':>11} {'batch':>6} "
                  f"{'predicted GiB':>14}"]
         for b in buckets:
@@ -144,12 +191,13 @@ def plan(shape: ModelShape, buckets: Sequence[LatentBucket], memory_gib: float, 
          min_batch: int = 1, max_batch: int = 256, settings: Optional[Sequence[Setting]] = None,
          sp_sizes: Optional[Sequence[int]] = None, options: Optional[MemoryOptions] = None,
          states: Optional[Callable[[Setting], float]] = None,
-         extra_cost: Optional[Callable[[Setting], float]] = None) -> Plan:
+         extra_cost: Optional[Callable[[Setting], float]] = None, host: Optional[HostBudget] = None) -> Plan:
     """The cheapest setting under which every bucket fits ``min_batch``; raises ValueError when none does.
     ``sp_sizes``: the SP sizes to consider (None: those dividing the world size and the heads);
     ``options``: the weight-memory settings to consider too; ``states``: bytes per device of a setting's
     weights, gradients, optimizer and EMA (None: a full fine-tune's ZeRO formulas, ``step_bytes``);
-    ``extra_cost``: a setting's cost beyond ``Setting.cost`` (swapping, low-precision storage, offload)."""
+    ``extra_cost``: a setting's cost beyond ``Setting.cost`` (swapping, low-precision storage, offload);
+    ``host``: the node's host memory the settings may use (None: not checked)."""
     states = states or (lambda s: step_bytes(shape, s.zero_degree, world_size))
     extra_cost = extra_cost or (lambda s: 0.0)
     usable = memory_gib * GiB * (1 - reserve_fraction) - reserve_gib * GiB
@@ -164,18 +212,33 @@ def plan(shape: ModelShape, buckets: Sequence[LatentBucket], memory_gib: float, 
         "cost per sample: ZeRO-3 +20%, checkpointing a fraction c of blocks +c/3, offload +10%, "
         "SP +5% per doubling; the cheapest setting that fits every bucket wins",
     ]
+    if host is not None:
+        assumptions.append(f"host memory: {host.usable_gib:.1f} GiB usable for {host.ranks} rank(s) per node holds "
+                           f"the swapped blocks, the originals of a low-precision base, Gemini's offloaded optimizer "
+                           f"states and offloaded activations; the model's weights read at start-up are not counted")
     candidates = settings or candidate_settings(world_size, shape.num_heads, sp_sizes=sp_sizes, options=options)
+    short_of_host = 0  # settings that fit the device but not the host
     for setting in sorted(candidates, key=lambda s: s.cost() + extra_cost(s)):  # stable: ties keep the order
         batches, per_sample = {}, {}
         held = states(setting)
         for b in buckets:
             batches[b.name], per_sample[b.name] = bucket_batch(shape, b, setting, usable, world_size, element_bytes,
                                                                caption_tokens, max_batch, held)
-        if min(batches.values()) >= min_batch:
-            return Plan(setting, batches, held / GiB, {k: v / GiB for k, v in per_sample.items()}, usable / GiB,
-                        assumptions, cost=setting.cost() + extra_cost(setting))
+        if min(batches.values()) < min_batch:
+            continue
+        if host is not None:
+            batches = host.capped(setting, buckets, batches)
+            if min(batches.values()) < min_batch:
+                short_of_host += 1
+                continue
+        return Plan(setting, batches, held / GiB, {k: v / GiB for k, v in per_sample.items()}, usable / GiB,
+                    assumptions, cost=setting.cost() + extra_cost(setting),
+                    host_gib=host.need_gib(setting, buckets, batches) if host is not None else None,
+                    host_usable_gib=host.usable_gib if host is not None else None)
+    host_text = (f"; {short_of_host} setting(s) that fit the device need more than the {host.usable_gib:.1f} GiB of "
+                 f"host memory usable per node (--host-memory)" if short_of_host else "")
     raise ValueError(f"no setting fits a batch of {min_batch} of every bucket in {memory_gib:g} GiB per device "
-                     f"at world size {world_size}: use more devices, smaller buckets or a larger device")
+                     f"at world size {world_size}{host_text}: use more devices, smaller buckets or a larger device")
 
 
 # Device memory sizes (GiB) of common training GPUs, for "the smallest card that would fit".

@@ -1,8 +1,8 @@
 """``python -m opendit_lite.plan`` answers "what do I set to fit this card": the printed config fragment
 runs as printed (a tiny Wan LoRA whose weights dominate its memory gets blocks swapped and an NF4/FP8
 base, trains with them through train_video.py, and its exported LoRA loads in diffusers over the
-original-precision base), the released 12-14B models plan without their weights, and a device too
-small exits with 2 naming the smallest one that fits."""
+original-precision base), the released 12-14B models plan without their weights, and a device (or a
+host) too small exits with 2 naming the smallest device that fits."""
 
 import os
 
@@ -87,7 +87,7 @@ def test_printed_fragment_trains_as_printed_and_exports_a_lora_over_the_original
                                        "model.path=/path/to/HunyuanVideo/transformer"]),
 ])
 def test_released_models_plan_to_fit_24_gib_without_their_weights(capsys, config, extra):
-    assert plan_main(["--config", config, "--gpu-memory", "24", *extra]) == 0
+    assert plan_main(["--config", config, "--gpu-memory", "24", "--host-memory", "64", *extra]) == 0
     out = capsys.readouterr().out
     assert "planned with the released" in out
     fragment = fragment_of(out)
@@ -104,8 +104,13 @@ def test_released_models_plan_to_fit_24_gib_without_their_weights(capsys, config
                 assert shipped[key] == value, (key, value)
 
 
-def test_nothing_fits_exits_2_naming_the_smallest_device(capsys):
+@pytest.mark.parametrize("config,host,why", [
+    ("configs/wan14b_full_8x80gb.yaml", "256", "no setting fits a batch of 1"),
+    # 24 GiB of RAM cannot hold 26 swapped blocks and the offloaded inputs (about 30 GiB).
+    ("configs/wan14b_lora_24gb.yaml", "24", "need more than the 19.6 GiB of host memory usable per node"),
+])
+def test_nothing_fits_exits_2_naming_the_smallest_device(capsys, config, host, why):
     with pytest.raises(SystemExit) as e:
-        plan_main(["--config", "configs/wan14b_full_8x80gb.yaml", "--gpu-memory", "24"])
+        plan_main(["--config", config, "--gpu-memory", "24", "--host-memory", host])
     err = capsys.readouterr().err.strip()
-    assert e.value.code == 2 and "\n" not in err and "smallest device that fits is" in err, err
+    assert e.value.code == 2 and "\n" not in err and "smallest device that fits is" in err and why in err, err
