@@ -78,7 +78,8 @@ def predicted_gib(args, swap: int, precision: str) -> float:
         with torch.device("meta"):
             meta = diffusers.WanTransformer3DModel(**wan_config(args.layers))
             apply_lora(meta, rank=args.rank, alpha=args.rank, dropout=0.0)
-        _SHAPES[args.layers] = meta, family_shape(meta, CAPTION_TOKENS, "WanTransformer3DModel")
+        _SHAPES[args.layers] = meta, family_shape(meta, CAPTION_TOKENS, "WanTransformer3DModel",
+                                                        dtype=torch.bfloat16)  # counted in the dtype it runs in
     meta, shape = _SHAPES[args.layers]
     bucket = LatentBucket("bench", args.frames, args.height, args.width)
     costs = Costs(shape, WeightShape.of(meta), 1, 2, sample_tokens(shape, args.frames, args.height, args.width),
