@@ -360,19 +360,21 @@ def parallelize(model: nn.Module, *, sp_group: Optional[dist.ProcessGroup] = Non
     ``NoiseExperts`` (Wan 2.2's two experts, ``models/experts.py``) gets every step on each expert,
     as if each were the model: each has its own adapters (peft adapters live on the model they are
     injected into), its own sequence-parallel hooks (the family spec places them by path from the
-    transformer's root), its base stored in ``base_precision``, ``blocks_to_swap`` of its blocks swapped
-    (each expert's own) and its blocks checkpointed and compiled; the report lists both, each row named
-    after its expert."""
+    transformer's root), its base stored in ``base_precision``, its half of ``blocks_to_swap`` swapped
+    (the count is of both experts' blocks, as the planner counts them; each expert fetches its own, one
+    prefetch chain per expert since a step may run either) and its blocks checkpointed and compiled;
+    the report lists both, each row named after its expert."""
     if isinstance(model, NoiseExperts):
         report = ParallelizeReport()
-        for name, expert in model.experts():
+        halves = (blocks_to_swap - blocks_to_swap // 2, blocks_to_swap // 2)
+        for (name, expert), swapped in zip(model.experts(), halves):
             part = parallelize(expert, sp_group=sp_group, sp_mode=sp_mode, sp_ring_size=sp_ring_size, sp_auto=sp_auto,
                                fused_adaln=fused_adaln, fused_layernorm=fused_layernorm,
                                attention_backend=attention_backend, selective_ratio=selective_ratio,
                                ac_offload=ac_offload, compile=compile, compile_backend=compile_backend,
                                cuda_graphs=cuda_graphs, lora_rank=lora_rank, lora_alpha=lora_alpha,
                                lora_dropout=lora_dropout, lora_targets=lora_targets, base_precision=base_precision,
-                               blocks_to_swap=blocks_to_swap)
+                               blocks_to_swap=swapped)
             report.rows += [StepRow(row.step, f"{name}: {row.swapped}", row.count, row.left) for row in part.rows]
             report.conversion = report.conversion or part.conversion
             report.checkpointing = report.checkpointing or part.checkpointing

@@ -201,11 +201,15 @@ class Costs:
     def seconds(self, s: Setting) -> Dict[str, float]:
         """Compute seconds of one sample's step at batch 1, and what each weight-memory setting adds."""
         w, tokens = self.weights, -(-self.tokens // s.sp_size)
-        recomputed = w.depth * (1 - s.selective_ratio)
+        # A sample runs through shape.depth blocks: all of w's, or one expert's of Wan 2.2's two (whose
+        # weights w counts both), so only that share of the base is dequantized per sample.
+        depth = self.shape.depth
+        recomputed = depth * (1 - s.selective_ratio)
         block = w.block_bytes(s.base_precision, working_bytes(s.zero_degree, self.element_bytes))
-        return {"step": step_seconds(w, self.shape.hidden_size, tokens, recomputed, self.speed),
+        dequantize = dequantize_seconds(w, s.base_precision, 2 + recomputed / depth, self.speed) * depth / w.depth
+        return {"step": step_seconds(w, self.shape.hidden_size, tokens, recomputed, self.speed, depth),
                 "blocks_to_swap": swap_seconds(w, self.shape.hidden_size, tokens, s.blocks_to_swap, block, self.speed),
-                "base_precision": dequantize_seconds(w, s.base_precision, 2 + recomputed / w.depth, self.speed),
+                "base_precision": dequantize,
                 "optim_offload": optim_offload_seconds(w, s.optim_offload, self.world_size, self.speed)}
 
     def extra_cost(self, s: Setting) -> float:

@@ -35,7 +35,7 @@ pinned host -> device copies over PCIe 4.0 x16, 1000 GB/s device memory):
 """
 
 from dataclasses import dataclass
-from typing import Dict
+from typing import Dict, Optional
 
 import torch.nn as nn
 
@@ -125,10 +125,12 @@ def block_seconds(w: WeightShape, hidden: int, tokens: int, speed: Speed) -> Dic
     return {"forward": (linear + attention) / (speed.tflops * 1e12), "backward": backward / (speed.tflops * 1e12)}
 
 
-def step_seconds(w: WeightShape, hidden: int, tokens: int, recomputed: float, speed: Speed) -> float:
-    """Compute seconds of one sample's step: every block forward and backward, ``recomputed`` blocks twice."""
+def step_seconds(w: WeightShape, hidden: int, tokens: int, recomputed: float, speed: Speed,
+                 depth: Optional[int] = None) -> float:
+    """Compute seconds of one sample's step: each of the ``depth`` blocks a sample runs through (None: all of
+    ``w``'s; one expert's of Wan 2.2's two) forward and backward, ``recomputed`` blocks twice."""
     s = block_seconds(w, hidden, tokens, speed)
-    return w.depth * (s["forward"] + s["backward"]) + recomputed * s["forward"]
+    return (depth or w.depth) * (s["forward"] + s["backward"]) + recomputed * s["forward"]
 
 
 def swap_seconds(w: WeightShape, hidden: int, tokens: int, blocks_to_swap: int, block_bytes: float,

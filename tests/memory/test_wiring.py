@@ -61,3 +61,35 @@ def test_gemini_optimizer_offload_reaches_the_plugin(monkeypatch):
     with pytest.raises(Exception, match="stop here"):
         loop.build_booster(cfg, info)
     assert seen["gemini_offload_optim_frac"] == 0.5
+
+
+def test_wan22_experts_share_blocks_to_swap_and_match_the_unswapped_experts():
+    """memory.blocks_to_swap counts both experts' blocks, as the planner does (3: two of the high-noise
+    expert's, one of the low-noise expert's, each expert fetching its own); a batch split between the
+    experts gives the loss and gradients of the same experts unswapped."""
+    from opendit_lite.memory import swapped_blocks
+    from opendit_lite.models.experts import NoiseExperts
+    from tests.models.test_experts import BOUNDARY, FAMILY, call, split_batch
+
+    def experts(blocks_to_swap):
+        model = NoiseExperts(families.build(FAMILY, seed=0), families.build(FAMILY, seed=3), boundary=BOUNDARY)
+        parallelize(model, lora_rank=2, lora_alpha=4.0, base_precision="fp8", blocks_to_swap=blocks_to_swap)
+        g = torch.Generator().manual_seed(5)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "lora_B" in name:
+                    p.copy_(0.1 * torch.randn(p.shape, generator=g))
+        return model
+
+    plain, swapped = experts(0), experts(3)
+    assert [sum(swapped_blocks(expert).values()) for _, expert in swapped.experts()] == [2, 1]
+    inputs = split_batch([900.0, 100.0])  # one sample for each expert
+    results = []
+    for model in (plain, swapped):
+        loss = call(model, inputs).square().mean()
+        loss.backward()
+        results.append((loss.item(), {n: p.grad for n, p in model.named_parameters() if p.requires_grad}))
+    (want_loss, want), (got_loss, got) = results
+    assert got_loss == pytest.approx(want_loss, rel=1e-6) and got.keys() == want.keys()
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=1e-5, atol=1e-6, msg=name)
