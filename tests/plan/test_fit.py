@@ -68,10 +68,15 @@ def test_printed_fragment_trains_as_printed_and_exports_a_lora_over_the_original
     # be NF4's grid; FP8's rows would have at most 256 values.
     base = read_weights(ckpt, use_ema=False)["blocks.0.ffn.net.0.proj.base_layer.weight"]
     assert base.dtype == torch.float32 and len(np.unique(base.numpy())) > 256 * base.shape[0] // 8
+    # The export is the adapters alone (the pipeline's LoRA file): loaded over the base the run started
+    # from, the original-precision weights its checkpoint holds.
     out = os.path.join(run, "diffusers")
-    loaded = diffusers.WanTransformer3DModel.from_pretrained(out)
-    loaded.load_lora_adapter(out, weight_name="pytorch_lora_weights.safetensors")
+    assert os.listdir(out) == ["pytorch_lora_weights.safetensors"]
     model_config = yaml.safe_load(open(os.path.join(run, "config.yaml")))["model"]["config"]
+    loaded = diffusers.WanTransformer3DModel(**model_config)
+    loaded.load_state_dict({k.replace(".base_layer", ""): v for k, v in read_weights(ckpt, use_ema=False).items()
+                            if ".lora_" not in k})
+    loaded.load_lora_adapter(out, weight_name="pytorch_lora_weights.safetensors")
     reference = load_merged(diffusers.WanTransformer3DModel(**model_config), ckpt, use_ema=True,
                             lora=saved_config(ckpt)["lora"])
     inputs = dict(hidden_states=torch.randn(1, 3, 2, 8, 8), timestep=torch.tensor([500.0]),
