@@ -68,20 +68,9 @@ def test_wan22_experts_share_blocks_to_swap_and_match_the_unswapped_experts():
     expert's, one of the low-noise expert's, each expert fetching its own); a batch split between the
     experts gives the loss and gradients of the same experts unswapped."""
     from opendit_lite.memory import swapped_blocks
-    from opendit_lite.models.experts import NoiseExperts
-    from tests.models.test_experts import BOUNDARY, FAMILY, call, split_batch
+    from tests.models.test_experts import call, experts, split_batch
 
-    def experts(blocks_to_swap):
-        model = NoiseExperts(families.build(FAMILY, seed=0), families.build(FAMILY, seed=3), boundary=BOUNDARY)
-        parallelize(model, lora_rank=2, lora_alpha=4.0, base_precision="fp8", blocks_to_swap=blocks_to_swap)
-        g = torch.Generator().manual_seed(5)
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                if "lora_B" in name:
-                    p.copy_(0.1 * torch.randn(p.shape, generator=g))
-        return model
-
-    plain, swapped = experts(0), experts(3)
+    plain, swapped = (experts(2, base_precision="fp8", blocks_to_swap=n) for n in (0, 3))
     assert [sum(swapped_blocks(expert).values()) for _, expert in swapped.experts()] == [2, 1]
     inputs = split_batch([900.0, 100.0])  # one sample for each expert
     results = []
