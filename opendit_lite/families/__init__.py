@@ -25,6 +25,7 @@ calls the model; the other pieces name diffusers' classes.
 
 from . import cogvideox, flux, hunyuan_video, ltx_video, sd3, wan  # noqa: F401  (registers the six families)
 from .adapter_base import FamilyAdapter, Recipe
+from .conditioning_base import PipelineConditioning
 from .family_denoiser import FamilyDenoiser
 from .registry import (
     FAMILIES,
@@ -32,11 +33,13 @@ from .registry import (
     family_adapter,
     family_class_names,
     family_of,
+    family_of_pipeline,
     find_family,
     is_family,
     register_family,
     unregistered_pieces,
 )
 
-__all__ = ["FAMILIES", "Family", "FamilyAdapter", "FamilyDenoiser", "Recipe", "family_adapter", "family_class_names",
-           "family_of", "find_family", "is_family", "register_family", "unregistered_pieces"]
+__all__ = ["FAMILIES", "Family", "FamilyAdapter", "FamilyDenoiser", "PipelineConditioning", "Recipe", "family_adapter",
+           "family_class_names", "family_of", "family_of_pipeline", "find_family", "is_family", "register_family",
+           "unregistered_pieces"]

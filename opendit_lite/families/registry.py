@@ -13,7 +13,11 @@ specific to it:
 * ``fused_norms`` (``<family>/fused_norms.py``): the block swaps of the ``fused_adaln`` conversion
   and what it leaves, and why;
 * ``encoding`` (``<family>/encoding.py``): the family's VAE, latent normalisation and text encoder,
-  for extracting latents (``scripts/extract_latents.py --family``).
+  for extracting latents (``scripts/extract_latents.py --family``);
+* ``conditioning`` (``<family>/conditioning.py``): what the family's diffusers pipeline feeds its
+  transformer, which a run from a pipeline folder (``model.pipeline``) trains on;
+* ``tiny`` (``<family>/tiny.py``): tiny random pipelines of the family's released layouts
+  (``tiny_pipelines.py``, ``scripts/make_tiny_pipeline.py``).
 
 Export needs nothing per family: a trained model goes back to its diffusers class by that class's
 name (``interop.export_family``); the LoRA file's ``transformer.`` prefix is every pipeline's.
@@ -42,6 +46,8 @@ from ..parallel.diffusers_sp import FAMILIES as SP_SPECS
 from ..parallel.diffusers_sp import register_family_spec
 from ..parallel.diffusers_sp.spec_types import FamilySpec
 from .adapter_base import FamilyAdapter
+from .conditioning_base import PipelineConditioning
+from .tiny_parts import TinyPipeline
 
 
 @dataclass(frozen=True)
@@ -57,6 +63,8 @@ class Family:
     sp_spec: FamilySpec                # sequence parallelism
     fused_norms: FusedNorms            # fused_adaln's block swaps
     encoding: FamilyEncoders           # VAE, latent normalisation, text encoder
+    conditioning: PipelineConditioning  # what its diffusers pipeline feeds the transformer
+    tiny: Tuple[TinyPipeline, ...]     # tiny random pipelines of its released layouts
     aliases: Tuple[str, ...] = ()      # other short names ``find_family`` takes
 
     @property
@@ -82,6 +90,8 @@ def _check_record(family: Family) -> None:
                         f"{family.adapter.image_only}")
     if not family.block_lists or not family.lora_targets:
         problems.append("block_lists and lora_targets must be non-empty")
+    if not family.conditioning.pipelines or not family.tiny:
+        problems.append("conditioning.pipelines and tiny must be non-empty")
     if problems:
         raise ValueError(f"family {family.name!r} ({family.class_name}): " + "; ".join(problems))
     for other in FAMILIES.values():
@@ -123,6 +133,11 @@ def _class_name(name_or_model: Union[str, nn.Module, type, None]) -> Optional[st
         return name_or_model
     cls = name_or_model if isinstance(name_or_model, type) else type(name_or_model)
     return cls.__name__
+
+
+def family_of_pipeline(pipeline_class: str) -> Optional[Family]:
+    """The family whose conditioning reproduces the diffusers pipeline class ``pipeline_class``; None if none."""
+    return next((f for f in FAMILIES.values() if pipeline_class in f.conditioning.pipelines), None)
 
 
 def _by_class(class_name: Optional[str]) -> Optional[Family]:

@@ -1,13 +1,15 @@
-"""Flux (FLUX.1) (diffusers' ``FluxTransformer2DModel``): its record in the families registry, built from the
-pieces in this folder (``adapter.py``, ``sp_spec.py``, ``fused_norms.py``, ``encoding.py``) and its
-capabilities, and registered on import."""
+"""Flux (FLUX.1) (diffusers' ``FluxTransformer2DModel``): its record in the families registry, built
+from the pieces in this folder (``adapter.py``, ``sp_spec.py``, ``fused_norms.py``, ``encoding.py``,
+``conditioning.py``, ``tiny.py``) and its capabilities, and registered on import."""
 
 from ..lora_targets import CONTEXT_FEED_FORWARD, FEED_FORWARD, JOINT_ATTENTION, SINGLE_STREAM_MLP
 from ..registry import Family, register_family
 from .adapter import FluxAdapter
+from .conditioning import CONDITIONING
 from .encoding import ENCODING
 from .fused_norms import FUSED_NORMS
 from .sp_spec import SP_SPEC
+from .tiny import TINY
 
 FAMILY = register_family(Family(
     name="flux",
@@ -19,4 +21,6 @@ FAMILY = register_family(Family(
     sp_spec=SP_SPEC,
     fused_norms=FUSED_NORMS,
     encoding=ENCODING,
+    conditioning=CONDITIONING,
+    tiny=TINY,
 ))
