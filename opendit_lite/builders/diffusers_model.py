@@ -3,6 +3,8 @@ and its denoiser for the video trainer and sampler.
 
 The model comes from exactly one of:
 
+* ``model.pipeline``: a diffusers pipeline folder, its ``transformer/`` (``builders/pipeline.py`` checks
+  the folder and conditions the model as the pipeline does);
 * ``model.path``: a local diffusers folder (``config.json`` and the weights, as ``save_pretrained``
   writes them, or a pipeline's ``transformer/`` folder), loaded by ``from_pretrained`` with
   nothing downloaded;
@@ -39,10 +41,23 @@ def _diffusers_class(name: str) -> type:
     return getattr(diffusers, name)
 
 
+def model_folder(cfg) -> Optional[str]:
+    """The local folder the model loads from: ``model.path``, or the pipeline's ``transformer/``."""
+    m = cfg.model
+    return os.path.join(m.pipeline, "transformer") if getattr(m, "pipeline", None) else m.path
+
+
 def diffusers_config(cfg) -> Dict:
     """The model's full diffusers config: ``model.config`` or the folder's ``config.json``, over the
     class's defaults (read from its constructor, nothing is built)."""
     m = cfg.model
+    if getattr(m, "pipeline", None):
+        path = model_folder(cfg)
+        with open(os.path.join(path, "config.json")) as f:
+            given = json.load(f)
+        params = inspect.signature(_diffusers_class(m.name).__init__).parameters
+        defaults = {k: p.default for k, p in params.items() if p.default is not inspect.Parameter.empty}
+        return {**defaults, **{k: v for k, v in given.items() if not k.startswith("_")}}
     if m.path and m.config:
         raise ConfigError(f"'model.path' and 'model.config' both set for {m.name}: give the local folder to load "
                           f"(model.path) or the constructor arguments of a random initialisation (model.config), "
@@ -81,11 +96,13 @@ def build_diffusers_model(cfg) -> nn.Module:
     m = cfg.model
     cls = _diffusers_class(m.name)
     diffusers_config(cfg)  # the checks above
-    if m.path:
+    path = model_folder(cfg)
+    if path:
         try:
-            return cls.from_pretrained(m.path, local_files_only=True)
+            return cls.from_pretrained(path, local_files_only=True)
         except (OSError, ValueError, EnvironmentError) as e:
-            raise ConfigError(f"Cannot load {m.name} from 'model.path' {m.path!r}: {e}") from None
+            where = "'model.pipeline'" if getattr(m, "pipeline", None) else "'model.path'"
+            raise ConfigError(f"Cannot load {m.name} from {where} {path!r}: {e}") from None
     try:
         return cls(**m.config)
     except (TypeError, ValueError, AssertionError) as e:

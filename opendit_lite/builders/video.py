@@ -33,9 +33,10 @@ def video_buckets(cfg) -> Optional[List[Bucket]]:
     """The parsed ``data.buckets``, or None for one fixed clip shape."""
     if not cfg.data.buckets:
         return None
-    if cfg.data.type == "latents":
+    if cfg.data.type == "latents" and not getattr(cfg.model, "pipeline", None):
         raise ConfigError("data.buckets needs each sample's own size and reads clips at the bucket's: use "
-                          "data.type=shapes or csv (precomputed latents have one fixed size).")
+                          "data.type=shapes or csv (precomputed latents have one fixed size), or latents extracted "
+                          "from a pipeline (model.pipeline), which record each clip's size.")
     try:
         buckets = parse_buckets(cfg.data.buckets)
     except ValueError as e:

@@ -3,10 +3,10 @@ what ``train_video.py`` writes to ``<run dir>/diffusers/`` at the end of a run a
 ``scripts/export_diffusers.py --checkpoint`` writes on demand.
 
 The model is rebuilt from the run's saved ``model`` section (the class ``name`` and its ``config``,
-or the ``config.json`` of its ``path``) on the meta device: no weight is allocated, the checkpoint's
-weights are assigned by ``diffusers_export.export_family``. A LoRA run (its saved ``lora`` section) gets
-the same adapters first, so their scaling is known and the export merges them or writes them as an
-adapter file.
+or the ``config.json`` of its ``path`` or of its ``pipeline``'s transformer) on the meta device: no
+weight is allocated, the checkpoint's weights are assigned by ``diffusers_export.export_family``. A
+LoRA run (its saved ``lora`` section) gets the same adapters first, so their scaling is known and
+the export merges them or writes them as an adapter file.
 """
 
 import json
@@ -29,10 +29,11 @@ def _family_config(model: dict) -> dict:
     """The diffusers constructor arguments of the run's model section."""
     if model.get("config"):
         return dict(model["config"])
-    path = model.get("path")
+    path = os.path.join(model["pipeline"], "transformer") if model.get("pipeline") else model.get("path")
     config = os.path.join(path or "", "config.json")
     if not path or not os.path.isfile(config):
-        raise ConfigError(f"the run's model {model.get('name')} was loaded from model.path {path!r}, whose "
+        where = "model.pipeline's transformer" if model.get("pipeline") else "model.path"
+        raise ConfigError(f"the run's model {model.get('name')} was loaded from {where} {path!r}, whose "
                           f"config.json is needed to rebuild it and is no longer there; restore that folder.")
     with open(config) as f:
         return json.load(f)

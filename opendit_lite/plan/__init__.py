@@ -48,7 +48,7 @@ def model_of_config(cfg, device="meta") -> nn.Module:
             from ..builders.video import build_video_model
 
             if is_family(m.name):
-                m.config, m.path = diffusers_config(cfg), None
+                m.config, m.path, m.pipeline = diffusers_config(cfg), None, None
             else:
                 m.caption_channels = m.caption_channels or CAPTION_WIDTHS[cfg.text_encoder.kind]
             return build_video_model(cfg)
