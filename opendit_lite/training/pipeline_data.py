@@ -77,7 +77,12 @@ def prepare_pipeline_data(cfg, device, sp_group=None) -> TrainingData:
             return (latents.to(device, non_blocking=True),
                     {k: v.to(device, non_blocking=True) for k, v in text.items()})
     # The model geometry the config records: the first bucket's (or the one clip size's) latents.
-    frames, height, width = (buckets[0].shape if buckets else (d.num_frames, d.image_size, d.image_size))
+    if buckets:
+        frames, height, width = buckets[0].shape
+    elif d.type == "latents":  # their one recorded size (rectangular ones included)
+        frames, height, width = video_latent_meta(d.path)["pixel_sizes"][0]
+    else:
+        frames, height, width = d.num_frames, d.image_size, d.image_size
     C, T, h, w = latent_clip_shape(cfg, frames, height, width)
     m.in_channels, m.num_frames, m.input_size = C, T, [h, w]
     diffusion = cfg.diffusion
