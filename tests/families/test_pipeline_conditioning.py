@@ -14,17 +14,15 @@ Run with -s to see the largest difference of each input."""
 
 import os
 
-import numpy as np
 import pytest
 import torch
 
 from opendit_lite.builders.video import build_video_model
-from opendit_lite.config import load_config
-from opendit_lite.config.video_schema import VideoTrainConfig
 from opendit_lite.diffusion.rectified_flow import RectifiedFlow
 from opendit_lite.families.tiny_pipelines import TINY_CALLS
-from opendit_lite.training.video import prepare_video_data, validate_video_config
+from opendit_lite.training.video import prepare_video_data
 from tests.families.pipeline_capture import capture, model_latents
+from tests.pipeline_runs import pipeline_config, write_clip, write_csv, write_image
 
 CAPTION = "a red square moving left"
 IGNORED = {"attention_kwargs", "joint_attention_kwargs", "return_dict"}
@@ -36,35 +34,11 @@ TRUE_CFG = {"flux": dict(true_cfg_scale=2.0, negative_prompt=""),
 @pytest.fixture(scope="module")
 def captioned(tmp_path_factory):
     """(image CSV, clip CSV): one 40x48 image and one 12-frame clip captioned CAPTION."""
-    import av
-    from PIL import Image
-
     folder = tmp_path_factory.mktemp("captioned")
-    rng = np.random.default_rng(0)
-    Image.fromarray(rng.integers(0, 255, (40, 48, 3), dtype=np.uint8)).save(folder / "image.png")
-    with av.open(str(folder / "clip.mp4"), "w") as container:
-        stream = container.add_stream("mpeg4", rate=8)
-        stream.width, stream.height, stream.pix_fmt = 48, 40, "yuv420p"
-        for _ in range(12):
-            frame = av.VideoFrame.from_ndarray(rng.integers(0, 255, (40, 48, 3), dtype=np.uint8), format="rgb24")
-            for packet in stream.encode(frame):
-                container.mux(packet)
-        for packet in stream.encode():
-            container.mux(packet)
-    for name, file in (("images.csv", "image.png"), ("clips.csv", "clip.mp4")):
-        (folder / name).write_text(f"path,text\n{file},{CAPTION}\n")
-    return str(folder / "images.csv"), str(folder / "clips.csv")
-
-
-def pipeline_config(folder: str, csv: str, call: dict, results: str, *extra: str):
-    """The video trainer's config for a run from the pipeline ``folder`` on ``csv`` at the size of ``call``."""
-    overrides = [f"model.pipeline={folder}", "data.type=csv", f"data.path={csv}", f"data.image_size={call['height']}",
-                 "data.frame_interval=1", "precision=fp32", "global_batch_size=1", f"results_dir={results}", *extra]
-    if "num_frames" in call:
-        overrides.append(f"data.num_frames={call['num_frames']}")
-    cfg = load_config(None, overrides, schema=VideoTrainConfig)
-    validate_video_config(cfg)
-    return cfg
+    write_image(folder / "image.png", 40, 48)
+    write_clip(folder / "clip.mp4", 12, 40, 48)
+    return (write_csv(folder, [("image.png", CAPTION)], "images.csv"),
+            write_csv(folder, [("clip.mp4", CAPTION)], "clips.csv"))
 
 
 def _noise_at(objective, x0: torch.Tensor, latents: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
