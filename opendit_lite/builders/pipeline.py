@@ -16,7 +16,6 @@ the pipeline's VAE, normalised as its ``__call__`` expects them before decoding 
 and the per-sample text inputs of its ``encode_prompt``.
 """
 
-import copy
 import functools
 import json
 import os
@@ -285,13 +284,3 @@ def pipeline_denoiser(cfg, model: nn.Module, null_text: Mapping[str, torch.Tenso
     null = {k: v.to(device) for k, v in null_text.items()}
     return PipelineDenoiser(family.conditioning, family.adapter, call if call is not None else model,
                             model.config, constants, null)
-
-
-def pipeline_plan_config(cfg):
-    """A copy of ``cfg`` whose model the planner builds from the pipeline's transformer config (resolved
-    as a run would: caption tokens, clip sizes), without reading any data."""
-    cfg = copy.deepcopy(cfg)
-    folder = pipeline_folder(cfg.model.pipeline)
-    cfg.model.name = cfg.model.name or folder.family.class_name
-    cfg.text_encoder.max_length = folder.family.conditioning.text_tokens(light_pipeline(cfg.model.pipeline))
-    return cfg

@@ -111,6 +111,11 @@ def plan_config(cfg, memory_gib: float, world_size: int, max_batch: int = 256, m
     per node (an SP group larger than a node spans nodes). SP sizes are those at which some mode runs
     (ulysses, dsp, usp, ring); the plan's ``sp_choice`` is the mode ``sp_mode: auto`` takes at its
     sp_size and why (the same decision a run makes: ``builders.geometry.sp_auto_inputs``)."""
+    if getattr(cfg.model, "pipeline", None):  # what the pipeline folder settles: caption tokens, clip sizes
+        from ..builders.pipeline import resolve_pipeline
+
+        cfg = copy.deepcopy(cfg)
+        resolve_pipeline(cfg)
     precision = precision or plan_precision(cfg)
     model = model_of_config(cfg)
     shape = model_shape_of_config(cfg, model)
