@@ -5,10 +5,13 @@ their pieces out to the mechanisms that look them up (capabilities, sequence par
 AdaLN); every entry point that builds, parallelizes, plans or samples a model imports it.
 
 ``FamilyDenoiser`` wraps a model with its family's adapter into the ``(x, t, y, mask)`` denoiser
-every objective and sampler calls. Adding a family: ``docs/adding_a_family.md``.
+every objective and sampler calls; ``PipelineDenoiser`` (``pipeline_denoiser.py``) wraps the
+transformer of a run from a diffusers pipeline folder, fed what that pipeline feeds it (each
+family's ``<family>/conditioning.py``). Adding a family: ``docs/adding_a_family.md``.
 
 Training recipes (objective, training-time distribution, shift), as each family's release trains
-and samples (each in its ``<family>/adapter.py``):
+and samples (each in its ``<family>/adapter.py``; a run from a pipeline folder takes the shift of the
+pipeline's own scheduler instead):
 
 | family | objective | times | shift |
 |---|---|---|---|

@@ -118,3 +118,22 @@ def test_a_training_step_feeds_the_transformer_what_its_pipeline_feeds_it(name, 
     for key, diff in largest.items():
         tolerance = 1e-5 if key in ("hidden_states", "timestep") else 0.0  # the noise solved for in fp32
         assert diff <= tolerance * max(1.0, 1000.0 if key == "timestep" else 1.0), f"{name}: {key} differs by {diff}"
+
+
+def test_wan_per_token_timesteps_as_its_pipeline_expands_them():
+    """Wan 2.2 TI2V's ``expand_timesteps``: one timestep per token of the 2x2 patch grid, as WanPipeline
+    builds it from its mask."""
+    from opendit_lite.families import FAMILIES
+    from opendit_lite.families.tiny_pipelines import build_tiny_pipeline
+
+    pipe = build_tiny_pipeline("wan")
+    pipe.register_to_config(expand_timesteps=True)
+    noise = torch.randn(1, 16, 2, 8, 8, generator=torch.Generator().manual_seed(0))
+    calls = capture(pipe, CAPTION, noise=noise, stop_after_step=0, **TINY_CALLS["wan"])
+    ref = calls.conditional(0)
+    conditioning = FAMILIES["wan"].conditioning
+    constants = conditioning.constants(pipe, pipe.transformer.config, None)
+    mine = conditioning.inputs(pipe.transformer.config, constants, noise, ref["timestep"][:, 0].float(),
+                               {"encoder_hidden_states": ref["encoder_hidden_states"]})
+    assert ref["timestep"].shape == mine["timestep"].shape == (1, 2 * 4 * 4)
+    assert torch.equal(mine["timestep"].double(), ref["timestep"].double())

@@ -27,8 +27,10 @@ def _generates(pipe, name: str) -> None:
     assert torch.isfinite(torch.as_tensor(np.asarray(frames))).all()
 
 
-def test_flux_lora_from_its_pipeline_folder_with_train_py(tiny_pipeline, tmp_path):
+def test_flux_lora_from_its_pipeline_folder_with_train_py(tiny_pipeline, tmp_path, capsys):
     from diffusers import FluxPipeline, FluxTransformer2DModel
+
+    from tests.video_scripts.test_family_scripts import exits_2
 
     folder = tiny_pipeline("flux")
     rows = [(write_image(tmp_path / f"{i}.png", 40, 48, seed=i), c) for i, c in enumerate(CAPTIONS)]
@@ -40,6 +42,10 @@ def test_flux_lora_from_its_pipeline_folder_with_train_py(tiny_pipeline, tmp_pat
     assert len(losses(str(run_dir))) == 2 and all(np.isfinite(losses(str(run_dir))))
     transformer = FluxTransformer2DModel.from_pretrained(str(run_dir / "diffusers"))
     _generates(FluxPipeline.from_pretrained(folder, transformer=transformer), "flux")
+    capsys.readouterr()
+    err = exits_2(capsys, "sample_video", ["--config", "configs/flux_lora.yaml", f"model.pipeline={folder}",
+                                           f"data.path={csv}", "data.image_size=32", f"results_dir={out}"])
+    assert "was trained from the pipeline folder" in err and "load the run's diffusers/ export" in err
 
 
 def test_wan_lora_from_its_pipeline_folder_serial_and_sequence_parallel(tiny_pipeline, tmp_path):

@@ -44,7 +44,8 @@ def test_the_csv_route_and_the_latents_route_give_identical_training_inputs(name
         rows.append((file, caption))
     csv = write_csv(media, rows)
     out = str(tmp_path / "latents")
-    count = extract_script().main(["--pipeline", folder, "--csv", csv, "--num-frames", str(frames), "--height", "32",
+    option = "--pipeline" if name == "wan" else "--pipeline-path"  # a whole pipeline folder, by either option
+    count = extract_script().main([option, folder, "--csv", csv, "--num-frames", str(frames), "--height", "32",
                                    "--width", "32", "--frame-interval", "1", "--batch-size", "1", "--num-workers", "0",
                                    "--output", out])
     assert count == len(CAPTIONS)
