@@ -78,7 +78,7 @@ def residual_providers(compile_backend: str = "inductor"):
 
 
 def bench_residual_shape(shape: Tuple[int, int, int], layout: str, dtype: torch.dtype, copy_gbps: float, rep: int,
-                         info, device: str = "cuda", compile_backend: str = "inductor"):
+                         info, device: str = "cuda", compile_backend: str = "inductor", timer: str = "graph"):
     B, N, D = shape
     mod_shape = (B, N, D) if layout == "token" else (B, D)
     x, h = (torch.randn(B, N, D, device=device, dtype=dtype, requires_grad=True) for _ in range(2))
@@ -87,7 +87,7 @@ def bench_residual_shape(shape: Tuple[int, int, int], layout: str, dtype: torch.
     return common.bench_providers(
         "gated_residual", f"B{B} N{N} D{D} {layout}", residual_providers(compile_backend), (x, h, gate, shift, scale),
         dy, info, rep,
-        bytes_moved=residual_bytes_moved(B, N, D, x.element_size(), layout), copy_gbps=copy_gbps,
+        bytes_moved=residual_bytes_moved(B, N, D, x.element_size(), layout), copy_gbps=copy_gbps, timer=timer,
     )
 
 
@@ -105,7 +105,7 @@ def providers(compile_backend: str = "inductor"):
 
 
 def bench_shape(shape: Tuple[int, int, int], layout: str, dtype: torch.dtype, copy_gbps: float, rep: int, info,
-                device: str = "cuda", compile_backend: str = "inductor"):
+                device: str = "cuda", compile_backend: str = "inductor", timer: str = "graph"):
     B, N, D = shape
     mod_shape = (B, N, D) if layout == "token" else (B, D)
     x = torch.randn(B, N, D, device=device, dtype=dtype, requires_grad=True)
@@ -114,7 +114,7 @@ def bench_shape(shape: Tuple[int, int, int], layout: str, dtype: torch.dtype, co
     dy = torch.randn(B, N, D, device=device, dtype=dtype)
     return common.bench_providers(
         "fused_adaln", f"B{B} N{N} D{D} {layout}", providers(compile_backend), (x, shift, scale), dy, info, rep,
-        bytes_moved=bytes_moved(B, N, D, x.element_size(), layout), copy_gbps=copy_gbps,
+        bytes_moved=bytes_moved(B, N, D, x.element_size(), layout), copy_gbps=copy_gbps, timer=timer,
     )
 
 
@@ -131,7 +131,7 @@ def main() -> None:
     bench = bench_shape if args.op == "adaln" else bench_residual_shape
     rows = []
     for shape in QUICK_SHAPES if args.quick else SHAPE_SETS[args.shapes]:
-        rows += bench(shape, args.layout, dtype, copy_gbps, rep, info)
+        rows += bench(shape, args.layout, dtype, copy_gbps, rep, info, timer=args.timer)
     kernel = ("fused_adaln" if args.op == "adaln" else "gated_residual") + ("_token" if args.layout == "token" else "")
     common.finish(rows, kernel, args.quick, "gbps", "effective GB/s", "eager",
                   copy_gbps, "device copy bandwidth")

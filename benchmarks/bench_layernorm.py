@@ -53,7 +53,7 @@ def providers(compile_backend: str = "inductor"):
 
 
 def bench_shape(shape: Tuple[int, int, int], dtype: torch.dtype, copy_gbps: float, rep: int, info,
-                device: str = "cuda", compile_backend: str = "inductor"):
+                device: str = "cuda", compile_backend: str = "inductor", timer: str = "graph"):
     B, N, D = shape
     x = torch.randn(B, N, D, device=device, dtype=dtype, requires_grad=True)
     weight = (1 + 0.5 * torch.randn(D, device=device, dtype=dtype)).requires_grad_()
@@ -61,7 +61,7 @@ def bench_shape(shape: Tuple[int, int, int], dtype: torch.dtype, copy_gbps: floa
     dy = torch.randn(B, N, D, device=device, dtype=dtype)
     return common.bench_providers(
         "layernorm", f"B{B} N{N} D{D}", providers(compile_backend), (x, weight, bias), dy, info, rep,
-        bytes_moved=bytes_moved(B * N, D, x.element_size()), copy_gbps=copy_gbps,
+        bytes_moved=bytes_moved(B * N, D, x.element_size()), copy_gbps=copy_gbps, timer=timer,
     )
 
 
@@ -73,7 +73,7 @@ def main() -> None:
     dtype, rep, info, copy_gbps = common.setup(args)
     rows = []
     for shape in QUICK_SHAPES if args.quick else SHAPE_SETS[args.shapes]:
-        rows += bench_shape(shape, dtype, copy_gbps, rep, info)
+        rows += bench_shape(shape, dtype, copy_gbps, rep, info, timer=args.timer)
     common.finish(rows, "layernorm", args.quick, "gbps", "effective GB/s", "eager",
                   copy_gbps, "device copy bandwidth")
 

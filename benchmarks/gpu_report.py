@@ -51,7 +51,7 @@ import subprocess
 import sys
 import time
 import traceback
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -67,6 +67,16 @@ STATUSES = ("pending", "running", "ok", "failed", "timeout", "skipped")
 STAMP = ("device", "torch", "triton")  # carried by every row
 MIN_SECTION_S = 10.0  # a section is not started with less time than this
 EXIT_SKIPPED = 3      # a section's process exits with this when it decided not to run
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """What a shorter run may narrow (the defaults are the full report's)."""
+
+    tests: Tuple[str, ...] = ()                            # pytest ids or paths; () every GPU/kernel test file
+    kernel_shapes: Tuple[Tuple[int, int, int], ...] = ()   # (B, N, D); () the report's shapes
+    batch_search: bool = True                              # train_bf16's largest-batch search
+    train_steps: Optional[Tuple[int, int]] = None          # (warm-up, timed) steps; None the report's
 
 
 # ----------------------------------------------------------------------------------------------
@@ -126,8 +136,9 @@ class Context:
     """A section's view of the run: toy sizes or not, its deadline, and ``record``/``note``, which
     write to results.json and summary.md at once."""
 
-    def __init__(self, out_dir: str, section: str, dry_run: bool, deadline: float):
+    def __init__(self, out_dir: str, section: str, dry_run: bool, deadline: float, options: Options = Options()):
         self.out_dir, self.section, self.dry_run, self.deadline = out_dir, section, dry_run, deadline
+        self.options = options
         self._stamp: Optional[Dict[str, str]] = None
 
     def remaining(self) -> float:
@@ -262,7 +273,7 @@ def run_tests(ctx: Context) -> None:
     workers = 0 if ctx.dry_run else min(8, max(1, (os.cpu_count() or 2) // 2))
     cmd = [sys.executable, "-m", "pytest", "-m", "gpu or kernels", "-v", "-rfE", "-p", "no:cacheprovider",
            "--continue-on-collection-errors", "--timeout", "240", "-n", str(workers)]
-    cmd += DRY_RUN_TESTS if ctx.dry_run else gpu_test_files()
+    cmd += DRY_RUN_TESTS if ctx.dry_run else list(ctx.options.tests) or gpu_test_files()
     ctx.note(f"command: {' '.join(cmd[1:])} ({'CUDA' if torch.cuda.is_available() else 'CPU, Triton interpreter'})")
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     log_path = ctx.path(PYTEST_LOG)
@@ -316,6 +327,8 @@ def train_step_setup(ctx: Context, precision: str):
     from opendit_lite.distributed.launch import init_distributed
 
     sizes = TOY_STEP if ctx.dry_run else GPU_STEP
+    if ctx.options.train_steps is not None:
+        sizes = dataclasses.replace(sizes, warmup=ctx.options.train_steps[0], steps=ctx.options.train_steps[1])
     device = cuda_device()
     argv = ["--model", sizes.model, "--image-size", str(sizes.image_size), "--batch-size", str(sizes.batch),
             "--warmup-steps", str(sizes.warmup), "--steps", str(sizes.steps), "--max-batch", str(sizes.max_batch),
@@ -357,7 +370,9 @@ def section_train_bf16(ctx: Context) -> None:
             ctx.record(step_row(row, f"batch {sizes.batch}", reference))
             if name == BASELINE and row["status"] == "ok":
                 reference["baseline"] = row["samples_per_s"]
-            if name == BEST and row["status"] == "ok":
+            if name == BEST and row["status"] == "ok" and not ctx.options.batch_search:
+                ctx.note("batch search not asked for (--no-batch-search)")
+            elif name == BEST and row["status"] == "ok":
                 # the search reuses this configuration's compiled graphs, starting from the batch just timed
                 final_s = 30.0 if not ctx.dry_run else 1.0  # the warm-up and timed steps at the batch found
                 budget = min(SEARCH_S if not ctx.dry_run else 1.0, ctx.remaining() - final_s)
@@ -457,7 +472,7 @@ def section_kernels(ctx: Context) -> None:
     import torch
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    shapes = TOY_KERNEL_SHAPES if ctx.dry_run else bench_fused_adaln.REPORT_SHAPES
+    shapes = list(ctx.options.kernel_shapes) or (TOY_KERNEL_SHAPES if ctx.dry_run else bench_fused_adaln.REPORT_SHAPES)
     backend = "eager" if device == "cpu" else "inductor"
     if device == "cpu":
         ctx.note("CPU: Triton interpreter, wall-clock timings and torch.compile's eager backend; the numbers "
@@ -586,11 +601,11 @@ def allot(section: Section, later: Sequence[Section], remaining: float, banked: 
     return min(section.cap_s + banked, remaining - reserved)
 
 
-def _section_process(name: str, out_dir: str, dry_run: bool, seconds: float) -> None:
+def _section_process(name: str, out_dir: str, dry_run: bool, seconds: float, options: Options = Options()) -> None:
     """The body of a section's process: its own process group (a timeout kills it with everything it
     started), then the section; exit 0 done, EXIT_SKIPPED skipped, 1 failed."""
     os.setpgid(0, 0)
-    ctx = Context(out_dir, name, dry_run, time.monotonic() + seconds)
+    ctx = Context(out_dir, name, dry_run, time.monotonic() + seconds, options)
     try:
         BY_NAME[name].run(ctx)
     except SectionSkipped as reason:
@@ -607,10 +622,12 @@ def _section_process(name: str, out_dir: str, dry_run: bool, seconds: float) -> 
     os._exit(0)
 
 
-def run_section(section: Section, out_dir: str, dry_run: bool, seconds: float, start_method: str) -> str:
+def run_section(section: Section, out_dir: str, dry_run: bool, seconds: float, start_method: str,
+                options: Options = Options()) -> str:
     """Run ``section`` in a new process for at most ``seconds``; its final status."""
     process = multiprocessing.get_context(start_method).Process(
-        target=_section_process, args=(section.name, out_dir, dry_run, seconds), name=f"gpu_report-{section.name}")
+        target=_section_process, args=(section.name, out_dir, dry_run, seconds, options),
+        name=f"gpu_report-{section.name}")
     process.start()
     process.join(seconds)
     if process.is_alive():
@@ -639,7 +656,8 @@ def preload() -> None:
     import opendit_lite.plugins  # noqa: F401
 
 
-def run_report(out_dir: str, budget: float, names: Sequence[str], dry_run: bool, start_method: str) -> dict:
+def run_report(out_dir: str, budget: float, names: Sequence[str], dry_run: bool, start_method: str,
+               options: Options = Options()) -> dict:
     """Every section of ``names`` in order within ``budget`` seconds; returns the final results."""
     import common  # benchmarks/common.py (imports torch)
 
@@ -673,7 +691,7 @@ def run_report(out_dir: str, budget: float, names: Sequence[str], dry_run: bool,
         update_results(out_dir, lambda doc, s=section, t=seconds: section_entry(doc, s.name).update(
             status="running", timeout_s=round(t, 1)))
         began = time.monotonic()
-        status = run_section(section, out_dir, dry_run, seconds, start_method)
+        status = run_section(section, out_dir, dry_run, seconds, start_method, options)
         took = round(time.monotonic() - began, 1)
 
         def done(doc, section=section, status=status, took=took, seconds=seconds):
@@ -765,7 +783,7 @@ SUMMARY_COLUMNS = {
              "step_ms_bf16", "step_ms_fp8"),
     "copy": ("kernel", "gbps"),
     "kernel": ("kernel", "shape", "mode", "ms_p50", "gbps", "frac_of_copy_bw", "speedup_vs_eager",
-               "speedup_vs_compile", "peak_mem_mib"),
+               "speedup_vs_compile", "peak_mem_mib", "timer"),
     "activations": ("model", "latent", "batch", "caption", "predicted_act_gib", "measured_gib", "act_ratio"),
     "step": ("model", "latent", "batch", "zero_degree", "predicted_gib", "measured_peak_gib", "ratio",
              "predicted_act_gib", "measured_forward_growth_gib", "act_ratio"),
@@ -797,6 +815,7 @@ def render_summary(doc: dict) -> str:
              f"{run['device']}, torch {run['torch']}, triton {run['triton']}, Python {run['python']}, "
              f"commit {run['commit']}, {run['date']}, budget {run['budget_s']:.0f} s"
              f"{'' if run['finished'] else ' (in progress, or cut short: the rows below are what was measured)'}",
+             *([f"({run['commit_note']})"] if run.get("commit_note") else []),
              "",
              "| section | status | seconds | timeout (s) | rows |", "|---|---|---:|---:|---:|"]
     for s in doc["sections"]:
@@ -829,7 +848,8 @@ def readme_table(doc: Optional[dict]) -> str:
     run = doc["run"]
     sections = {s["name"]: s for s in doc["sections"]}
     lines = [f"Measured by `make gpu-report` on {run['device']} (torch {run['torch']}, triton {run['triton']}, "
-             f"commit {run['commit']}, {run['date']}); every number comes from `benchmarks/results/results.json`.",
+             f"commit {run['commit']}, {run['date']}); every number comes from `benchmarks/results/results.json`."
+             + (f" ({run['commit_note']}.)" if run.get("commit_note") else ""),
              ""]
     tests = [r for r in sections.get("tests", {}).get("rows", []) if r.get("kind") == "tests"]
     if tests:
@@ -913,10 +933,35 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                         help="print the README's performance block from benchmarks/results/results.json")
     parser.add_argument("--write", metavar="README", nargs="?", const=os.path.join(ROOT, "README.md"),
                         help="with --readme-table: replace the generated block in README.md (or this file)")
+    narrow = parser.add_argument_group("a shorter run (e.g. a rerun after fixes)")
+    narrow.add_argument("--tests", nargs="+", metavar="TEST", default=(),
+                        help="tests: these pytest ids or paths (still under -m \"gpu or kernels\") instead of every "
+                             "GPU and kernel test file")
+    narrow.add_argument("--kernel-shapes", nargs="+", metavar="BxNxD", type=kernel_shape, default=(),
+                        help="kernels: these shapes instead of the report's five, e.g. 128x256x1152 1x65536x1152")
+    narrow.add_argument("--no-batch-search", dest="batch_search", action="store_false",
+                        help="train_bf16: the baseline and the best configuration at batch 128 only")
+    narrow.add_argument("--train-steps", nargs=2, type=int, metavar=("WARMUP", "STEPS"),
+                        help=f"train_bf16 and train_fp8: warm-up and timed steps (default {GPU_STEP.warmup} "
+                             f"{GPU_STEP.steps})")
     args = parser.parse_args(argv)
     if args.budget is not None and args.budget <= 0:
         parser.error("--budget must be > 0 seconds")
+    if args.train_steps is not None and (args.train_steps[0] < 1 or args.train_steps[1] < 1):
+        parser.error("--train-steps needs at least 1 warm-up step (compilation) and 1 timed step")
     return args
+
+
+def kernel_shape(text: str) -> Tuple[int, int, int]:
+    parts = text.lower().split("x")
+    if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a shape BxNxD of three positive integers, e.g. 128x256x1152")
+    return tuple(int(p) for p in parts)
+
+
+def options_from(args: argparse.Namespace) -> Options:
+    return Options(tests=tuple(args.tests), kernel_shapes=tuple(args.kernel_shapes), batch_search=args.batch_search,
+                   train_steps=tuple(args.train_steps) if args.train_steps else None)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -943,7 +988,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.dry_run and start_method == "fork":
         preload()
     started = time.monotonic()
-    doc = run_report(out_dir, budget, names, args.dry_run, start_method)
+    doc = run_report(out_dir, budget, names, args.dry_run, start_method, options_from(args))
     problems = check_schema(doc, out_dir)
     statuses = {s["name"]: s["status"] for s in doc["sections"]}
     print(f"{len(names)} sections in {time.monotonic() - started:.0f} s: "

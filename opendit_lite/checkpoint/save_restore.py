@@ -48,7 +48,7 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 
-from ..distributed.ranks import barrier, from_rank0, global_rank, global_world_size, peer_lost
+from ..distributed.ranks import barrier, collective_device, from_rank0, global_rank, global_world_size, peer_lost
 from ..distributed.rng import get_rng_state, set_rng_state
 from ..errors import CheckpointError, StorageError
 from .catalog import (
@@ -104,7 +104,8 @@ def _master_shards(booster, model, optimizer) -> Optional[Dict[str, torch.Tensor
     if optimizer is None or not isinstance(getattr(booster, "plugin", None), MasterWeightShards):
         return None
     shards = booster.plugin.master_weight_shards(model, optimizer)
-    return None if shards is None else {k: v.detach().cpu().contiguous() for k, v in shards.items()}
+    # copies: shards may be views of one CPU buffer (Gemini's offloaded chunks), which safetensors refuses
+    return None if shards is None else {k: v.detach().to("cpu", copy=True).contiguous() for k, v in shards.items()}
 
 
 def _json_value(obj: Any) -> Any:
@@ -150,15 +151,13 @@ def _prune(root: str, exp_name: str, keep_last: int, newest: str, run_id: Option
 def all_finite(model) -> bool:
     """Whether every rank's parameters of ``model`` are finite (a collective; one host sync)."""
     params = [p.detach() for p in (model.parameters() if model is not None else ()) if p.is_floating_point()]
-    if params:
-        device = params[0].device
-    elif dist.is_initialized() and dist.get_backend() == "nccl":
-        device = torch.device("cuda", torch.cuda.current_device())
+    if dist.is_initialized():
+        device = collective_device()
     else:
-        device = torch.device("cpu")
+        device = params[0].device if params else torch.device("cpu")
     bad = torch.zeros((), device=device)
-    for p in params:
-        bad += (~torch.isfinite(p)).any().float()
+    for p in params:  # Gemini may keep some on the CPU
+        bad += (~torch.isfinite(p)).any().float().to(device)
     if dist.is_initialized() and global_world_size() > 1:
         dist.all_reduce(bad)
     return bad.item() == 0
@@ -187,7 +186,7 @@ def save_checkpoint(
     with ``step`` added. ``keep_last`` > 0 then deletes all but the newest ``keep_last`` complete
     checkpoints of ``exp_name`` (this one included), only older ones, only those saved with the same
     ``run_id`` when one is given, and nothing when this checkpoint's weights are not finite; None or 0
-    keeps all. ZeRO's fp32 master shards are saved too (``master/rank<r>.safetensors``), so that a bf16
+    keeps all. ZeRO's and Gemini's fp32 master shards are saved too (``master/rank<r>.safetensors``), so that a bf16
     run resumed at the same world size continues exactly.
     """
     if int(step) < 0:

@@ -60,19 +60,27 @@ def model_of_config(cfg, device="meta") -> nn.Module:
         return build_model_from_config(cfg)
 
 
-def model_shape_of_config(cfg, model: Optional[nn.Module] = None) -> ModelShape:
+def model_shape_of_config(cfg, model: Optional[nn.Module] = None,
+                          precision: Optional[Precision] = None) -> ModelShape:
     """The shape of the config's model (built on the meta device unless given): a diffusers family's
-    saved activations counted from its forward (``family_shape``), the zoo's from their profiles."""
+    saved activations counted from its forward in the training dtype of ``precision`` (default:
+    ``plan_precision(cfg)``; ``family_shape``), the zoo's from their profiles."""
     model = model if model is not None else model_of_config(cfg)
     if is_family(model):
-        return family_shape(model, cfg.text_encoder.max_length, cfg.model.name)
+        precision = precision or plan_precision(cfg)
+        dtype = precision.autocast_dtype or torch.float32
+        return family_shape(model, cfg.text_encoder.max_length, cfg.model.name, dtype=dtype)
     return ModelShape.of(model, cfg.model.name)
 
 
-def family_shape(model: nn.Module, caption_tokens: int, name: Optional[str] = None) -> ModelShape:
+def family_shape(model: nn.Module, caption_tokens: int, name: Optional[str] = None,
+                 dtype: torch.dtype = torch.float32) -> ModelShape:
     """The shape of a diffusers family's model (a meta-device one is enough), its activation profile
     counted from two meta forwards through the family's adapter (one clip of 2 latent frames, 4 x 4 and
-    8 x 4 patches; images: 1 frame) with ``caption_tokens`` caption tokens."""
+    8 x 4 patches; images: 1 frame) with ``caption_tokens`` caption tokens, the model cast to ``dtype``
+    (the training dtype: the profile's widths are of that dtype's elements)."""
+    if next(model.parameters()).dtype != dtype:
+        model = nn.Module.to(copy.deepcopy(model), dtype)  # meta: only the modules are copied (no diffusers warning)
     adapter, config = family_adapter(model), model.config
     pt, ph, pw = adapter.patch_size(config)
     frames = 1 if adapter.image_only else 2 * pt
@@ -83,15 +91,16 @@ def family_shape(model: nn.Module, caption_tokens: int, name: Optional[str] = No
 
     def step(i: int):
         T, H, W = grids[i]
-        x = torch.zeros(1, adapter.latent_channels(config), T, H, W, device=device)
+        x = torch.zeros(1, adapter.latent_channels(config), T, H, W, device=device, dtype=dtype)
         t = torch.full((1,), 500.0, device=device)
-        y = torch.zeros(1, caption_tokens, text_width, device=device)
+        y = torch.zeros(1, caption_tokens, text_width, device=device, dtype=dtype)
         mask = torch.ones(1, caption_tokens, dtype=torch.bool, device=device)
         return lambda: denoiser(x, t, y, mask)
 
     tokens = [-(-T // pt) * (H // ph) * (W // pw) for T, H, W in grids]
     hidden = int(config["num_attention_heads"]) * int(config["attention_head_dim"])
-    profile = counted_profile(model, hidden, step, tuple(tokens), caption_tokens)
+    profile = counted_profile(model, hidden, step, tuple(tokens), caption_tokens,
+                              element_bytes=torch.finfo(dtype).bits // 8)
     return ModelShape.counted(model, name or type(model).__name__, hidden, int(config["num_attention_heads"]),
                               (pt, ph, pw), len(find_blocks(model)), profile)
 
@@ -118,7 +127,7 @@ def plan_config(cfg, memory_gib: float, world_size: int, max_batch: int = 256, m
         resolve_pipeline(cfg)
     precision = precision or plan_precision(cfg)
     model = model_of_config(cfg)
-    shape = model_shape_of_config(cfg, model)
+    shape = model_shape_of_config(cfg, model, precision)
     buckets = latent_buckets(cfg)
     settings = [Setting(cfg.zero_degree, cfg.sp_size, cfg.selective_ratio, cfg.ac_offload)] if fixed else None
     caption = cfg.text_encoder.max_length if config_family(cfg) == "video" else 0

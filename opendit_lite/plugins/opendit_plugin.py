@@ -89,6 +89,7 @@ from ..precision import (
     has_fp8_linears,
     resolve_precision,
 )
+from . import gemini as _gemini
 from . import zero as _zero
 from .ddp import apply_ddp
 from .ddp_checkpoint_io import DDPCheckpointIO
@@ -374,16 +375,22 @@ class OpenDiTPlugin(DPPluginBase):
     def master_weight_shards(self, model: ModelWrapper,
                              optimizer: OptimizerWrapper) -> Optional[Dict[str, torch.Tensor]]:
         """This rank's fp32 master shards by parameter name when they are kept apart from the working
-        weights (ZeRO-1/2 in bf16/fp16), for checkpoints; None for DDP (fp32 weights) and fp32 ZeRO
-        (the masters equal the working weights). Gemini's chunks are not covered yet."""
+        weights (ZeRO-1/2 and Gemini in bf16/fp16), for checkpoints; None for DDP (fp32 weights) and
+        fp32 ZeRO (the masters equal the working weights)."""
+        if self.zero_degree == 3:
+            return _gemini.master_shards(model)
         if self.zero_degree not in (1, 2) or self.dtype is None:
             return None
         return _zero.master_shards(model.unwrap(), optimizer)
 
     def load_master_weight_shards(self, model: ModelWrapper, optimizer: OptimizerWrapper,
                                   shards: Dict[str, torch.Tensor]) -> None:
-        """Put shards from :meth:`master_weight_shards` of the same world size back into ``optimizer``."""
-        _zero.load_master_shards(model.unwrap(), optimizer, shards)
+        """Put shards from :meth:`master_weight_shards` of the same world size back (after the model
+        weights and the optimizer state of the same checkpoint)."""
+        if self.zero_degree == 3:
+            _gemini.load_master_shards(model, shards)
+        else:
+            _zero.load_master_shards(model.unwrap(), optimizer, shards)
 
     # ------------------------------------------------------------------ EMA
 

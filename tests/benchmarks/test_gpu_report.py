@@ -221,3 +221,25 @@ def test_gpu_test_files_cover_the_marked_tests(report):
     kernels = sorted(f for f in os.listdir(os.path.join(ROOT, "tests", "kernels")) if f.startswith("test_"))
     assert [f for f in files if f.startswith("tests/kernels/")] == [f"tests/kernels/{f}" for f in kernels]
     assert "tests/benchmarks/test_gpu_report.py" not in files
+
+
+def test_options_of_a_shorter_run(report):
+    args = report.parse_args(["--only", "kernels", "train_bf16", "tests", "--tests", "tests/a.py::t[x]",
+                              "--kernel-shapes", "128x256x1152", "1X65536x1152", "--no-batch-search",
+                              "--train-steps", "2", "5"])
+    options = report.options_from(args)
+    assert options == report.Options(tests=("tests/a.py::t[x]",), kernel_shapes=((128, 256, 1152), (1, 65536, 1152)),
+                                     batch_search=False, train_steps=(2, 5))
+    assert report.options_from(report.parse_args([])) == report.Options()
+    for bad in (["--kernel-shapes", "128x256"], ["--train-steps", "0", "5"]):
+        with pytest.raises(SystemExit):
+            report.parse_args(bad)
+
+
+def test_commit_named_by_the_environment_wins(report, monkeypatch):
+    """A copy of the tree may carry a stale .git: GPU_REPORT_COMMIT, set by whoever copied it, names the commit."""
+    common = importlib.import_module("common")
+    monkeypatch.setenv("GPU_REPORT_COMMIT", "53ff083")
+    assert common.git_commit() == "53ff083"
+    monkeypatch.delenv("GPU_REPORT_COMMIT")
+    assert common.git_commit() != "53ff083"
