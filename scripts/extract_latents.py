@@ -58,6 +58,21 @@ from opendit_lite.interop import check_pretrained_folder  # noqa: E402
 from opendit_lite.utils.exit_codes import script_main  # noqa: E402
 
 
+def _launch():
+    """(whether a process group was started here, rank, world size, device): the group torchrun asks for
+    is started unless one is up; the rank's own GPU, else the CPU."""
+    import torch.distributed as dist
+
+    from opendit_lite.distributed.launch import init_distributed
+
+    created = not dist.is_initialized() and int(os.environ.get("WORLD_SIZE", "1")) > 1  # under torchrun
+    if created:
+        init_distributed()
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if torch.cuda.is_available() else "cpu"
+    return created, rank, world, device
+
+
 def _check_output(output: str) -> None:
     if os.path.lexists(output) and not os.path.isdir(output):
         raise ConfigError(f"--output {output!r} is an existing file; give a folder for the latents.")
@@ -177,7 +192,6 @@ def extract_pipeline(args, cfg) -> int:
         save_pipeline_latents,
         write_video_latent_meta,
     )
-    from opendit_lite.distributed.launch import init_distributed
     from opendit_lite.encoders.pipeline_folder import pipeline_fingerprint
 
     folder = pipeline_folder(cfg.model.pipeline)
@@ -188,11 +202,7 @@ def extract_pipeline(args, cfg) -> int:
         sizes = _row_sizes(cfg, csv)
     except ValueError as e:
         raise ConfigError(f"the CSV {cfg.data.path!r}: {e}") from None
-    created = not dist.is_initialized() and int(os.environ.get("WORLD_SIZE", "1")) > 1  # under torchrun
-    if created:
-        init_distributed()
-    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if torch.cuda.is_available() else "cpu"
+    created, rank, world, device = _launch()
     try:
         start = time.time()
         encoders = PipelineEncoders(folder, device)
@@ -288,7 +298,6 @@ def extract_family(args) -> int:
     import torch.distributed as dist
 
     from opendit_lite.data.video_csv import VideoCSVDataset
-    from opendit_lite.distributed.launch import init_distributed
     from opendit_lite.families import find_family
 
     found = find_family(_family_name(args))
@@ -306,11 +315,7 @@ def extract_family(args) -> int:
     except ValueError as e:
         raise ConfigError(f"--csv: {e}") from None
 
-    created = not dist.is_initialized() and int(os.environ.get("WORLD_SIZE", "1")) > 1  # under torchrun
-    if created:
-        init_distributed()
-    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if torch.cuda.is_available() else "cpu"
+    created, rank, world, device = _launch()
     try:
         return _extract_rows(args, family, spec, csv, frames, rank, world, device,
                              (vae_path, encoder_path, tokenizer_path))

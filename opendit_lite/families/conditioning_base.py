@@ -92,6 +92,12 @@ class PipelineConditioning:
         """Captions -> the per-sample text inputs [B, ...] by transformer keyword."""
         raise NotImplementedError
 
+    def encode_prompt(self, pipe, prompts: Sequence[str], *args, **kwargs):
+        """``pipe.encode_prompt`` of ``prompts`` on the pipeline's device, at ``__call__``'s caption length;
+        ``args`` / ``kwargs``: the other arguments ``__call__`` passes it."""
+        return pipe.encode_prompt(list(prompts), *args, device=pipe._execution_device,
+                                  max_sequence_length=self.max_sequence_length(pipe), **kwargs)
+
     # -- sizes ---------------------------------------------------------------------------------
     def frame_ratio(self, pipe) -> int:
         """Pixel frames per latent frame (1 for an image model)."""
@@ -128,3 +134,13 @@ class PipelineConditioning:
                    constants: Mapping) -> torch.Tensor:
         """The transformer's output -> [B, C, T, h, w]."""
         return out
+
+
+class ImageConditioning(PipelineConditioning):
+    """An image model's pipeline: 1-frame clips, its VAE's ``vae_scale_factor`` pixels per latent row."""
+
+    def frame_ratio(self, pipe) -> int:
+        return 1
+
+    def pixel_ratio(self, pipe) -> int:
+        return int(pipe.vae_scale_factor)

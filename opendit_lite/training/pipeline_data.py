@@ -18,7 +18,7 @@ from ..builders.pipeline import (
     pipeline_folder,
     pipeline_recipe,
 )
-from ..builders.video import bucket_loss_weights, build_bucket_sampler, build_video_dataset, video_buckets
+from ..builders.video import bucket_loss_weights, build_video_dataset, video_buckets
 from ..data.buckets import assign_bucket
 from ..data.video_latents import PipelineLatentDataset, load_null_text, video_latent_meta
 from ..errors import ConfigError
@@ -109,14 +109,9 @@ def prepare_pipeline_data(cfg, device, sp_group=None) -> TrainingData:
         return TrainingData(dataset, model_inputs, objective=objective, denoiser=denoiser)
 
     def batch_sampler(model, dp_rank: int, dp_size: int, world_size: int, log, precision):
-        sized = buckets
-        if cfg.bucket_batch == "auto":
-            from ..plan import plan_bucket_batches
+        from .video import sized_bucket_sampler  # the sizes were checked against the pipeline already
 
-            sized = plan_bucket_batches(cfg, sized, world_size, precision, log)
-        sampler = build_bucket_sampler(sized, dataset, dp_rank, dp_size, cfg.global_seed)
-        log.write(sampler.describe())
-        return sampler
+        return sized_bucket_sampler(cfg, buckets, dataset, dp_rank, dp_size, world_size, log, precision)
 
     weights = bucket_loss_weights(buckets)
 

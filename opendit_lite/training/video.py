@@ -174,21 +174,27 @@ def prepare_video_data(cfg, device, sp_group=None) -> TrainingData:
 
     def batch_sampler(model, dp_rank: int, dp_size: int, world_size: int, log,
                       precision: Precision) -> BucketBatchSampler:
-        sized = buckets
-        check_bucket_shapes(sized, model_patch_size(cfg, model), vae.downsample if vae is not None else 1)
-        if cfg.bucket_batch == "auto":
-            from ..plan import plan_bucket_batches
-
-            sized = plan_bucket_batches(cfg, sized, world_size, precision, log)
-        sampler = build_bucket_sampler(sized, dataset, dp_rank, dp_size, cfg.global_seed)
-        log.write(sampler.describe())
-        return sampler
+        check_bucket_shapes(buckets, model_patch_size(cfg, model), vae.downsample if vae is not None else 1)
+        return sized_bucket_sampler(cfg, buckets, dataset, dp_rank, dp_size, world_size, log, precision)
 
     # Each sample's loss is the mean over its elements, so a clip and an image count alike; a
     # bucket's loss_weight scales its samples (a batch holds one bucket, of one pixel shape).
     weights = bucket_loss_weights(buckets)
     return TrainingData(dataset, model_inputs, batch_sampler=batch_sampler,
                         loss_weight=lambda batch: weights[tuple(batch[0].shape[2:])])
+
+
+def sized_bucket_sampler(cfg, buckets, dataset, dp_rank: int, dp_size: int, world_size: int, log,
+                         precision: Precision) -> BucketBatchSampler:
+    """The data-parallel rank's bucket sampler, its batch sizes planned for ``bucket_batch: auto``; its
+    description goes to the log."""
+    if cfg.bucket_batch == "auto":
+        from ..plan import plan_bucket_batches
+
+        buckets = plan_bucket_batches(cfg, buckets, world_size, precision, log)
+    sampler = build_bucket_sampler(buckets, dataset, dp_rank, dp_size, cfg.global_seed)
+    log.write(sampler.describe())
+    return sampler
 
 
 def describe_video_input(cfg) -> str:

@@ -48,6 +48,7 @@ def test_flux_lora_from_its_pipeline_folder_with_train_py(tiny_pipeline, tmp_pat
     assert "was trained from the pipeline folder" in err and "load the run's diffusers/ export" in err
 
 
+@pytest.mark.slow  # two launches of torchrun's ranks: about a minute on 2 cores
 def test_wan_lora_from_its_pipeline_folder_serial_and_sequence_parallel(tiny_pipeline, tmp_path):
     from diffusers import WanPipeline, WanTransformer3DModel
 

@@ -15,9 +15,7 @@ class CogVideoXConditioning(PipelineConditioning):
     text_keys = ("encoder_hidden_states",)
 
     def encode_text(self, pipe, prompts):
-        states, _ = pipe.encode_prompt(list(prompts), do_classifier_free_guidance=False,
-                                       max_sequence_length=self.max_sequence_length(pipe),
-                                       device=pipe._execution_device)
+        states, _ = self.encode_prompt(pipe, prompts, do_classifier_free_guidance=False)
         return {"encoder_hidden_states": states}                                   # [B, 226, W]
 
     def frame_ratio(self, pipe):

@@ -8,23 +8,16 @@ token-count flow shift of its scheduler (``calculate_shift`` over the packed tok
 
 import torch
 
-from ..conditioning_base import PipelineConditioning, call_default, flow_shift
+from ..conditioning_base import ImageConditioning, call_default, flow_shift
 
 
-class FluxConditioning(PipelineConditioning):
+class FluxConditioning(ImageConditioning):
     pipelines = ("FluxPipeline",)
     text_keys = ("encoder_hidden_states", "pooled_projections")
 
     def encode_text(self, pipe, prompts):
-        states, pooled, _ = pipe.encode_prompt(list(prompts), prompt_2=None, device=pipe._execution_device,
-                                               max_sequence_length=self.max_sequence_length(pipe))
+        states, pooled, _ = self.encode_prompt(pipe, prompts, prompt_2=None)
         return {"encoder_hidden_states": states, "pooled_projections": pooled}      # [B, 512, W], [B, P]
-
-    def frame_ratio(self, pipe):
-        return 1
-
-    def pixel_ratio(self, pipe):
-        return int(pipe.vae_scale_factor)
 
     def shift(self, pipe, x_shape, model_config):
         B, C, T, H, W = x_shape

@@ -15,9 +15,8 @@ class HunyuanVideoConditioning(PipelineConditioning):
     text_keys = ("encoder_hidden_states", "encoder_attention_mask", "pooled_projections")
 
     def encode_text(self, pipe, prompts):
-        states, pooled, mask = pipe.encode_prompt(
-            list(prompts), prompt_2=None, prompt_template=call_default(pipe, "prompt_template"),
-            max_sequence_length=self.max_sequence_length(pipe), device=pipe._execution_device)
+        states, pooled, mask = self.encode_prompt(pipe, prompts, prompt_2=None,
+                                                  prompt_template=call_default(pipe, "prompt_template"))
         return {"encoder_hidden_states": states, "encoder_attention_mask": mask,   # [B, 256, W], [B, 256]
                 "pooled_projections": pooled}                                       # [B, P]
 

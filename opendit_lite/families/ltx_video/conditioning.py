@@ -13,9 +13,7 @@ class LTXVideoConditioning(PipelineConditioning):
     text_keys = ("encoder_hidden_states", "encoder_attention_mask")
 
     def encode_text(self, pipe, prompts):
-        states, mask, _, _ = pipe.encode_prompt(list(prompts), do_classifier_free_guidance=False,
-                                                max_sequence_length=self.max_sequence_length(pipe),
-                                                device=pipe._execution_device)
+        states, mask, _, _ = self.encode_prompt(pipe, prompts, do_classifier_free_guidance=False)
         return {"encoder_hidden_states": states, "encoder_attention_mask": mask}    # [B, 128, W], [B, 128]
 
     def frame_ratio(self, pipe):

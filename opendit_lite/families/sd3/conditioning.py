@@ -5,12 +5,12 @@ pooled outputs joined; the latents as images; the timestep ``sigma x 1000``; the
 shift (token-count shift where it shifts dynamically).
 """
 
-from ..conditioning_base import PipelineConditioning, flow_shift
+from ..conditioning_base import ImageConditioning, flow_shift
 
 CLIP_TOKENS = 77  # the CLIP encoders' positions, before T5's tokens
 
 
-class SD3Conditioning(PipelineConditioning):
+class SD3Conditioning(ImageConditioning):
     pipelines = ("StableDiffusion3Pipeline",)
     text_keys = ("encoder_hidden_states", "pooled_projections")
 
@@ -18,16 +18,9 @@ class SD3Conditioning(PipelineConditioning):
         return CLIP_TOKENS + self.max_sequence_length(pipe)
 
     def encode_text(self, pipe, prompts):
-        states, _, pooled, _ = pipe.encode_prompt(list(prompts), None, None, device=pipe._execution_device,
-                                                  do_classifier_free_guidance=False, clip_skip=None,
-                                                  max_sequence_length=self.max_sequence_length(pipe))
+        states, _, pooled, _ = self.encode_prompt(pipe, prompts, None, None, do_classifier_free_guidance=False,
+                                                  clip_skip=None)
         return {"encoder_hidden_states": states, "pooled_projections": pooled}      # [B, 333, W], [B, P]
-
-    def frame_ratio(self, pipe):
-        return 1
-
-    def pixel_ratio(self, pipe):
-        return int(pipe.vae_scale_factor)
 
     def shift(self, pipe, x_shape, model_config):
         B, C, T, H, W = x_shape
