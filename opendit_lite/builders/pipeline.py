@@ -126,6 +126,10 @@ def resolve_pipeline(cfg) -> PipelineFolder:
     if cfg.vae.path:
         raise ConfigError(f"'model.pipeline' encodes clips with the pipeline's own VAE (its vae/ folder, normalised as "
                           f"{folder.pipeline_class} decodes them): remove vae.path.")
+    if cfg.encoder.fsdp:
+        raise ConfigError("encoder.fsdp shards a text_encoder.path encoder over the ranks; the pipeline's own text "
+                          "encoders run whole on every rank: remove encoder.fsdp (to encode once instead, extract "
+                          "the latents with scripts/extract_latents.py --pipeline and train on data.type=latents).")
     if d.type == "shapes":
         raise ConfigError("'model.pipeline' trains on your captioned images or clips: set data.type=csv (a CSV with "
                           "path,text columns) or data.type=latents (a folder written by scripts/extract_latents.py "

@@ -50,6 +50,7 @@ def test_folders_that_are_not_a_whole_pipeline(tiny_pipeline, csv, tmp_path, cap
     (["model.config={num_layers: 1}"], "remove model.path and model.config"),
     (["data.type=shapes", "data.path=null"], "set data.type=csv"),
     (["model.guidance=4.0"], "has none: remove model.guidance"),
+    (["encoder.fsdp=true"], "remove encoder.fsdp"),
 ])
 def test_settings_that_would_train_on_conditions_the_pipeline_never_produces(tiny_pipeline, csv, capsys, extra,
                                                                               expected):
