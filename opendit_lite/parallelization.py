@@ -54,6 +54,7 @@ from .converter import ConversionReport, ModuleConverter, adaln_model_notes
 from .errors import ConfigError, SequenceParallelError
 from .models.blocks import find_blocks
 from .models.capabilities import check_sp_mode, supports_gradient_checkpointing
+from .models.experts import NoiseExperts
 from .models.lora import apply_lora as inject_adapters
 
 
@@ -315,7 +316,26 @@ def parallelize(model: nn.Module, *, sp_group: Optional[dist.ProcessGroup] = Non
     ``compile_backend`` is the ``torch.compile`` backend (None: its default; "eager" for a quick check);
     ``cuda_graphs`` replays the compiled blocks as CUDA graphs (mode "reduce-overhead");
     ``lora_*``: the adapters (rank 0: none; targets None: the model's usual layers); ``sp_auto``: what
-    ``sp_mode="auto"`` decides from (``opendit_lite.parallel.AutoInputs``; None: the heads alone)."""
+    ``sp_mode="auto"`` decides from (``opendit_lite.parallel.AutoInputs``; None: the heads alone).
+
+    ``NoiseExperts`` (Wan 2.2's two experts, ``models/experts.py``) gets every step on each expert,
+    as if each were the model: each has its own adapters (peft adapters live on the model they are
+    injected into), its own sequence-parallel hooks (the family spec places them by path from the
+    transformer's root) and its blocks checkpointed and compiled; the report lists both, each row
+    named after its expert."""
+    if isinstance(model, NoiseExperts):
+        report = ParallelizeReport()
+        for name, expert in model.experts():
+            part = parallelize(expert, sp_group=sp_group, sp_mode=sp_mode, sp_ring_size=sp_ring_size, sp_auto=sp_auto,
+                               fused_adaln=fused_adaln, fused_layernorm=fused_layernorm,
+                               attention_backend=attention_backend, selective_ratio=selective_ratio,
+                               ac_offload=ac_offload, compile=compile, compile_backend=compile_backend,
+                               cuda_graphs=cuda_graphs, lora_rank=lora_rank, lora_alpha=lora_alpha,
+                               lora_dropout=lora_dropout, lora_targets=lora_targets)
+            report.rows += [StepRow(row.step, f"{name}: {row.swapped}", row.count, row.left) for row in part.rows]
+            report.conversion = report.conversion or part.conversion
+            report.checkpointing = report.checkpointing or part.checkpointing
+        return report
     report = ParallelizeReport()
     # 0. LoRA first, on the plain model: every later step keeps the adapter layers.
     report.rows += apply_lora(model, rank=lora_rank, alpha=lora_alpha, dropout=lora_dropout, targets=lora_targets)

@@ -1,6 +1,7 @@
 """Runs from a pipeline folder in tests: captioned images and clips on disk for the CSV route
 (``data.type: csv``; random pixels, PNG images and MPEG-4 clips, and the ``path,text`` CSV that lists
-them), the video trainer's config of such a run, and scripts/extract_latents.py loaded as a module."""
+them), the video trainer's config of such a run, scripts/extract_latents.py loaded as a module, and the
+latents it extracts from such data (``extracted_latents``)."""
 
 import importlib.util
 import os
@@ -59,10 +60,35 @@ def pipeline_config(folder: str, csv: str, call: dict, results: str, *extra: str
     return cfg
 
 
-def extract_script():
-    """scripts/extract_latents.py as a module (its ``main(argv)`` runs in this process)."""
-    path = os.path.join(ROOT, "scripts", "extract_latents.py")
-    spec = importlib.util.spec_from_file_location("extract_latents", path)
+def load_script(path: str):
+    """The repository's script ``path`` (relative to its root, e.g. ``scripts/extract_latents.py``) as a
+    module: its ``main(argv)`` runs in this process."""
+    name = "script_" + path.replace("/", "_").replace(".", "_")
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, path))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def extract_script():
+    """scripts/extract_latents.py as a module (its ``main(argv)`` runs in this process)."""
+    return load_script("scripts/extract_latents.py")
+
+
+def extracted_latents(folder: str, root, captions: Sequence[str], frames: int = 1, size: int = 16) -> str:
+    """``root/latents``: the latents route's data of the pipeline ``folder``, made as a user makes it: one
+    random image (``frames`` 1) or clip of ``size`` pixels per caption, listed in a CSV and extracted by
+    scripts/extract_latents.py --pipeline (the pipeline's fingerprint and the clips' sizes recorded)."""
+    media = os.path.join(str(root), "media")
+    os.makedirs(media, exist_ok=True)
+    rows = []
+    for i, caption in enumerate(captions):
+        path = os.path.join(media, f"{i}.png" if frames == 1 else f"{i}.mp4")
+        rows.append((write_image(path, size, size, seed=i) if frames == 1 else
+                     write_clip(path, frames, size, size, seed=i), caption))
+    out = os.path.join(str(root), "latents")
+    count = extract_script().main(["--pipeline", folder, "--csv", write_csv(media, rows), "--num-frames", str(frames),
+                                   "--height", str(size), "--width", str(size), "--frame-interval", "1",
+                                   "--num-workers", "0", "--output", out])
+    assert count == len(captions)
+    return out

@@ -4,7 +4,9 @@ and its denoiser for the video trainer and sampler.
 The model comes from exactly one of:
 
 * ``model.pipeline``: a diffusers pipeline folder, its ``transformer/`` (``builders/pipeline.py`` checks
-  the folder and conditions the model as the pipeline does);
+  the folder and conditions the model as the pipeline does); Wan 2.2 A14B's two experts, ``transformer/``
+  and ``transformer_2/``, as one ``NoiseExperts`` or the one ``model.expert`` names
+  (``builders/pipeline_experts.py``);
 * ``model.path``: a local diffusers folder (``config.json`` and the weights, as ``save_pretrained``
   writes them, or a pipeline's ``transformer/`` folder), loaded by ``from_pretrained`` with
   nothing downloaded;
@@ -26,6 +28,7 @@ import torch.nn as nn
 
 from ..errors import ConfigError
 from ..families import FamilyDenoiser, Recipe, family_adapter, family_class_names, is_family
+from .pipeline_experts import build_experts, trained_components
 
 __all__ = ["build_diffusers_model", "check_family_inputs", "diffusers_config", "family_adapter", "family_denoiser",
            "family_names", "family_recipe", "is_family", "resolve_family_text"]
@@ -42,9 +45,10 @@ def _diffusers_class(name: str) -> type:
 
 
 def model_folder(cfg) -> Optional[str]:
-    """The local folder the model loads from: ``model.path``, or the pipeline's ``transformer/``."""
+    """The local folder the model loads from: ``model.path``, or the pipeline's (first) trained
+    transformer (``transformer/``; Wan 2.2's ``transformer_2/`` when the low-noise expert trains alone)."""
     m = cfg.model
-    return os.path.join(m.pipeline, "transformer") if getattr(m, "pipeline", None) else m.path
+    return os.path.join(m.pipeline, trained_components(cfg)[0]) if getattr(m, "pipeline", None) else m.path
 
 
 def diffusers_config(cfg) -> Dict:
@@ -62,21 +66,22 @@ def diffusers_config(cfg) -> Dict:
         raise ConfigError(f"'model.path' and 'model.config' both set for {m.name}: give the local folder to load "
                           f"(model.path) or the constructor arguments of a random initialisation (model.config), "
                           f"not both.")
-    if not m.path and not m.config:
+    path = m.path
+    if not path and not m.config:
         raise ConfigError(f"{m.name} needs 'model.path' (a local diffusers folder with config.json, loaded with "
                           f"from_pretrained; nothing is downloaded) or 'model.config' (the constructor arguments of "
                           f"a random initialisation, e.g. {{num_layers: 2, num_attention_heads: 2, ...}}).")
-    if m.path:
-        file = os.path.join(m.path, "config.json")
+    if path:
+        file = os.path.join(path, "config.json")
         if not os.path.isfile(file):
             hint = (" It holds a transformer/ folder: point model.path at it."
-                    if os.path.isfile(os.path.join(m.path, "transformer", "config.json")) else "")
-            raise ConfigError(f"'model.path' {m.path!r} holds no config.json, so it is not a diffusers model folder: "
+                    if os.path.isfile(os.path.join(path, "transformer", "config.json")) else "")
+            raise ConfigError(f"'model.path' {path!r} holds no config.json, so it is not a diffusers model folder: "
                               f"point it at the folder save_pretrained wrote (config.json and the weights).{hint}")
         with open(file) as f:
             given = json.load(f)
         if given.get("_class_name", m.name) != m.name:
-            raise ConfigError(f"'model.path' {m.path!r} holds a {given['_class_name']}, but model.name is {m.name}: "
+            raise ConfigError(f"'model.path' {path!r} holds a {given['_class_name']}, but model.name is {m.name}: "
                               f"set model.name={given['_class_name']}.")
     elif not isinstance(m.config, dict):
         raise ConfigError(f"'model.config' must be a mapping of {m.name}'s constructor arguments, got {m.config!r}.")
@@ -84,7 +89,7 @@ def diffusers_config(cfg) -> Dict:
         given = dict(m.config)
     params = inspect.signature(_diffusers_class(m.name).__init__).parameters
     unknown = sorted(k for k in given if k not in params and not k.startswith("_"))
-    if unknown and not m.path:
+    if unknown and not path:
         raise ConfigError(f"'model.config' sets {unknown}, which {m.name} does not take; its arguments are: "
                           f"{', '.join(k for k in params if k != 'self')}.")
     defaults = {k: p.default for k, p in params.items() if p.default is not inspect.Parameter.empty}
@@ -96,13 +101,19 @@ def build_diffusers_model(cfg) -> nn.Module:
     m = cfg.model
     cls = _diffusers_class(m.name)
     diffusers_config(cfg)  # the checks above
-    path = model_folder(cfg)
-    if path:
+    def load(path: str) -> nn.Module:
         try:
             return cls.from_pretrained(path, local_files_only=True)
         except (OSError, ValueError, EnvironmentError) as e:
             where = "'model.pipeline'" if getattr(m, "pipeline", None) else "'model.path'"
             raise ConfigError(f"Cannot load {m.name} from {where} {path!r}: {e}") from None
+
+    experts = build_experts(cfg, load)  # Wan 2.2 A14B, both experts: NoiseExperts
+    if experts is not None:
+        return experts
+    path = model_folder(cfg)
+    if path:
+        return load(path)
     try:
         return cls(**m.config)
     except (TypeError, ValueError, AssertionError) as e:
@@ -160,6 +171,6 @@ def family_recipe(cfg) -> Recipe:
 def family_denoiser(cfg, model: nn.Module, call: Optional[nn.Module] = None) -> FamilyDenoiser:
     """``model`` (built by ``build_diffusers_model``) as the project's denoiser; ``call`` is what to
     call instead of it (the booster's wrapper)."""
-    adapter = family_adapter(model)
+    adapter = family_adapter(cfg.model.name)  # by name: Wan 2.2's NoiseExperts holds two models of the class
     return FamilyDenoiser(adapter, call if call is not None else model, model.config, cfg.text_encoder.max_length,
                           adapter.text_width(model.config))

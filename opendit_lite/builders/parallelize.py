@@ -9,6 +9,7 @@ from typing import Optional
 import torch.distributed as dist
 import torch.nn as nn
 
+from ..models.experts import NoiseExperts
 from ..parallel import Links
 from ..parallelization import ParallelizeReport, parallelize
 from .geometry import sp_auto_inputs
@@ -38,7 +39,8 @@ def parallelize_from_config(model: nn.Module, cfg, sp_group: Optional[dist.Proce
     if cfg.sp_mode == "auto" and sp_group is not None and dist.get_world_size(sp_group) > 1:
         # The run's largest bucket and its node layout: the numbers the planner decides from too.
         ranks_per_node = int(os.environ.get("LOCAL_WORLD_SIZE", Links().ranks_per_node))
-        sp_auto = sp_auto_inputs(model, cfg, dist.get_world_size(sp_group), ranks_per_node)
+        one = model.transformer if isinstance(model, NoiseExperts) else model  # the experts share one architecture
+        sp_auto = sp_auto_inputs(one, cfg, dist.get_world_size(sp_group), ranks_per_node)
     return parallelize(model, sp_group=sp_group, sp_mode=cfg.sp_mode, sp_ring_size=cfg.sp_ring_size,
                        sp_auto=sp_auto,
                        fused_adaln=cfg.fused_adaln, fused_layernorm=cfg.fused_layernorm,

@@ -8,7 +8,9 @@ and transformer, ``model.name`` (given: it must be that transformer's class), th
 clip sizes (image models: 1 frame; video: ``frame_ratio x n + 1`` frames, e.g. Wan's 4n + 1; sides
 that split into whole latent patches), and refuses what would train on conditions the pipeline never
 produces (another text encoder, another VAE, the embedded shapes data, a guidance value for a model
-without a guidance embedding, latents extracted from another pipeline or at other sizes).
+without a guidance embedding, latents extracted from another pipeline or at other sizes). A folder of
+two experts (Wan 2.2 A14B's ``transformer_2``) trains both, or the one ``model.expert`` names
+(``builders/pipeline_experts.py``).
 
 ``PipelineEncoders`` turn a clip batch into what training from the CSV route and
 ``scripts/extract_latents.py --pipeline`` (the latents route) both store and train on: the latents of
@@ -73,10 +75,10 @@ def pipeline_folder(path: str, what: str = "'model.pipeline'") -> PipelineFolder
     family = family_of_pipeline(index["_class_name"])
     if family is None:
         by_model = family_of(transformer)
-        trained = ", ".join(p for f in FAMILIES.values() for p in f.conditioning.pipelines)
+        trained = ", ".join(f.pipeline for f in FAMILIES.values())
         if by_model is not None:
             raise ConfigError(f"{what} {path!r} is a {index['_class_name']}; the {by_model.name} family trains "
-                              f"{transformer} as {' or '.join(by_model.conditioning.pipelines)} conditions it: give "
+                              f"{transformer} as {by_model.pipeline} conditions it: give "
                               f"that pipeline's folder.")
         raise ConfigError(f"{what} {path!r} is a {index['_class_name']} (transformer {transformer}), which no family "
                           f"trains; the pipelines trained today are: {trained}.")
@@ -111,7 +113,6 @@ def resolve_pipeline(cfg) -> PipelineFolder:
     if m.path or m.config:
         raise ConfigError("'model.pipeline' gives the transformer (its transformer/ folder): remove model.path and "
                           "model.config.")
-    check_experts(folder)
     pipe = light_pipeline(m.pipeline)
     tokens = conditioning.text_tokens(pipe)
     if t.kind not in (None, "pipeline") or t.path:
@@ -143,15 +144,6 @@ def resolve_pipeline(cfg) -> PipelineFolder:
     _resolve_sizes(cfg, folder, pipe)
     m.name, t.kind, t.max_length = family.class_name, "pipeline", tokens
     return folder
-
-
-def check_experts(folder: PipelineFolder) -> None:
-    """A pipeline of two experts (Wan 2.2 A14B) is refused until its timesteps are routed to them."""
-    if len(folder.experts) > 1:
-        raise ConfigError(f"'model.pipeline' {folder.path!r} holds two experts ({', '.join(folder.experts)}, split at "
-                          f"boundary_ratio={folder.index.get('boundary_ratio')}); training routes each sample to the "
-                          f"expert of its noise level, which this version does not do yet: train a one-expert "
-                          f"pipeline (Wan 2.1).")
 
 
 def _resolve_sizes(cfg, folder: PipelineFolder, pipe) -> None:

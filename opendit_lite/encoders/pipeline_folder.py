@@ -4,7 +4,8 @@ transformers, and a fingerprint of what latents and caption states extracted fro
 
 * ``read_pipeline_index(folder)``: the folder's ``model_index.json``, with a ConfigError naming what
   is wrong when the folder is not a pipeline (a model folder, a missing component folder, a text
-  encoder without its tokenizer);
+  encoder without its tokenizer); the one reader of a pipeline folder's index (training's
+  ``builders/pipeline.py``, the export's ``interop/pipeline_links.py``), ``components`` its parts;
 * ``load_pipeline(folder, ...)``: the pipeline object (its own class, so its ``encode_prompt``, packing
   helpers, scale factors and scheduler are the released ones) with its transformers left out, its
   text encoders optionally left out, and its VAE optionally built on the meta device from its config

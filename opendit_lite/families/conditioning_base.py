@@ -19,6 +19,8 @@ static packing and id helpers, its scale factors and scheduler configuration:
   clips x [B, C, T, h, w] (images: T = 1, as the families' latents are stored), the objective's
   timestep t [B] (flow time x 1000, or the integer DDPM step) and the text inputs; ``prediction``
   maps the transformer's output back to [B, C, T, h, w];
+* ``expert_boundary(pipe)``: where a pipeline of two experts (Wan 2.2 A14B) switches from
+  ``transformer`` to ``transformer_2``;
 * ``shift(pipe, x_shape)``: the flow shift the pipeline's scheduler samples latents of that shape
   with (a token-count shift through diffusers' ``calculate_shift`` where the scheduler shifts
   dynamically);
@@ -72,11 +74,9 @@ class PipelineConditioning:
     """One family's pipeline conditioning (see the module docstring). Subclasses set the class
     attributes and implement the methods that raise here.
 
-    * ``pipelines``: the diffusers pipeline classes whose ``__call__`` this reproduces;
     * ``text_keys``: the transformer keywords the caption gives, per sample.
     """
 
-    pipelines: Tuple[str, ...] = ()
     text_keys: Tuple[str, ...] = ()
 
     # -- text ----------------------------------------------------------------------------------
@@ -119,6 +119,11 @@ class PipelineConditioning:
     def guided(self, model_config: Mapping) -> bool:
         """Whether the transformer embeds a guidance value (a guidance-distilled model)."""
         return False
+
+    def expert_boundary(self, pipe) -> Optional[float]:
+        """The timestep at and above which a pipeline of two experts runs ``transformer``, below it
+        ``transformer_2`` (``models.experts.runs_high_noise``); None: one transformer."""
+        return None
 
     def constants(self, pipe, model_config: Mapping, guidance: Optional[float]) -> Dict[str, Any]:
         """The inputs that do not depend on the sample; ``guidance``: a guidance value that replaces

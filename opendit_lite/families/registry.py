@@ -14,13 +14,14 @@ specific to it:
   and what it leaves, and why;
 * ``encoding`` (``<family>/encoding.py``): the family's VAE, latent normalisation and text encoder,
   for extracting latents (``scripts/extract_latents.py --family``);
-* ``conditioning`` (``<family>/conditioning.py``): what the family's diffusers pipeline feeds its
-  transformer, which a run from a pipeline folder (``model.pipeline``) trains on;
+* ``pipeline``: the family's diffusers pipeline class (``FluxPipeline``), the one statement of it: a
+  pipeline folder of that class trains this family (``family_of_pipeline``), and a trained model
+  goes back to it (its LoRA adapters through that class's own ``save_lora_weights``,
+  ``interop.export_lora``, which ``<pipeline>.load_lora_weights`` reads);
+* ``conditioning`` (``<family>/conditioning.py``): what that pipeline feeds its transformer, which a
+  run from a pipeline folder (``model.pipeline``) trains on;
 * ``tiny`` (``<family>/tiny.py``): tiny random pipelines of the family's released layouts
   (``tiny_pipelines.py``, ``scripts/make_tiny_pipeline.py``).
-
-Export needs nothing per family: a trained model goes back to its diffusers class by that class's
-name (``interop.export_family``); the LoRA file's ``transformer.`` prefix is every pipeline's.
 
 ``register_family`` checks the record (its pieces name the same class and family), then fans the
 pieces out to the mechanisms that look them up by class in their own tables, below this package in
@@ -56,6 +57,7 @@ class Family:
 
     name: str                          # its folder under opendit_lite/families/ ("wan", "hunyuan_video")
     class_name: str                    # the diffusers transformer class (``model.name`` in a config)
+    pipeline: str                      # the diffusers pipeline class: its conditioning, LoRA files and folders
     module: str                        # the diffusers module defining that class
     block_lists: Tuple[str, ...]       # capability: the block lists, in forward order
     lora_targets: Tuple[str, ...]      # capability: the layers LoRA adapts by default
@@ -90,8 +92,8 @@ def _check_record(family: Family) -> None:
                         f"{family.adapter.image_only}")
     if not family.block_lists or not family.lora_targets:
         problems.append("block_lists and lora_targets must be non-empty")
-    if not family.conditioning.pipelines or not family.tiny:
-        problems.append("conditioning.pipelines and tiny must be non-empty")
+    if not family.pipeline or not family.tiny:
+        problems.append("pipeline and tiny must be non-empty")
     if problems:
         raise ValueError(f"family {family.name!r} ({family.class_name}): " + "; ".join(problems))
     for other in FAMILIES.values():
@@ -136,8 +138,8 @@ def _class_name(name_or_model: Union[str, nn.Module, type, None]) -> Optional[st
 
 
 def family_of_pipeline(pipeline_class: str) -> Optional[Family]:
-    """The family whose conditioning reproduces the diffusers pipeline class ``pipeline_class``; None if none."""
-    return next((f for f in FAMILIES.values() if pipeline_class in f.conditioning.pipelines), None)
+    """The family whose pipeline class is ``pipeline_class``; None if none."""
+    return next((f for f in FAMILIES.values() if f.pipeline == pipeline_class), None)
 
 
 def _by_class(class_name: Optional[str]) -> Optional[Family]:

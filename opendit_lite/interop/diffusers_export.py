@@ -1,12 +1,12 @@
 """The diffusers transformers trained here (Wan, Flux, SD3, CogVideoX, HunyuanVideo, LTX-Video) back
-to a folder that the family's own class and pipeline load unchanged.
+to the files their own class and pipeline load unchanged.
 
     export_family(model, "out/transformer")                        # the model's own weights, LoRA merged
     export_family(model, "out/transformer", state=ema_state)      # the EMA's weights instead
-    export_family(model, "out/transformer", lora="adapter")       # base weights + a LoRA adapter file
+    export_lora(model, "out/lora")                                 # the LoRA adapters alone (no base weights)
 
     transformer = WanTransformer3DModel.from_pretrained("out/transformer")
-    transformer.load_lora_adapter("out/transformer", weight_name="pytorch_lora_weights.safetensors")  # lora="adapter"
+    pipe = WanPipeline.from_pretrained("<the pipeline trained from>"); pipe.load_lora_weights("out/lora")
 
 What training changed and the export undoes or ignores: the converter's fused AdaLN rebinds the
 class of blocks and norms in place (``class_swap``) and sequence parallelism swaps attention
@@ -18,17 +18,18 @@ Every file gets the mode of the config (``files.make_readable``), not the 0600 o
 Keys of wrappers around the whole model (DDP's and Colossal-AI's ``module.``, ``torch.compile``'s
 ``_orig_mod.``, torch's checkpoint wrapper) are dropped first.
 
-LoRA (peft adapters on the trained model, ``models/lora.py``): ``lora="merged"`` folds each adapter
+LoRA (peft adapters on the trained model, ``models/lora.py``): ``export_family`` folds each adapter
 into its base weight, ``W + scaling * B @ A`` with the adapter's own scaling (alpha / rank), so the
-folder holds the plain model computing what the adapted one computes. ``lora="adapter"`` writes the
-frozen base weights as the model and the adapters beside them as ``pytorch_lora_weights.safetensors``
-in the layout of diffusers' pipelines (keys ``transformer.<layer>.lora_A.weight``, the peft
-``LoraConfig`` in the file's metadata), which ``pipeline.load_lora_weights(folder)`` reads, and
-``transformer.load_lora_adapter(folder, weight_name=LORA_WEIGHT_NAME)`` (the transformer's loader
-looks for safetensors only when given the name or ``use_safetensors=True``).
+folder holds the plain model computing what the adapted one computes (a whole copy of the model).
+``export_lora`` writes only the adapters, ``pytorch_lora_weights.safetensors``, through the family
+pipeline's own ``save_lora_weights`` (peft's ``get_peft_model_state_dict`` picks the adapters out of
+the state dict; the adapter's ``LoraConfig`` goes into the file's metadata, so rank, alpha and the
+adapted layers load as trained): ``<Family>Pipeline.load_lora_weights(folder)`` reads it into the
+pipeline's ``transformer`` (Wan 2.2's second expert: ``load_lora_weights(folder,
+load_into_transformer_2=True)``), and ``transformer.load_lora_adapter(folder,
+weight_name=LORA_WEIGHT_NAME)`` into a transformer alone.
 """
 
-import json
 import os
 from typing import Dict, Optional, Tuple
 
@@ -39,9 +40,7 @@ from ..errors import ConfigError
 from .pretrained_files import make_readable
 
 LORA_WEIGHT_NAME = "pytorch_lora_weights.safetensors"  # the file name diffusers' LoRA loaders look for
-LORA_PREFIX = "transformer"  # the pipelines' component name, prefixed to every adapter key
-LORA_METADATA_KEY = "lora_adapter_metadata"  # where diffusers reads the adapter's LoraConfig from
-LORA_MODES = ("merged", "adapter")
+LORA_MODES = ("merged", "adapter")  # a LoRA run's export: the adapters merged into a full model, or alone
 ADAPTER = "default"  # the adapter name peft gives apply_lora's adapters
 # Path segments that wrappers of the whole model add to every key.
 WRAPPER_SEGMENTS = ("_orig_mod.", "_checkpoint_wrapped_module.")
@@ -109,11 +108,14 @@ def merge_lora_state(base: Dict[str, torch.Tensor], adapters: Dict[str, torch.Te
     return merged
 
 
-def _lora_metadata(model: nn.Module) -> Dict[str, str]:
-    config = model.peft_config[ADAPTER].to_dict()
-    config = {k: sorted(v) if isinstance(v, set) else v for k, v in config.items()}
-    packed = {f"{LORA_PREFIX}.{k}": v for k, v in config.items()}
-    return {"format": "pt", LORA_METADATA_KEY: json.dumps(packed, indent=2, sort_keys=True, default=str)}
+def plain_state(model: nn.Module, state: Optional[Dict[str, torch.Tensor]] = None
+                ) -> Tuple[nn.Module, Dict[str, torch.Tensor]]:
+    """(the diffusers model inside ``model``, ``state`` or its own state dict with the wrappers' key
+    segments dropped, on the CPU)."""
+    plain = unwrap_model(model)
+    source = plain.state_dict() if state is None else state
+    has_module_child = any(name == "module" for name, _ in plain.named_children())
+    return plain, {_plain_key(k, has_module_child): v.detach().cpu() for k, v in source.items()}
 
 
 def export_family(model: nn.Module, output: str, *, state: Optional[Dict[str, torch.Tensor]] = None,
@@ -122,21 +124,20 @@ def export_family(model: nn.Module, output: str, *, state: Optional[Dict[str, to
     folder ``output`` with ``save_pretrained``; returns ``output``.
 
     ``state``: the weights to write, a state dict of the model (e.g. its EMA's ``state_dict()``;
-    None: the model's own). ``lora``: "merged" (adapters folded in) or "adapter" (base weights plus
-    ``pytorch_lora_weights.safetensors``); ignored by a model without adapters."""
+    None: the model's own). ``lora``: "merged" (adapters folded in) or "adapter" (the adapters alone,
+    ``export_lora``); ignored by a model without adapters."""
     if lora not in LORA_MODES:
         raise ConfigError(f"lora={lora!r} is not an export mode; use one of {', '.join(LORA_MODES)}.")
-    plain = unwrap_model(model)
-    cls = diffusers_class(plain)
-    source = plain.state_dict() if state is None else state
-    has_module_child = any(name == "module" for name, _ in plain.named_children())
-    state = {_plain_key(k, has_module_child): v.detach().cpu() for k, v in source.items()}
+    plain, state = plain_state(model, state)
     base, adapters = split_lora_state(state)
+    if adapters and lora == "adapter":
+        return export_lora(model, output, state=state)
+    cls = diffusers_class(plain)
     scalings = lora_scalings(plain) if adapters else {}
     if adapters and not scalings:
         raise ConfigError("these weights hold LoRA adapters but the model has none to read their scaling from; "
                           "add the run's adapters to the model (apply_lora with its lora section) before exporting.")
-    if adapters and lora == "merged":
+    if adapters:
         base = merge_lora_state(base, adapters, scalings)
     with torch.device("meta"):  # the weights are assigned below: allocate nothing here
         fresh = cls.from_config(dict(plain.config))
@@ -145,9 +146,36 @@ def export_family(model: nn.Module, output: str, *, state: Optional[Dict[str, to
         raise ConfigError(f"these weights do not fit a fresh {cls.__name__} built from the model's config: missing "
                           f"{missing[:5]}, unexpected {unexpected[:5]}; export the model they were trained with.")
     fresh.save_pretrained(output, safe_serialization=True)
-    if adapters and lora == "adapter":
-        from safetensors.torch import save_file
+    return make_readable(output)
 
-        save_file({f"{LORA_PREFIX}.{k}": v.contiguous() for k, v in adapters.items()},
-                  os.path.join(output, LORA_WEIGHT_NAME), metadata=_lora_metadata(plain))
+
+def export_lora(model: nn.Module, output: str, *, state: Optional[Dict[str, torch.Tensor]] = None,
+                pipeline: Optional[str] = None) -> str:
+    """Write the LoRA adapters of ``model`` (a diffusers transformer with peft adapters, as trained),
+    and nothing else, as ``<output>/pytorch_lora_weights.safetensors`` with ``save_lora_weights`` of
+    the pipeline class ``pipeline`` (None: the family's, ``Family.pipeline``); returns ``output``.
+    ``state``: the weights to take the adapters from (the EMA's; None: the model's own)."""
+    import diffusers
+    from peft.utils import get_peft_model_state_dict
+
+    from ..families import family_of
+
+    plain, state = plain_state(model, state)
+    if ADAPTER not in getattr(plain, "peft_config", {}):
+        raise ConfigError(f"{type(plain).__name__} has no LoRA adapters to export (lora.rank 0 trains every weight): "
+                          f"export the whole model (export_family) instead.")
+    if pipeline is None:
+        family = family_of(diffusers_class(plain))
+        if family is None:
+            raise ConfigError(f"{diffusers_class(plain).__name__} is not the transformer of a registered family; name "
+                              f"the diffusers pipeline whose LoRA format to write (pipeline=...).")
+        pipeline = family.pipeline
+    adapters = get_peft_model_state_dict(plain, state_dict=state, adapter_name=ADAPTER)
+    if not adapters:
+        raise ConfigError("the weights given hold none of the model's LoRA adapters (no lora_A / lora_B entries): "
+                          "export the checkpoint of the LoRA run itself.")
+    os.makedirs(output, exist_ok=True)
+    getattr(diffusers, pipeline).save_lora_weights(
+        output, transformer_lora_layers={k: v.contiguous() for k, v in adapters.items()},
+        transformer_lora_adapter_metadata=plain.peft_config[ADAPTER].to_dict(), weight_name=LORA_WEIGHT_NAME)
     return make_readable(output)

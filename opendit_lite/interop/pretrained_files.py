@@ -23,11 +23,15 @@ def _plain_file_mode() -> int:
 
 
 def make_readable(folder: str) -> str:
-    """Give every file under ``folder`` the mode of a newly created plain file; returns ``folder``."""
+    """Give every file under ``folder`` the mode of a newly created plain file; returns ``folder``.
+    Symbolic links (a pipeline export's links to the source's components) are neither followed nor
+    changed: what they point at is not the export's."""
     mode = _plain_file_mode()
     for root, _, files in os.walk(folder):
         for name in files:
-            os.chmod(os.path.join(root, name), mode)
+            path = os.path.join(root, name)
+            if not os.path.islink(path):
+                os.chmod(path, mode)
     return folder
 
 

@@ -28,6 +28,7 @@ import torch.nn as nn
 
 from ..errors import ConfigError
 from .capabilities import lora_targets
+from .experts import NoiseExperts
 
 
 def lora_target_names(model: nn.Module, targets: Sequence[str]) -> List[str]:
@@ -71,8 +72,15 @@ def apply_lora(model: nn.Module, *, rank: int, alpha: float, dropout: float,
     layers named by ``targets`` and freeze everything else, in place. ``targets`` None: the model's
     declared ``lora_targets`` (the zoo's ``qkv``/``proj``/``fc1``/``fc2``; for a diffusers family
     the layers diffusers' LoRA scripts adapt, declared in ``opendit_lite/families/<family>/``). A
-    ConfigError says so when no linear layer matches. Adapters start as an exact no-op (peft initialises B to zero)."""
+    ConfigError says so when no linear layer matches. Adapters start as an exact no-op (peft initialises B to zero).
+    ``NoiseExperts`` (two experts) gets adapters on each expert, as if each were the model."""
     from peft import LoraConfig, inject_adapter_in_model
+
+    if isinstance(model, NoiseExperts):
+        reports = [apply_lora(expert, rank=rank, alpha=alpha, dropout=dropout, targets=targets)
+                   for _, expert in model.experts()]
+        return LoRAReport(layers=sum(r.layers for r in reports), trainable=sum(r.trainable for r in reports),
+                          total=sum(r.total for r in reports), targets=reports[0].targets)
 
     targets = lora_targets(model) if targets is None else tuple(targets)
     names = lora_target_names(model, targets)

@@ -23,9 +23,11 @@ from ..builders.geometry import (
     latent_folder_size,
     sp_auto_inputs,
 )
+from ..builders.pipeline_experts import resolve_expert
 from ..config import ConfigError
 from ..families import FamilyDenoiser
 from ..models.blocks import find_blocks
+from ..models.experts import NoiseExperts
 from ..parallel import declared_sp_modes, resolve_auto, sharded_heads
 from ..parallel.modes import mode_candidates
 from ..precision import Precision, resolve_precision
@@ -48,7 +50,12 @@ def model_of_config(cfg, device="meta") -> nn.Module:
             from ..builders.video import build_video_model
 
             if is_family(m.name):
-                m.config, m.path, m.pipeline = diffusers_config(cfg), None, None
+                resolve_expert(cfg)  # Wan 2.2's experts: both, or the one trained
+                both = m.expert == "both"
+                # from its config, never its weights
+                m.config, m.path, m.pipeline, m.expert = diffusers_config(cfg), None, None, None
+                if both:  # the experts share one architecture
+                    return NoiseExperts(build_video_model(cfg), build_video_model(cfg), boundary=0.0)
             else:
                 m.caption_channels = m.caption_channels or CAPTION_WIDTHS[cfg.text_encoder.kind]
             return build_video_model(cfg)
@@ -66,6 +73,9 @@ def model_shape_of_config(cfg, model: Optional[nn.Module] = None,
     saved activations counted from its forward in the training dtype of ``precision`` (default:
     ``plan_precision(cfg)``; ``family_shape``), the zoo's from their profiles."""
     model = model if model is not None else model_of_config(cfg)
+    if isinstance(model, NoiseExperts):  # Wan 2.2: a sample runs through one expert; both experts' weights are held
+        one = family_shape(model.transformer, cfg.text_encoder.max_length, cfg.model.name)
+        return dataclasses.replace(one, params=sum(p.numel() for p in model.parameters()))
     if is_family(model):
         precision = precision or plan_precision(cfg)
         dtype = precision.autocast_dtype or torch.float32

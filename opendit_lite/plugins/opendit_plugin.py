@@ -408,14 +408,15 @@ class OpenDiTPlugin(DPPluginBase):
         return self._ema
 
     def update_ema(self, model: ModelWrapper, optimizer: Optional[OptimizerWrapper] = None,
-                   decay: float = 0.9999) -> None:
+                   decay: float = 0.9999, next_decay: Optional[float] = None) -> None:
         """``ema = decay * ema + (1 - decay) * weights`` after ``optimizer.step()``; creates the EMA on
-        first use (``opendit_lite.ema.update_sharded_ema``)."""
+        first use (``opendit_lite.ema.update_sharded_ema``; ``next_decay``: the next update's decay
+        when it changes, as under warm-up)."""
         if self._ema is None:
             self.create_ema(model, optimizer)
         elif self._ema.module is not model.unwrap():
             raise ValueError("update_ema got a different model from the one the EMA was created for")
-        update_sharded_ema(self._ema, optimizer if optimizer is not None else self._optimizer, decay)
+        update_sharded_ema(self._ema, optimizer if optimizer is not None else self._optimizer, decay, next_decay)
 
     @property
     def ema(self) -> ShardedEMA:

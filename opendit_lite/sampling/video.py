@@ -92,7 +92,7 @@ def load_video_model(cfg, ckpt: str, ranks: SamplingRanks
     eval mode on ``ranks.device``; a diffusers family's model is returned through its adapter
     (``FamilyDenoiser``), the denoiser the samplers call."""
     model = load_denoiser(build_video_model(cfg), cfg, ckpt, ranks)
-    denoiser = family_denoiser(cfg, model) if is_family(model) else model
+    denoiser = family_denoiser(cfg, model) if is_family(cfg.model.name) else model
     return denoiser, load_caption_encoder(cfg, ranks.device), load_video_vae(cfg, ranks.device)
 
 

@@ -10,7 +10,7 @@ one per bucket).
 
 from typing import Dict, Tuple
 
-from ..builders.objective import objective_for_recipe
+from ..builders.objective import objective_for
 from ..builders.pipeline import (
     PipelineEncoders,
     latent_clip_shape,
@@ -18,6 +18,7 @@ from ..builders.pipeline import (
     pipeline_folder,
     pipeline_recipe,
 )
+from ..builders.pipeline_experts import expert_objective_range
 from ..builders.video import bucket_loss_weights, build_video_dataset, video_buckets
 from ..data.buckets import assign_bucket
 from ..data.video_latents import PipelineLatentDataset, load_null_text, video_latent_meta
@@ -93,13 +94,14 @@ def prepare_pipeline_data(cfg, device, sp_group=None) -> TrainingData:
     if per_shape and not buckets:
         diffusion.shift = recipe.shift
     objectives: Dict[Tuple[int, ...], object] = {}
+    time_range = expert_objective_range(cfg)  # one expert of Wan 2.2's pair: its own noise range
 
     def objective(x_shape):
         key = tuple(x_shape[1:])
         if key not in objectives:
             shift = pipeline_recipe(cfg, x_shape).shift if per_shape else diffusion.shift
-            objectives[key] = objective_for_recipe(
-                type(recipe)(diffusion.objective, diffusion.timestep_sampling, shift), diffusion.diffusion_steps)
+            objectives[key] = objective_for(diffusion.objective, diffusion.timestep_sampling, shift,
+                                            diffusion.diffusion_steps, time_range=time_range)
         return objectives[key]
 
     def denoiser(model, call):

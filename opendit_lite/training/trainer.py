@@ -27,6 +27,8 @@ from ..diffusion.loss import objective_loss
 from ..diffusion.sampling_utils import SampleGenerators
 from ..distributed.launch import cleanup_distributed, init_distributed
 from ..distributed.seed import seed_everything
+from ..ema import ema_horizon_note, ema_warmup_on
+from ..families import is_family
 from ..models import MODELS, registered_class
 from ..models.capabilities import check_sp_mode, condition_dropout_kwarg
 from ..utils.exit_codes import ignore_stop_signals, script_main
@@ -56,12 +58,15 @@ def train(spec: TrainerSpec, cfg, info) -> str:
     # Every transformation of the serial model (LoRA adapters first), in parallelize's order, before
     # the plugin wraps it.
     log.write(str(parallelize_from_config(model, cfg, plugin.sp_group)))
-    objective = build_training_objective(cfg)
+    objective = spec.objective(cfg) if spec.objective is not None else build_training_objective(cfg)
     model.to(info.device)
     num_params = sum(p.numel() for p in model.parameters())
     check_disk_space(checkpoint_root(cfg), num_params)
     log.write(f"model {cfg.model.name}: {num_params / 1e6:.2f}M parameters, {spec.describe(cfg)}, "
               f"{cfg.diffusion.objective}, precision {plugin.precision.name}")
+    if cfg.lora.rank and cfg.ema.enable:  # adapters start at zero: say what the EMA keeps of them
+        note = ema_horizon_note(cfg.ema.decay, cfg.max_steps, ema_warmup_on(cfg.ema.warmup, cfg.lora.rank))
+        (_say if note.startswith("warning:") and info.is_main else log.write)(note)
 
     batch_sampler = None
     if data.batch_sampler is not None:  # e.g. buckets of clip shapes
@@ -105,7 +110,8 @@ def train(spec: TrainerSpec, cfg, info) -> str:
     path = run_steps(state, cfg, booster, log, batch_loss, device=info.device, after_save=after_save)
     if spec.finish is not None:
         spec.finish(cfg, path, run_dir)
-    if cfg.lora.rank and cfg.lora.export_merged and info.is_main:
+    merge = cfg.lora.export_merged if cfg.lora.export_merged is not None else not is_family(cfg.model.name)
+    if cfg.lora.rank and merge and info.is_main:
         merged = export_merged(spec.build_model(cfg), path, os.path.join(run_dir, "merged.safetensors"),
                                use_ema=cfg.ema.enable, lora=to_dict(cfg.lora))
         print(f"wrote the merged LoRA weights to {merged} (sample.ckpt={merged} or init_from={merged})")

@@ -66,8 +66,7 @@ def test_the_record_names_one_class_and_is_found_every_way(name):
     assert find_family(name) is find_family(family.class_name) is family
     for alias in family.aliases:
         assert find_family(alias) is family
-    for pipeline in family.conditioning.pipelines:  # the pipelines it reproduces point back to it
-        assert families.family_of_pipeline(pipeline) is family
+    assert families.family_of_pipeline(family.pipeline) is family  # the pipeline it reproduces points back to it
     assert family.tiny and all(t.name in TINY_PIPELINES and TINY_PIPELINES[t.name] is t for t in family.tiny)
 
 

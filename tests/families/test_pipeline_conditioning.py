@@ -7,12 +7,10 @@ the pipeline's time with the noise that puts the noisy latents where the pipelin
 (text states with their padding and token count, pooled text, masks, ids, guidance, rotary tables, rope
 scale, the timestep's scale) equals the pipeline's: conditional, and for a dropped caption its
 unconditional branch (the encoded empty prompt). Wan 2.2's pipeline denoises each step with the expert
-of its noise level; the conditioning names the same expert for the same time (routing training steps
-to the experts is not built here).
+of its noise level; the training model (both experts as one ``NoiseExperts``) runs the same expert for
+the same time, and a backward through the steps' losses trains both experts.
 
 Run with -s to see the largest difference of each input."""
-
-import os
 
 import pytest
 import torch
@@ -20,6 +18,7 @@ import torch
 from opendit_lite.builders.video import build_video_model
 from opendit_lite.diffusion.rectified_flow import RectifiedFlow
 from opendit_lite.families.tiny_pipelines import TINY_CALLS
+from opendit_lite.models.experts import NoiseExperts
 from opendit_lite.training.video import prepare_video_data
 from tests.families.pipeline_capture import capture, model_latents
 from tests.pipeline_runs import pipeline_config, write_clip, write_csv, write_image
@@ -65,29 +64,25 @@ def _difference(mine, ref):
 
 
 @pytest.mark.parametrize("name", ["wan", "wan22", "hunyuanvideo", "cogvideox", "ltx", "flux", "sd3"])
-def test_a_training_step_feeds_the_transformer_what_its_pipeline_feeds_it(name, tiny_pipeline, captioned, tmp_path,
-                                                                           monkeypatch):
+def test_a_training_step_feeds_the_transformer_what_its_pipeline_feeds_it(name, tiny_pipeline, captioned, tmp_path):
     from diffusers import DiffusionPipeline
 
-    import opendit_lite.builders.pipeline as pipeline_builder
-
     folder, call = tiny_pipeline(name), TINY_CALLS[name]
-    if name == "wan22":  # both experts are loaded below; training steps are not routed to them here
-        monkeypatch.setattr(pipeline_builder, "check_experts", lambda folder: None)
     cfg = pipeline_config(folder, captioned[0 if "num_frames" not in call else 1], call, str(tmp_path),
                           "model.class_dropout_prob=0.5")
     data = prepare_video_data(cfg, torch.device("cpu"))
     clip, caption = data.dataset[0]
     x0, text = data.model_inputs((clip[None], [caption]))                         # [1, C, T, h, w], {key: [1, ...]}
-    experts = {"transformer": build_video_model(cfg)}
+    model = build_video_model(cfg)  # Wan 2.2: both experts, routed by timestep (NoiseExperts)
+    experts = dict(model.experts()) if isinstance(model, NoiseExperts) else {"transformer": model}
+    assert set(experts) == {"transformer", "transformer_2"} if name == "wan22" else {"transformer"}
+    denoiser = data.denoiser(model, model)
     pipe = DiffusionPipeline.from_pretrained(folder, local_files_only=True)
-    if getattr(pipe, "transformer_2", None) is not None:
-        experts["transformer_2"] = type(pipe.transformer_2).from_pretrained(os.path.join(folder, "transformer_2"))
     noise = torch.randn(x0.shape, generator=torch.Generator().manual_seed(1))
     calls = capture(pipe, CAPTION, noise=noise, **call, **TRUE_CFG.get(name, {}))
     objective = data.objective(tuple(x0.shape))
 
-    largest = {}
+    largest, losses = {}, []
     for step in sorted({c.step for c in calls.calls}):
         component = calls.at(step)[0].component
         for dropped in (False, True):
@@ -95,21 +90,26 @@ def test_a_training_step_feeds_the_transformer_what_its_pipeline_feeds_it(name, 
             timestep = ref["timestep"].reshape(-1)[:1].double()
             if name == "flux":  # FluxPipeline passes sigma; the objective's timestep is sigma x 1000
                 timestep = timestep * 1000
-            denoiser = data.denoiser(experts["transformer"], experts["transformer"])
-            if name.startswith("wan"):
-                chosen = denoiser.conditioning.expert(denoiser.constants, timestep.item())
-                assert chosen == component, f"step {step}: the pipeline ran {component}, conditioning names {chosen}"
-                denoiser = data.denoiser(experts[chosen], experts[chosen])
             t = (timestep / 1000).float() if isinstance(objective, RectifiedFlow) else timestep.long()
             latents = model_latents(pipe, ref["hidden_states"], x0.shape)
-            seen = {}
-            hook = denoiser.model.register_forward_pre_hook(lambda m, a, kw: seen.update(kw), with_kwargs=True)
+            seen, ran = {}, []
+
+            def record(expert_name):
+                def hook(module, args, kwargs):
+                    seen.update(kwargs)
+                    ran.append(expert_name)
+                return hook
+
+            hooks = [expert.register_forward_pre_hook(record(expert_name), with_kwargs=True)
+                     for expert_name, expert in experts.items()]
             try:
                 kwargs = dict(text, drop=torch.tensor([dropped]))
-                objective.training_losses(denoiser, x0, model_kwargs=kwargs, noise=_noise_at(objective, x0, latents, t),
-                                          t=t)
+                losses.append(objective.training_losses(denoiser, x0, model_kwargs=kwargs,
+                                                        noise=_noise_at(objective, x0, latents, t), t=t)["loss"])
             finally:
-                hook.remove()
+                for hook in hooks:
+                    hook.remove()
+            assert ran == [component], f"step {step}: the pipeline ran {component}, the training model {ran}"
             assert set(seen) - IGNORED == set(ref) - IGNORED, f"{sorted(seen)} vs {sorted(ref)}"
             for key in sorted(set(ref) - IGNORED):
                 diff = _difference(seen[key], ref[key])
@@ -118,6 +118,9 @@ def test_a_training_step_feeds_the_transformer_what_its_pipeline_feeds_it(name, 
     for key, diff in largest.items():
         tolerance = 1e-5 if key in ("hidden_states", "timestep") else 0.0  # the noise solved for in fp32
         assert diff <= tolerance * max(1.0, 1000.0 if key == "timestep" else 1.0), f"{name}: {key} differs by {diff}"
+    torch.stack(losses).sum().backward()  # every expert the pipeline ran gets a (non-zero) gradient
+    for expert_name, expert in experts.items():
+        assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in expert.parameters()), expert_name
 
 
 def test_wan_per_token_timesteps_as_its_pipeline_expands_them():

@@ -36,6 +36,27 @@ def test_every_shipped_config_plans(capsys, config, request):
     assert code == 0 and "run: zero_degree=" in out and "assumptions" in out
 
 
+def test_a_pipeline_of_two_experts_plans_both_experts_weights(tiny_pipeline, tmp_path):
+    """Wan 2.2 A14B from its folder: both experts' weights are held (one expert's activations saved)."""
+    import torch
+    from diffusers import WanTransformer3DModel
+
+    from opendit_lite.config import load_config
+    from opendit_lite.config.video_schema import VideoTrainConfig
+    from opendit_lite.plan import plan_config
+
+    folder = tiny_pipeline("wan22")
+    csv = tmp_path / "clips.csv"
+    csv.write_text("path,text\n")
+    cfg = load_config("configs/wan_lora.yaml", [f"model.pipeline={folder}", f"data.path={csv}", "data.num_frames=5",
+                                                "data.image_size=32"], schema=VideoTrainConfig)
+    _, _, shape = plan_config(cfg, memory_gib=80, world_size=1)
+    config = WanTransformer3DModel.load_config(os.path.join(folder, "transformer"))
+    with torch.device("meta"):
+        expert = WanTransformer3DModel.from_config(config)
+    assert shape.params == 2 * sum(p.numel() for p in expert.parameters())
+
+
 def test_default_precision_of_the_video_demo_plans(capsys):
     code, out = _run_plan(capsys, "--config", "configs/video_stdit_demo.yaml", "--gpu-memory", "80")
     assert code == 0 and "precision" in out

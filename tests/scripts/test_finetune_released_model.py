@@ -1,68 +1,123 @@
-"""docs/finetune_released_model.md's path, end to end on tiny random pipelines: a released model's
-pipeline folder, your captioned images (Flux) or clips (Wan), configs/flux_lora.yaml or
-configs/wan_lora.yaml with the folder and the CSV given on the command line, a few LoRA steps, and the
-exported transformer loaded into the family's own pipeline, which then generates. Flux trains through
-train.py (the image script); Wan through train_video.py in this process and at sp_size=2 on two gloo
-ranks under torchrun, with the one-process losses."""
+"""docs/finetune_released_model.md's commands, run as the page writes them, on tiny random pipelines:
+each ``bash`` block of its "Flux" and "Wan" sections is read from the page, its folders moved from
+``/tmp`` and ``/data`` into the test's own, and every line run from a checkout-like folder (``configs/``,
+``scripts/`` and the entry scripts linked, so the run goes to its ``outputs/``): make_tiny_pipeline.py
+builds the pipeline folder, ``printf`` writes the CSV of your data (the test puts the image or clip it
+names beside it), train.py / train_video.py train the LoRA with configs/flux_lora.yaml or
+configs/wan_lora.yaml, and the page's ``python -c`` loads the default export into the family's pipeline
+with ``load_lora_weights`` (no missing or unexpected key) and generates. Python lines run in this
+process; ``torchrun`` (Wan at sp_size=2) on two gloo ranks, whose losses equal one process's."""
 
 import os
+import shlex
+import subprocess
+import sys
+from typing import List
+from unittest import mock
 
 import numpy as np
 import pytest
-import torch
 
-from opendit_lite.families.tiny_pipelines import TINY_CALLS
-from tests.pipeline_runs import write_clip, write_csv, write_image
-from tests.video_scripts.test_family_scripts import main
-from tests.video_scripts.test_video_scripts import losses, run
+from tests.pipeline_runs import ROOT, load_script, write_clip, write_csv, write_image
+from tests.video_scripts.test_video_scripts import losses
 
-CAPTIONS = ("a red square moving left", "a blue disc moving up")
-STEPS = ["max_steps=2", "global_batch_size=2", "log_every=1", "ckpt_every=0", "precision=fp32", "num_workers=0"]
+PAGE = os.path.join(ROOT, "docs", "finetune_released_model.md")
+LORA = "pytorch_lora_weights.safetensors"
 
 
-def _generates(pipe, name: str) -> None:
-    with torch.no_grad():
-        out = pipe(CAPTIONS[0], output_type="pt", generator=torch.Generator().manual_seed(0), **TINY_CALLS[name])
-    frames = out.images if hasattr(out, "images") else out.frames
-    assert torch.isfinite(torch.as_tensor(np.asarray(frames))).all()
+def page_commands(section: str) -> List[str]:
+    """The command lines of the first ``bash`` block under the page's heading ``## <section>``
+    (continuation lines joined, comment lines left out)."""
+    text = open(PAGE).read()
+    block = text.split(f"\n## {section}", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    return [line.strip() for line in block.replace("\\\n", " ").splitlines()
+            if line.strip() and not line.lstrip().startswith("#")]
 
 
-def test_flux_lora_from_its_pipeline_folder_with_train_py(tiny_pipeline, tmp_path, capsys):
-    from diffusers import FluxPipeline, FluxTransformer2DModel
+def checkout(root) -> str:
+    """``root/checkout``: the folder the page's commands run from, with what they name of the repository."""
+    folder = os.path.join(str(root), "checkout")
+    os.makedirs(folder)
+    for name in ("configs", "scripts", "train.py", "train_video.py"):
+        os.symlink(os.path.join(ROOT, name), os.path.join(folder, name))
+    os.makedirs(os.path.join(str(root), "data"))
+    return folder
 
+
+def run_page_line(line: str, root, folder: str) -> None:
+    """One command line of the page, its ``/tmp/`` and ``/data/`` folders moved into ``root``, run in ``folder``."""
+    line = line.replace("/tmp/", f"{root}/tmp-").replace("/data/", f"{root}/data/")
+    argv = shlex.split(line, comments=True)
+    env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}
+    if argv[0] == "torchrun":  # more than one process: launched as written
+        proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", *argv[1:]], cwd=folder, env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, f"{line}\n{proc.stdout}\n{proc.stderr}"
+        return
+    if argv[0] != "python":  # a shell line (printf > file)
+        subprocess.run(["bash", "-c", line], cwd=folder, check=True)
+        return
+    cwd = os.getcwd()
+    os.chdir(folder)
+    try:
+        with mock.patch.dict(os.environ):  # a one-process run sets RANK / WORLD_SIZE
+            if argv[1] == "-c":
+                exec(argv[2], {"__name__": "__page__"})
+            else:
+                load_script(argv[1]).main(argv[2:])
+    finally:
+        os.chdir(cwd)
+
+
+def _run_page(section: str, root, folder: str, data) -> str:
+    """Every line of the section's block; ``data(data_folder)`` writes your files before the CSV names them.
+    Returns the run folder."""
+    from tests.video_scripts.test_lora_export import LoadLog
+
+    commands = page_commands(section)
+    assert len(commands) == 4, commands  # "in four commands"
+    data(os.path.join(str(root), "data"))
+    for line in commands[:-1]:
+        run_page_line(line, root, folder)
+    with LoadLog() as log:  # the page's last line: the default export into the pipeline, which generates
+        run_page_line(commands[-1], root, folder)
+    assert not log.key_warnings(), log.text()
+    assert "load_lora_weights('outputs/" in commands[-1]
+    return commands[-1].split("load_lora_weights('", 1)[1].split("')", 1)[0].rsplit("/", 1)[0]
+
+
+def test_the_flux_commands_of_the_page(tmp_path, capsys):
     from tests.video_scripts.test_family_scripts import exits_2
 
-    folder = tiny_pipeline("flux")
-    rows = [(write_image(tmp_path / f"{i}.png", 40, 48, seed=i), c) for i, c in enumerate(CAPTIONS)]
-    csv = write_csv(tmp_path, rows)
-    out = tmp_path / "runs"
-    main("train", ["--config", "configs/flux_lora.yaml", f"model.pipeline={folder}", f"data.path={csv}",
-                   "data.image_size=32", f"results_dir={out}", *STEPS])
-    run_dir = out / "flux_lora"
-    assert len(losses(str(run_dir))) == 2 and all(np.isfinite(losses(str(run_dir))))
-    transformer = FluxTransformer2DModel.from_pretrained(str(run_dir / "diffusers"))
-    _generates(FluxPipeline.from_pretrained(folder, transformer=transformer), "flux")
+    folder = checkout(tmp_path)
+    run = _run_page("Flux, in four commands", tmp_path, folder,
+                    lambda data: write_image(os.path.join(data, "cat.png"), 40, 48))  # the image the CSV names
+    run_dir = os.path.join(folder, run)
+    assert os.listdir(os.path.join(run_dir, "diffusers")) == [LORA]  # the adapters alone, no base copy
+    assert all(np.isfinite(losses(run_dir))) and losses(run_dir)
+    assert os.path.isfile(os.path.join(folder, "cat.png"))
     capsys.readouterr()
-    err = exits_2(capsys, "sample_video", ["--config", "configs/flux_lora.yaml", f"model.pipeline={folder}",
-                                           f"data.path={csv}", "data.image_size=32", f"results_dir={out}"])
+    pipeline = os.path.join(str(tmp_path), "tmp-tiny-flux")
+    err = exits_2(capsys, "sample_video", ["--config", "configs/flux_lora.yaml", f"model.pipeline={pipeline}",
+                                           f"data.path={tmp_path}/data/images.csv", "data.image_size=32",
+                                           f"results_dir={folder}/outputs"])
     assert "was trained from the pipeline folder" in err and "load the run's diffusers/ export" in err
 
 
-@pytest.mark.slow  # two launches of torchrun's ranks: about a minute on 2 cores
-def test_wan_lora_from_its_pipeline_folder_serial_and_sequence_parallel(tiny_pipeline, tmp_path):
-    from diffusers import WanPipeline, WanTransformer3DModel
-
-    folder = tiny_pipeline("wan")
-    rows = [(os.path.basename(write_clip(tmp_path / f"{i}.mp4", 5, 40, 48, seed=i)), c) for i, c in enumerate(CAPTIONS)]
-    csv = write_csv(tmp_path, rows)
-    args = ["--config", "configs/wan_lora.yaml", f"model.pipeline={folder}", f"data.path={csv}", "data.num_frames=5",
-            "data.image_size=32", *STEPS]
-    main("train_video", [*args, f"results_dir={tmp_path / 'one'}"])
-    run(["train_video.py", *args, "sp_size=2", f"results_dir={tmp_path / 'two'}"], torchrun=True)
-    serial, parallel = losses(str(tmp_path / "one" / "wan_lora")), losses(str(tmp_path / "two" / "wan_lora"))
-    assert len(serial) == 2 and np.allclose(serial, parallel, rtol=1e-4, atol=1e-6), (serial, parallel)
-    transformer = WanTransformer3DModel.from_pretrained(str(tmp_path / "two" / "wan_lora" / "diffusers"))
-    _generates(WanPipeline.from_pretrained(folder, transformer=transformer), "wan")
+@pytest.mark.slow  # one launch of torchrun's two ranks: about a minute on 2 cores
+def test_the_wan_commands_of_the_page_with_the_one_process_losses(tmp_path):
+    folder = checkout(tmp_path)
+    run = _run_page("Wan, in four commands", tmp_path, folder,
+                    lambda data: write_clip(os.path.join(data, "dog.mp4"), 5, 40, 48))  # the clip the CSV names
+    run_dir = os.path.join(folder, run)
+    assert os.listdir(os.path.join(run_dir, "diffusers")) == [LORA]
+    assert os.path.isfile(os.path.join(folder, "dog.gif"))
+    # the same run in one process (the page: "one process ... gives the same losses")
+    train = next(line for line in page_commands("Wan, in four commands") if line.startswith("torchrun"))
+    one = train.replace("torchrun --standalone --nproc_per_node 2 ", "python ").replace(" sp_size=2", "")
+    run_page_line(one + " results_dir=one", tmp_path, folder)
+    serial, parallel = losses(os.path.join(folder, "one", "wan_lora")), losses(run_dir)
+    assert serial and np.allclose(serial, parallel, rtol=1e-4, atol=1e-6), (serial, parallel)
 
 
 @pytest.mark.parametrize("config", ["configs/flux_lora.yaml", "configs/wan_lora.yaml"])

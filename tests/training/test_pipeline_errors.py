@@ -1,9 +1,10 @@
 """What a run from a pipeline folder refuses, each with exit code 2 and one paragraph saying what to do
 (no traceback): a folder that is not a pipeline, a pipeline of another family than model.name, a text
 encoder without its tokenizer, a frame count or size its VAE and patches do not take, latents of another
-pipeline or size, any caption encoder, VAE or model source other than the pipeline's, the shapes data, a
-guidance value for a model without a guidance embedding, two experts (not routed yet), a video pipeline
-given to train.py; and the routes that trained a family silently wrong without it."""
+pipeline or size (or a pipeline's latents without the pipeline), any caption encoder, VAE or model
+source other than the pipeline's, the shapes data, a guidance value for a model without a guidance
+embedding, model.expert for a pipeline without two experts, a video pipeline given to train.py; and
+the routes that trained a family silently wrong without it."""
 
 import json
 import os
@@ -60,10 +61,11 @@ def test_settings_that_would_train_on_conditions_the_pipeline_never_produces(tin
     assert expected in err
 
 
-def test_two_experts_and_video_pipelines_in_train_py(tiny_pipeline, csv, capsys):
-    wan22, wan = tiny_pipeline("wan22"), tiny_pipeline("wan")
+def test_an_expert_of_one_transformer_and_video_pipelines_in_train_py(tiny_pipeline, csv, capsys):
+    wan = tiny_pipeline("wan")
     capsys.readouterr()
-    assert "holds two experts" in exits_2(capsys, "train_video", _args(wan22, csv))
+    err = exits_2(capsys, "train_video", _args(wan, csv, "model.expert=low_noise"))
+    assert "chooses between the two experts" in err and "has one" in err
     err = exits_2(capsys, "train", [f"model.pipeline={wan}"])
     assert "train it with train_video.py" in err
 
@@ -84,6 +86,9 @@ def test_latents_of_another_pipeline_or_size(tiny_pipeline, tmp_path, capsys):
     (folder / "meta.json").write_text(json.dumps({**meta, "fingerprint": pipeline_fingerprint(wan)}))
     err = exits_2(capsys, "train_video", [*args, "data.num_frames=9"])
     assert "extracted at 5x32x32 pixels" in err and "9x?x?" in err
+    err = exits_2(capsys, "train_video", ["--config", "configs/wan_tiny_demo.yaml", "data.type=latents",
+                                          f"data.path={folder}", f"results_dir={tmp_path}"])  # without the pipeline
+    assert "train them with model.pipeline=/elsewhere/wan" in err
     (folder / "meta.json").write_text(json.dumps({"transformer": "WanTransformer3DModel"}))
     assert "no latents extracted from a pipeline" in exits_2(capsys, "train_video", args)
 

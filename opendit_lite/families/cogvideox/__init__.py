@@ -14,6 +14,7 @@ from .tiny import TINY
 FAMILY = register_family(Family(
     name="cogvideox",
     class_name="CogVideoXTransformer3DModel",
+    pipeline="CogVideoXPipeline",
     module="diffusers.models.transformers.cogvideox_transformer_3d",
     block_lists=("transformer_blocks",),
     lora_targets=ATTENTION + FEED_FORWARD,

@@ -11,7 +11,6 @@ from ..conditioning_base import PipelineConditioning
 
 
 class CogVideoXConditioning(PipelineConditioning):
-    pipelines = ("CogVideoXPipeline",)
     text_keys = ("encoder_hidden_states",)
 
     def encode_text(self, pipe, prompts):

@@ -14,6 +14,7 @@ from .tiny import TINY
 FAMILY = register_family(Family(
     name="flux",
     class_name="FluxTransformer2DModel",
+    pipeline="FluxPipeline",
     module="diffusers.models.transformers.transformer_flux",
     block_lists=("transformer_blocks", "single_transformer_blocks"),
     lora_targets=JOINT_ATTENTION + FEED_FORWARD + CONTEXT_FEED_FORWARD + SINGLE_STREAM_MLP,

@@ -12,7 +12,6 @@ from ..conditioning_base import ImageConditioning, call_default, flow_shift
 
 
 class FluxConditioning(ImageConditioning):
-    pipelines = ("FluxPipeline",)
     text_keys = ("encoder_hidden_states", "pooled_projections")
 
     def encode_text(self, pipe, prompts):

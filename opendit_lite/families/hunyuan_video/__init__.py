@@ -14,6 +14,7 @@ from .tiny import TINY
 FAMILY = register_family(Family(
     name="hunyuan_video",
     class_name="HunyuanVideoTransformer3DModel",
+    pipeline="HunyuanVideoPipeline",
     module="diffusers.models.transformers.transformer_hunyuan_video",
     block_lists=("transformer_blocks", "single_transformer_blocks"),
     lora_targets=JOINT_ATTENTION + FEED_FORWARD + CONTEXT_FEED_FORWARD + SINGLE_STREAM_MLP,

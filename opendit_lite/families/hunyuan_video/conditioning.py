@@ -11,7 +11,6 @@ from ..conditioning_base import PipelineConditioning, call_default, flow_shift
 
 
 class HunyuanVideoConditioning(PipelineConditioning):
-    pipelines = ("HunyuanVideoPipeline",)
     text_keys = ("encoder_hidden_states", "encoder_attention_mask", "pooled_projections")
 
     def encode_text(self, pipe, prompts):

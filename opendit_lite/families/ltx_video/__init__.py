@@ -14,6 +14,7 @@ from .tiny import TINY
 FAMILY = register_family(Family(
     name="ltx_video",
     class_name="LTXVideoTransformer3DModel",
+    pipeline="LTXPipeline",
     module="diffusers.models.transformers.transformer_ltx",
     block_lists=("transformer_blocks",),
     lora_targets=ATTENTION + FEED_FORWARD,

@@ -9,7 +9,6 @@ from ..conditioning_base import PipelineConditioning, call_default, flow_shift
 
 
 class LTXVideoConditioning(PipelineConditioning):
-    pipelines = ("LTXPipeline",)
     text_keys = ("encoder_hidden_states", "encoder_attention_mask")
 
     def encode_text(self, pipe, prompts):

@@ -14,6 +14,7 @@ from .tiny import TINY
 FAMILY = register_family(Family(
     name="sd3",
     class_name="SD3Transformer2DModel",
+    pipeline="StableDiffusion3Pipeline",
     module="diffusers.models.transformers.transformer_sd3",
     block_lists=("transformer_blocks",),
     lora_targets=JOINT_ATTENTION + FEED_FORWARD + CONTEXT_FEED_FORWARD,

@@ -11,7 +11,6 @@ CLIP_TOKENS = 77  # the CLIP encoders' positions, before T5's tokens
 
 
 class SD3Conditioning(ImageConditioning):
-    pipelines = ("StableDiffusion3Pipeline",)
     text_keys = ("encoder_hidden_states", "pooled_projections")
 
     def text_tokens(self, pipe):

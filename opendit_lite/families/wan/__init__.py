@@ -14,6 +14,7 @@ from .tiny import TINY
 FAMILY = register_family(Family(
     name="wan",
     class_name="WanTransformer3DModel",
+    pipeline="WanPipeline",
     module="diffusers.models.transformers.transformer_wan",
     block_lists=("blocks",),
     lora_targets=ATTENTION + ("ffn.net.0.proj", "ffn.net.2"),

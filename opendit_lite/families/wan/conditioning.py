@@ -2,14 +2,14 @@
 the cleaned caption cut at its length and zero-padded to ``__call__``'s 512 tokens (no mask), the
 clip as it is, the timestep ``sigma x 1000`` (per token with ``expand_timesteps``, Wan 2.2 TI2V); the
 flow shift of its UniPC scheduler. Wan 2.2 A14B holds two experts: ``transformer`` for timesteps at
-or above ``boundary_ratio x 1000`` (high noise), ``transformer_2`` below (``expert``).
+or above ``boundary_ratio x num_train_timesteps`` (high noise), ``transformer_2`` below
+(``expert_boundary``; the routing: ``models.experts.NoiseExperts``).
 """
 
 from ..conditioning_base import PipelineConditioning
 
 
 class WanConditioning(PipelineConditioning):
-    pipelines = ("WanPipeline",)
     text_keys = ("encoder_hidden_states",)
 
     def encode_text(self, pipe, prompts):
@@ -27,15 +27,11 @@ class WanConditioning(PipelineConditioning):
         return float(c["flow_shift"] if "flow_shift" in c else c.get("shift", 1.0))
 
     def constants(self, pipe, model_config, guidance):
-        boundary = pipe.config.get("boundary_ratio")
-        return {"expand_timesteps": bool(pipe.config.get("expand_timesteps")),
-                "boundary_timestep": None if boundary is None else
-                boundary * pipe.scheduler.config.num_train_timesteps}
+        return {"expand_timesteps": bool(pipe.config.get("expand_timesteps"))}
 
-    def expert(self, constants, timestep: float) -> str:
-        """The expert ``WanPipeline`` denoises at ``timestep`` with (its ``transformer`` for Wan 2.1)."""
-        boundary = constants["boundary_timestep"]
-        return "transformer" if boundary is None or timestep >= boundary else "transformer_2"
+    def expert_boundary(self, pipe):
+        boundary = pipe.config.get("boundary_ratio")  # as WanPipeline.__call__ computes its boundary_timestep
+        return None if boundary is None else boundary * pipe.scheduler.config.num_train_timesteps
 
     def inputs(self, model_config, constants, x, t, text):
         timestep = t                                                                # [B]
