@@ -9,6 +9,10 @@ Several nodes (the same command on every node):
     torchrun --nnodes 4 --nproc_per_node 8 --rdzv_backend c10d --rdzv_endpoint $HEAD_NODE:29500 \\
         train.py --config configs/dit_xl2_256.yaml zero_degree=2 group_zero=true
 
+A released Flux or SD3 model from its diffusers pipeline folder (images as 1-frame clips, conditioned
+as its pipeline conditions them; the same config trains with train_video.py):
+    python train.py --config configs/flux_lora.yaml
+
 Settings are ``key=value`` overrides of the YAML file (``python train.py --help`` lists every key).
 Outputs go to ``<results_dir>/<exp_name>/``: config.yaml, metrics.jsonl, tensorboard/ and
 checkpoints/<exp_name>_step<N>/ (resume with ``auto_resume=true`` or ``resume_from=<folder>``).
@@ -26,13 +30,18 @@ from opendit_lite.utils.quiet import quiet_third_party_startup  # noqa: E402
 
 quiet_third_party_startup()  # before colossalai is imported
 
-from opendit_lite.training.image import IMAGE_TRAINER  # noqa: E402
+import sys  # noqa: E402
+
+from opendit_lite.training.image import image_script_trainer  # noqa: E402
 from opendit_lite.training.trainer import run_trainer  # noqa: E402
+from opendit_lite.utils.exit_codes import script_main  # noqa: E402
 
 
 def main(argv=None) -> str:
     """Train as the command line says; returns the final checkpoint's path (exit code 2 on a config error)."""
-    return run_trainer(IMAGE_TRAINER, __doc__, argv)
+    argv = sys.argv[1:] if argv is None else argv
+    spec = script_main(image_script_trainer)(argv)  # the image trainer, or the video one for a Flux / SD3 pipeline
+    return run_trainer(spec, __doc__, argv)
 
 
 if __name__ == "__main__":

@@ -75,7 +75,8 @@ def model_of_config(cfg, device="meta") -> nn.Module:
             if is_family(m.name):
                 resolve_expert(cfg)  # Wan 2.2's experts: both, or the one trained
                 both = m.expert == "both"
-                m.config, m.path, m.expert = diffusers_config(cfg), None, None  # from its config, never its weights
+                # from its config, never its weights
+                m.config, m.path, m.pipeline, m.expert = diffusers_config(cfg), None, None, None
                 if both:  # the experts share one architecture
                     return NoiseExperts(build_video_model(cfg), build_video_model(cfg), boundary=0.0)
             else:
@@ -252,6 +253,11 @@ def plan_config(cfg, memory_gib: float, world_size: int, max_batch: int = 256, m
     which some mode runs (ulysses, dsp, usp, ring); the plan's ``sp_choice`` is the mode ``sp_mode: auto``
     takes at its sp_size and why (the same decision a run makes: ``builders.geometry.sp_auto_inputs``).
     When nothing fits, the ConfigError names the smallest device that would (``smallest_card``)."""
+    if getattr(cfg.model, "pipeline", None):  # what the pipeline folder settles: caption tokens, clip sizes
+        from ..builders.pipeline import resolve_pipeline
+
+        cfg = copy.deepcopy(cfg)
+        resolve_pipeline(cfg)
     precision = precision or plan_precision(cfg)
     release = released_config(cfg.model.path, cfg.model.name) if config_family(cfg) == "video" else None
     if release is not None:  # a released model whose folder is not on this machine: its config's numbers
