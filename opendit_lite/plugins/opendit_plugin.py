@@ -395,7 +395,7 @@ class OpenDiTPlugin(DPPluginBase):
     # ------------------------------------------------------------------ EMA
 
     # The EMA's logic is in opendit_lite.ema; the plugin keeps the EMA of the model it boosted and
-    # these two entry points, which the Booster snippet of the README and LiteGen users call.
+    # these two entry points, which the Booster snippet of docs/library_api.md and LiteGen users call.
 
     def create_ema(self, model: ModelWrapper, optimizer: Optional[OptimizerWrapper] = None) -> ShardedEMA:
         """Create the sharded fp32 EMA of ``model`` (boosted by this plugin), equal to its current
