@@ -34,8 +34,10 @@ class CheckpointError(RuntimeError):
 
 
 class StorageError(RuntimeError):
-    """A save found no room: the disk or a quota is full, a file-size limit was hit, or the file system
-    is read-only. The message names the folder and the bytes; complete checkpoints are kept."""
+    """A save could not write its files: the disk or a quota is full, a file-size limit was hit, the
+    file system is read-only, or the partial folder disappeared while it was written. Every rank of a
+    save raises the same one; the message names the folder, the rank and part that failed, and the
+    bytes; complete checkpoints are kept."""
 
 
 class RunLockedError(ConfigError):

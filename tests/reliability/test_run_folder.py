@@ -4,6 +4,7 @@ checkpoint verifies. Fault tests run train.py in a subprocess, bounded in time; 
 ``main`` in this process (as test_bad_inputs does)."""
 
 import os
+import re
 import resource
 import shutil
 import signal
@@ -84,18 +85,22 @@ def test_file_size_limit_during_a_save_then_a_retry_in_place(scripts, capsys, tr
 
 
 @pytest.mark.slow
-def test_file_size_limit_during_a_two_rank_save(trained, tmp_path):
-    """Under torchrun the rank that cannot write says why, the others abandon the save without a
-    traceback, and every rank ends with exit code 2 (the 1-process checkpoints resume at 2 ranks)."""
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_file_size_limit_during_a_two_rank_save(trained, tmp_path, ranks):
+    """Under torchrun every rank learns that rank 0 could not write the model, rank 0 says why, and
+    every rank ends with exit code 2, no traceback (the 1-process checkpoints resume at 2 and 4 ranks).
+    Every part on every rank: tests/checkpoint/test_save_failures.py."""
     out, ckpts = copy_run(trained, tmp_path)
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           "train.py", *train_args(out, "max_steps=3", "auto_resume=true")],
-                          cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT, preexec_fn=_limit_file_size,
-                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+                           str(ranks), "train.py", *train_args(out, "max_steps=3", "auto_resume=true")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT * ranks // 2,
+                          preexec_fn=_limit_file_size, env=dict(os.environ, OMP_NUM_THREADS="1"))
     text = proc.stdout + proc.stderr
-    assert proc.returncode != 0 and text.count("exitcode  : 2 ") == 2, text  # torchrun's summary, per rank
+    assert proc.returncode != 0 and text.count("exitcode  : 2 ") >= 1, text  # torchrun's summary
+    assert not re.search(r"exitcode  : (?!2 )", text), text  # no rank ended otherwise
     errors = [line for line in text.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and f"saving '{ckpts}/{EXP}_step3' failed:" in errors[0], text
+    assert len(errors) == 1 and f"saving '{ckpts}/{EXP}_step3' failed: " in errors[0], text
+    assert "(writing the model on rank 0)" in errors[0], text
     frames = [line for line in text.splitlines() if 'File "' in line]  # "[rank1]:   File ..." included
     assert not [f for f in frames if "opendit_lite" in f or "train.py" in f], text
     assert no_litter(ckpts) == [] and not os.path.exists(os.path.join(out, EXP, LOCK_FILE))
