@@ -17,7 +17,7 @@ Batch arithmetic: samples per optimizer step = global_batch_size
     = per-rank micro-batch x grad_accum_steps x data-parallel ranks (world size / sp_size).
 """
 
-from opendit_lite.utils.exit_codes import exit_at_once_on_stop_signals
+from opendit_lite.utils.exit_codes import exit_at_once_on_stop_signals, heavy_imports, script_main
 
 if __name__ == "__main__":
     exit_at_once_on_stop_signals()  # a Ctrl-C or SIGTERM during the imports below: exit 130 at once
@@ -26,13 +26,19 @@ from opendit_lite.utils.quiet import quiet_third_party_startup  # noqa: E402
 
 quiet_third_party_startup()  # before colossalai is imported
 
-from opendit_lite.training.image import IMAGE_TRAINER  # noqa: E402
-from opendit_lite.training.trainer import run_trainer  # noqa: E402
+# The config package needs no torch: a config error ends in a fraction of a second, before the
+# seconds of importing torch, timm and Colossal-AI that a valid config goes on to.
+from opendit_lite.config import TrainConfig, parse_cli  # noqa: E402
 
 
-def main(argv=None) -> str:
+@script_main
+def main(argv) -> str:
     """Train as the command line says; returns the final checkpoint's path (exit code 2 on a config error)."""
-    return run_trainer(IMAGE_TRAINER, __doc__, argv)
+    cfg = parse_cli(argv, __doc__, schema=TrainConfig)
+    with heavy_imports():
+        from opendit_lite.training.image import IMAGE_TRAINER
+        from opendit_lite.training.trainer import train_from_config
+    return train_from_config(IMAGE_TRAINER, cfg)
 
 
 if __name__ == "__main__":

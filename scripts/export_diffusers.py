@@ -32,6 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from opendit_lite.config import ConfigError, resolve_aliases  # noqa: E402
 from opendit_lite.interop import check_pretrained_folder  # noqa: E402
 from opendit_lite.utils.exit_codes import script_main  # noqa: E402
+from opendit_lite.utils.options import OptionParser  # noqa: E402
 
 # Largest output difference between the model and a plain from_pretrained of its export that counts
 # as exact: fp32 rounding of the same function is ~1e-6; Meta's spacing gives ~1e-2 to 1e-1.
@@ -40,12 +41,12 @@ EXACT_TOL = 1e-4
 
 def _saved_config(checkpoint: str) -> dict:
     """The run config stored with checkpoint folder ``checkpoint`` (it must have a model section)."""
-    from opendit_lite.checkpoint.layout import saved_config
-    from opendit_lite.errors import CheckpointError
-
     if not os.path.isdir(checkpoint):
         raise ConfigError(f"--checkpoint {checkpoint!r} is not a folder: give a checkpoint folder written by train.py "
                           f"or train_video.py (it holds meta.json with the model config, model/ and ema.safetensors).")
+    from opendit_lite.checkpoint.layout import saved_config
+    from opendit_lite.errors import CheckpointError
+
     try:
         saved = saved_config(checkpoint)
     except CheckpointError as e:
@@ -150,8 +151,6 @@ def export_family(checkpoint: str, output: str, saved: dict, use_ema: bool = Tru
 
 def export(checkpoint: str, output: str, vae: str = None, use_ema: bool = True, allow_inexact: bool = False,
            lora: str = None) -> str:
-    from opendit_lite.interop import to_diffusers_dit
-
     _check_output(output)
     saved = _saved_config(checkpoint)
     if _is_diffusers_family(saved):
@@ -162,6 +161,8 @@ def export(checkpoint: str, output: str, vae: str = None, use_ema: bool = True, 
     if lora:
         raise ConfigError("--lora applies to diffusers-family runs (Wan, Flux, ...); a DiT run's adapters are always "
                           "merged into the exported weights.")
+    from opendit_lite.interop import to_diffusers_dit
+
     model, diffusion = _model_from_checkpoint(checkpoint, use_ema, saved)
     _check_exact(model, allow_inexact)
     transformer = to_diffusers_dit(model)
@@ -185,11 +186,6 @@ def export(checkpoint: str, output: str, vae: str = None, use_ema: bool = True, 
 
 
 def import_diffusers(source: str, output: str) -> str:
-    from diffusers import DiTTransformer2DModel
-    from safetensors.torch import save_file
-
-    from opendit_lite.interop import from_diffusers_dit
-
     if not output.endswith(".safetensors"):
         raise ConfigError(f"--output {output!r} must name a .safetensors file when importing with --from-diffusers.")
     if os.path.isdir(output):
@@ -197,6 +193,11 @@ def import_diffusers(source: str, output: str) -> str:
     subfolder = "transformer" if os.path.isdir(os.path.join(source, "transformer")) else None
     check_pretrained_folder(os.path.join(source, subfolder or ""), f"--from-diffusers {source!r}"
                             + (" (its transformer/)" if subfolder else ""))
+    from diffusers import DiTTransformer2DModel
+    from safetensors.torch import save_file
+
+    from opendit_lite.interop import from_diffusers_dit
+
     try:
         transformer = DiTTransformer2DModel.from_pretrained(source, subfolder=subfolder, use_safetensors=True)
     except (OSError, ValueError, TypeError) as e:
@@ -213,7 +214,8 @@ def import_diffusers(source: str, output: str) -> str:
 
 @script_main
 def main(argv) -> str:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OptionParser(prog="python scripts/export_diffusers.py", description=__doc__,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--checkpoint", help="checkpoint folder written by train.py (exported to diffusers)")
     source.add_argument("--from-diffusers", help="diffusers DiT pipeline or transformer folder (imported here)")

@@ -3,8 +3,10 @@
 A checkpoint (or a LiteGen ``save_*`` file) is written under ``<name>.tmp-<uid>-<pid>@<host>`` (rank
 0's process id and host: ``litter.py`` removes the ones whose owner died) and renamed to its final
 name by rank 0 once every rank has written its part, so a process killed midway leaves only the
-``*.tmp-*`` name, which no reader takes for a checkpoint. Torch files are read with
-``weights_only`` forced on, also inside library loaders we do not own (Colossal-AI's).
+``*.tmp-*`` name, which no reader takes for a checkpoint. The ranks agree after each part they
+write (``PartialCopy``), so a write that fails on one rank ends the save the same way on all of
+them, and the partial copy is removed only once none is writing into it. Torch files are read
+with ``weights_only`` forced on, also inside library loaders we do not own (Colossal-AI's).
 """
 
 import os
@@ -21,7 +23,7 @@ import torch.distributed as dist
 from ..distributed.ranks import from_rank0, global_rank, global_world_size, peer_lost
 from ..errors import CheckpointError, StorageError
 from ..utils.processes import owner_stamp
-from .write_failures import STORAGE_ERRNOS, classify, deferred_write_failures, storage_failure  # noqa: F401
+from .write_failures import classify, deferred_write_failures, storage_failure
 
 TMP_TAG = ".tmp-"
 OLD_TAG = ".old-"  # a complete checkpoint moved aside while a re-save of its step is published

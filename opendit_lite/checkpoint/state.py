@@ -72,7 +72,8 @@ from .catalog import (
     read_meta,
     verify_checkpoint,
 )
-from .files import WriteFailed, collective_write, load_torch_file, storage_failure, weights_only_loads
+from .files import WriteFailed, collective_write, load_torch_file, weights_only_loads
+from .write_failures import storage_failure
 
 logger = logging.getLogger(__name__)
 

@@ -1,32 +1,26 @@
 """Moving models between opendit_lite and other libraries: ``diffusers_dit`` maps our DiT to
 diffusers' ``DiTTransformer2DModel`` and back (``scripts/export_diffusers.py`` writes the folders);
 ``diffusers_families`` writes the diffusers transformers trained here (Wan, Flux, ...) back to
-folders their own class loads; ``files`` gives exported files the mode of a plain file."""
+folders their own class loads; ``files`` gives exported files the mode of a plain file and checks
+pretrained folders. The names below are imported on first use, so that the scripts check their
+arguments (``files`` needs no torch) before torch and diffusers are imported."""
 
-from .diffusers_dit import (
-    diffusers_dit_config,
-    diffusers_to_dit_state_dict,
-    dit_to_diffusers_state_dict,
-    from_diffusers_dit,
-    timestep_frequency_mismatch,
-    to_diffusers_dit,
-    use_meta_timestep_frequencies,
-)
-from .diffusers_families import LORA_MODES, LORA_WEIGHT_NAME, export_family, unwrap_model
-from .files import check_pretrained_folder, make_readable
+import importlib
 
-__all__ = [
-    "LORA_MODES",
-    "LORA_WEIGHT_NAME",
-    "export_family",
-    "make_readable",
-    "unwrap_model",
-    "check_pretrained_folder",
-    "diffusers_dit_config",
-    "diffusers_to_dit_state_dict",
-    "dit_to_diffusers_state_dict",
-    "from_diffusers_dit",
-    "timestep_frequency_mismatch",
-    "to_diffusers_dit",
-    "use_meta_timestep_frequencies",
-]
+_LAZY = {
+    **{name: "diffusers_dit" for name in ("diffusers_dit_config", "diffusers_to_dit_state_dict",
+                                          "dit_to_diffusers_state_dict", "from_diffusers_dit",
+                                          "timestep_frequency_mismatch", "to_diffusers_dit",
+                                          "use_meta_timestep_frequencies")},
+    **{name: "diffusers_families" for name in ("LORA_MODES", "LORA_WEIGHT_NAME", "export_family", "unwrap_model")},
+    **{name: "files" for name in ("check_pretrained_folder", "make_readable")},
+}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = sorted(_LAZY)

@@ -11,20 +11,11 @@ import argparse
 import math
 import sys
 
-from ..build.family import config_schema
-from ..config import ConfigError, from_dict, parse_overrides, read_yaml
-from ..utils.exit_codes import script_main
-from . import plan_config, plan_precision
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse's mistakes (a missing option, a value that is not a number) as one ConfigError paragraph,
-    ended by ``script_main`` with exit 2, instead of the usage block."""
-
-    def error(self, message):
-        raise ConfigError(f"{message}. Run python -m opendit_lite.plan --help for the options.")
-
-
+# No torch here: the options and the config are checked before the planner's imports (seconds).
+from ..config import ConfigError, TrainConfig, check_sections, from_dict, parse_overrides, read_yaml
+from ..config.video_schema import VideoTrainConfig
+from ..utils.exit_codes import heavy_imports, script_main
+from ..utils.options import OptionParser
 
 
 def _number(text: str, kind, what: str, low: float, inclusive: bool):
@@ -47,10 +38,27 @@ def _merged(tree: dict, top: dict) -> dict:
     return out
 
 
+def _check_config(tree: dict) -> None:
+    """What the schemas alone can refuse (an unknown key, a bad value), before the model registry is
+    imported to tell which schema the model takes: a config that neither the image nor the video
+    schema accepts is refused with the error of the one its sections point to (a text_encoder
+    section: the video one)."""
+    video_first = "text_encoder" in tree
+    schemas = (VideoTrainConfig, TrainConfig) if video_first else (TrainConfig, VideoTrainConfig)
+    first = None
+    for schema in schemas:
+        try:
+            from_dict(schema, tree)
+            return
+        except ConfigError as e:
+            first = first or e
+    raise first
+
+
 @script_main
 def main(argv) -> int:
-    p = _Parser(prog="python -m opendit_lite.plan", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OptionParser(prog="python -m opendit_lite.plan", description=__doc__,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", required=True, help="a train.py or train_video.py YAML config")
     p.add_argument("--gpu-memory", type=lambda t: _number(t, float, "the memory per device (GiB)", 0, False),
                    required=True, help="memory per device in GiB, e.g. 80")
@@ -70,7 +78,16 @@ def main(argv) -> int:
     args = p.parse_args(argv)
     if args.min_batch > args.max_batch:
         raise ConfigError(f"--min-batch {args.min_batch} is larger than --max-batch {args.max_batch}.")
-    tree = _merged(read_yaml(args.config), parse_overrides(args.overrides))
+    file_tree, top = read_yaml(args.config), parse_overrides(args.overrides)
+    # Sections before merging, which would replace a list section by an override's mapping (the video
+    # schema declares every section the image schema does).
+    check_sections(file_tree, f"config file '{args.config}'", VideoTrainConfig)
+    check_sections(top, "the command line", VideoTrainConfig)
+    tree = _merged(file_tree, top)
+    _check_config(tree)
+    with heavy_imports():
+        from ..build.family import config_schema
+        from . import plan_config, plan_precision
     # Built without load_config's checks of data paths: planning needs no data.
     cfg = from_dict(config_schema(tree), tree)
     precision = plan_precision(cfg)

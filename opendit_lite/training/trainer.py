@@ -119,14 +119,16 @@ def evaluation_hook(spec: TrainerSpec, cfg, log):
 
 
 def run_trainer(spec: TrainerSpec, description: str, argv: Optional[Sequence[str]] = None) -> str:
-    """A script's ``main``: parse ``[--config FILE] key=value ...``, check the settings before any
-    process group starts, train, and tear the process group down. Errors end as ``script_main``
-    says: a bad input exits with 2, a non-finite loss with 3, a stop signal with 130."""
-    return script_main(lambda args: _run_trainer(spec, description, args))(argv)
+    """A script's ``main``: parse ``[--config FILE] key=value ...``, then :func:`train_from_config`.
+    Errors end as ``script_main`` says: a bad input exits with 2, a non-finite loss with 3, a stop
+    signal with 130. (train.py and train_video.py parse before importing this module, so that a
+    config error ends before torch is imported, and call ``train_from_config`` themselves.)"""
+    return script_main(lambda args: train_from_config(spec, parse_cli(args, description, schema=spec.schema)))(argv)
 
 
-def _run_trainer(spec: TrainerSpec, description: str, argv: Sequence[str]) -> str:
-    cfg = parse_cli(argv, description, schema=spec.schema)
+def train_from_config(spec: TrainerSpec, cfg) -> str:
+    """Check the parsed settings across sections before any process group starts, train, and tear
+    the process group down; returns the final checkpoint's path."""
     if spec.validate is not None:
         spec.validate(cfg)
     if cfg.sp_size > 1 and cfg.model.name in MODELS and registered_class(cfg.model.name) is not None:
