@@ -30,6 +30,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from opendit_lite.config import ConfigError, resolve_aliases  # noqa: E402
+from opendit_lite.config.paths import check_output_path  # noqa: E402
 from opendit_lite.interop import check_pretrained_folder  # noqa: E402
 from opendit_lite.utils.exit_codes import script_main  # noqa: E402
 from opendit_lite.utils.options import OptionParser  # noqa: E402
@@ -108,6 +109,7 @@ def _check_output(output: str) -> None:
             os.path.isfile(os.path.join(output, name)) for name in ("config.json", "model_index.json")):
         raise ConfigError(f"--output {output!r} is a folder that holds other files, not an earlier diffusers export; "
                           f"give a new folder path (an earlier export is replaced).")
+    check_output_path(output, "--output", folder=True)  # a file above it, or a folder this user cannot write to
 
 
 def _check_exact(model, allow_inexact: bool) -> None:
@@ -190,6 +192,7 @@ def import_diffusers(source: str, output: str) -> str:
         raise ConfigError(f"--output {output!r} must name a .safetensors file when importing with --from-diffusers.")
     if os.path.isdir(output):
         raise ConfigError(f"--output {output!r} is a folder; give the path of a .safetensors file to write.")
+    check_output_path(output, "--output")
     subfolder = "transformer" if os.path.isdir(os.path.join(source, "transformer")) else None
     check_pretrained_folder(os.path.join(source, subfolder or ""), f"--from-diffusers {source!r}"
                             + (" (its transformer/)" if subfolder else ""))

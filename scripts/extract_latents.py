@@ -39,6 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # No torch at import: the arguments, paths and config are checked before torch and the encoders
 # are imported (seconds), inside the functions that need them.
 from opendit_lite.config import ConfigError, check_sections, read_yaml  # noqa: E402
+from opendit_lite.config.paths import check_output_path  # noqa: E402
 from opendit_lite.config.video_schema import VideoTrainConfig  # noqa: E402
 from opendit_lite.interop import check_pretrained_folder  # noqa: E402
 from opendit_lite.utils.exit_codes import heavy_imports, script_main  # noqa: E402
@@ -48,6 +49,7 @@ from opendit_lite.utils.options import OptionParser  # noqa: E402
 def _check_output(output: str) -> None:
     if os.path.lexists(output) and not os.path.isdir(output):
         raise ConfigError(f"--output {output!r} is an existing file; give a folder for the latents.")
+    check_output_path(output, "--output", folder=True)  # a file above it, or a folder this user cannot write to
 
 
 # ---------------------------------------------------------------------------------------- images

@@ -12,7 +12,7 @@ import math
 import sys
 
 # No torch here: the options and the config are checked before the planner's imports (seconds).
-from ..config import ConfigError, TrainConfig, check_sections, from_dict, parse_overrides, read_yaml
+from ..config import ConfigError, TrainConfig, check_sections, from_dict, parse_overrides, read_yaml, validate_world
 from ..config.video_schema import VideoTrainConfig
 from ..utils.exit_codes import heavy_imports, script_main
 from ..utils.options import OptionParser
@@ -90,6 +90,8 @@ def main(argv) -> int:
         from . import plan_config, plan_precision
     # Built without load_config's checks of data paths: planning needs no data.
     cfg = from_dict(config_schema(tree), tree)
+    if args.keep_settings:  # the run as configured must be able to start at this world size
+        validate_world(cfg, args.world_size)
     precision = plan_precision(cfg)
     result, buckets, shape = plan_config(cfg, args.gpu_memory, args.world_size, max_batch=args.max_batch,
                                          min_batch=args.min_batch, reserve_gib=args.reserve,

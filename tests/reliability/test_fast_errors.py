@@ -50,12 +50,14 @@ ENTRY_POINTS = {
         ("--family", "wan", "--csv", "configs/demo.yaml", "--num-frames", "0"): "--num-frames must be at least 1",
         ("--batch-size", "many"): "argument --batch-size: invalid int value",
         ("--config", "/nonexistent.yaml"): "Config file '/nonexistent.yaml' does not exist",
+        ("--output", "configs/demo.yaml/latents"): "configs/demo.yaml' is a file, not a folder",
     }),
     "export_diffusers": ("scripts/export_diffusers.py", ["--output", "/nonexistent/out"], {
         ("--checkpoint", "x", "--bogus"): "unrecognized arguments: --bogus",
         ("--checkpoint", "x", "--lora", "all"): "argument --lora: invalid choice: 'all'",
         ("--from-diffusers", "x", "--no-ema"): "--vae, --no-ema, --allow-inexact and --lora apply to --checkpoint",
         ("--checkpoint", "/nonexistent/ckpt"): "--checkpoint '/nonexistent/ckpt' is not a folder",
+        ("--from-diffusers", "x", "--output", "configs/demo.yaml/x.safetensors"): "configs/demo.yaml' is a file",
     }),
 }
 # The config errors every config-reading entry point is checked for.
@@ -163,6 +165,15 @@ def test_the_planner_refuses_a_list_section(capsys, list_sections):
         assert_one_paragraph(info.value.code, capsys.readouterr().err, "'model' must be a mapping of keys to values")
 
 
+def test_the_planner_refuses_settings_it_is_told_to_keep_that_cannot_start(capsys):
+    from opendit_lite.plan.__main__ import main as plan_main
+
+    with pytest.raises(SystemExit) as info:
+        plan_main(["--config", "configs/video_stdit_demo.yaml", "--gpu-memory", "80", "--world-size", "3",
+                   "--keep-settings", "sp_size=2"])
+    assert_one_paragraph(info.value.code, capsys.readouterr().err, "'sp_size'=2 must divide the number of ranks (3)")
+
+
 @pytest.mark.parametrize("name, override, expected", [
     ("sample", "sample.class_labels=[]", "'sample.class_labels' is an empty list"),
     ("sample_video", "sample.prompts=[]", "'sample.prompts' is an empty list"),
@@ -235,3 +246,9 @@ def test_csv_rows_without_a_caption_are_named(tmp_path, capsys):
     (tmp_path / "none.csv").write_text("path,text\nclip.mp4,\n")
     read_video_csv(str(tmp_path / "none.csv"))
     assert "(every row: is the caption column named 'text'?)" in capsys.readouterr().err
+
+
+def test_init_from_a_folder_without_weights_is_refused_up_front(scripts, capsys, tmp_path):  # noqa: F811
+    (tmp_path / "empty").mkdir()
+    code, err = run_main(scripts, capsys, "train", *TINY, f"init_from={tmp_path / 'empty'}", f"results_dir={tmp_path}")
+    assert_one_paragraph(code, err, f"'init_from' '{tmp_path / 'empty'}' is a folder without .safetensors weights")
