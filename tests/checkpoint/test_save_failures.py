@@ -246,6 +246,7 @@ def test_two_ranks_every_part_and_twenty_failing_saves_in_a_row(tmp_path):
     _check(results, cases, root, 2)
 
 
+@pytest.mark.slow  # four ranks importing Colossal-AI on two cores: about 25 s of start-up
 def test_four_ranks_under_zero_with_interleaved_optimizer_shards(tmp_path):
     cases = [(part, 0) for part in RANK0_PARTS] + [("RNG state", 3), ("RNG state", 2), ("gone", 1), ("defect", 2)]
     root = str(tmp_path)
