@@ -6,8 +6,8 @@ these. Other modules re-export them where users already import them (``opendit_l
 each class is defined here only.
 
     0    done
-    2    bad input: a setting, a path, the data or a checkpoint, or no room to save (one paragraph says
-         what and what to do)
+    2    bad input: a setting, a path, the data or a checkpoint, or a save that could not write (no
+         room on some rank, or its partial folder removed); one paragraph says what and what to do
     3    a non-finite loss or weights: the run stopped, no checkpoint was written after the first bad step
     130  interrupted (Ctrl-C / SIGTERM); the checkpoint written at the stop lets auto_resume continue
 
