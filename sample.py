@@ -35,7 +35,7 @@ def main(argv) -> str:
     with heavy_imports():
         import torch
 
-        from opendit_lite.build.image import build_dataset_from_config
+        from opendit_lite.builders.image import build_dataset_from_config
         from opendit_lite.sampling import gather_on_main, sampling_ranks
         from opendit_lite.sampling.image import class_labels, image_batches, load_image_model
         from opendit_lite.sampling.outputs import default_output, labelled_grid

@@ -1,9 +1,13 @@
 """Moving models between opendit_lite and other libraries: ``diffusers_dit`` maps our DiT to
 diffusers' ``DiTTransformer2DModel`` and back (``scripts/export_diffusers.py`` writes the folders);
-``diffusers_families`` writes the diffusers transformers trained here (Wan, Flux, ...) back to
-folders their own class loads; ``files`` gives exported files the mode of a plain file and checks
-pretrained folders. The names below are imported on first use, so that the scripts check their
-arguments (``files`` needs no torch) before torch and diffusers are imported."""
+``diffusers_export`` writes the diffusers transformers trained here (Wan, Flux, ...) back to
+folders their own class loads, or their LoRA adapters alone as their pipeline's LoRA file;
+``pipeline_links`` writes a pipeline folder around freshly written transformers, linking the
+untouched components; ``family_checkpoint`` exports a family run's checkpoint (imported from there:
+it reads checkpoints and needs the families registered); ``pretrained_files`` gives exported files
+the mode of a plain file and checks pretrained folders coming in. The names below are imported on
+first use, so that the scripts check their arguments (``pretrained_files`` needs no torch) before
+torch and diffusers are imported."""
 
 import importlib
 
@@ -12,8 +16,8 @@ _LAZY = {
                                           "dit_to_diffusers_state_dict", "from_diffusers_dit",
                                           "timestep_frequency_mismatch", "to_diffusers_dit",
                                           "use_meta_timestep_frequencies")},
-    **{name: "diffusers_families" for name in ("LORA_MODES", "LORA_WEIGHT_NAME", "export_family", "unwrap_model")},
-    **{name: "files" for name in ("check_pretrained_folder", "make_readable")},
+    **{name: "diffusers_export" for name in ("LORA_MODES", "export_family", "export_lora", "unwrap_model")},
+    **{name: "pretrained_files" for name in ("LORA_WEIGHT_NAME", "check_pretrained_folder", "make_readable")},
 }
 
 

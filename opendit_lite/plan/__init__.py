@@ -9,9 +9,13 @@ arguments and config before torch is imported.
 
 import importlib
 
-_LAZY = {name: "from_config" for name in ("CAPTION_WIDTHS", "family_shape", "model_of_config",
-                                           "model_shape_of_config", "plan_bucket_batches", "plan_config",
-                                           "plan_precision")}
+_LAZY = {
+    **{name: "from_config" for name in ("CAPTION_WIDTHS", "LatentBucket", "family_shape", "latent_buckets",
+                                        "model_of_config", "model_shape_of_config", "plan_bucket_batches",
+                                        "plan_config", "plan_precision")},
+    "ModelShape": "memory_model",
+    **{name: "planner" for name in ("Plan", "Setting", "plan")},
+}
 
 
 def __getattr__(name):

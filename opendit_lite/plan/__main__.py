@@ -86,7 +86,7 @@ def main(argv) -> int:
     tree = _merged(file_tree, top)
     _check_config(tree)
     with heavy_imports():
-        from ..build.family import config_schema
+        from ..builders.family import config_schema
         from . import plan_config, plan_precision
     # Built without load_config's checks of data paths: planning needs no data.
     cfg = from_dict(config_schema(tree), tree)

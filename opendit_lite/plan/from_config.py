@@ -11,18 +11,20 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 import torch.nn as nn
 
-from ..build.diffusers_model import diffusers_config, family_adapter, is_family
-from ..build.family import config_family
-from ..build.geometry import (
+from ..builders.diffusers_model import diffusers_config, family_adapter, is_family
+from ..builders.family import config_family
+from ..builders.geometry import (
     LatentBucket,
     config_downsample,
     latent_buckets,
     latent_folder_size,
     sp_auto_inputs,
 )
+from ..builders.pipeline_experts import resolve_expert
 from ..config import ConfigError
 from ..families import FamilyDenoiser
 from ..models.blocks import find_blocks
+from ..models.experts import NoiseExperts
 from ..parallel import declared_sp_modes, resolve_auto, sharded_heads
 from ..parallel.modes import mode_candidates
 from ..precision import Precision, resolve_precision
@@ -42,14 +44,18 @@ def model_of_config(cfg, device="meta") -> nn.Module:
     m.in_channels = m.in_channels or (4 if latent else 3)
     with torch.device(device):
         if config_family(cfg) == "video":
-            from ..build.video import build_video_model
+            from ..builders.video import build_video_model
 
             if is_family(m.name):
-                m.config, m.path = diffusers_config(cfg), None
+                resolve_expert(cfg)  # Wan 2.2's experts: both, or the one trained
+                both = m.expert == "both"
+                m.config, m.path, m.expert = diffusers_config(cfg), None, None  # from its config, never its weights
+                if both:  # the experts share one architecture
+                    return NoiseExperts(build_video_model(cfg), build_video_model(cfg), boundary=0.0)
             else:
                 m.caption_channels = m.caption_channels or CAPTION_WIDTHS[cfg.text_encoder.kind]
             return build_video_model(cfg)
-        from ..build.image import build_model_from_config
+        from ..builders.image import build_model_from_config
 
         size = cfg.data.image_size // config_downsample(cfg)
         m.input_size = m.input_size or [size, size]
@@ -57,19 +63,30 @@ def model_of_config(cfg, device="meta") -> nn.Module:
         return build_model_from_config(cfg)
 
 
-def model_shape_of_config(cfg, model: Optional[nn.Module] = None) -> ModelShape:
+def model_shape_of_config(cfg, model: Optional[nn.Module] = None,
+                          precision: Optional[Precision] = None) -> ModelShape:
     """The shape of the config's model (built on the meta device unless given): a diffusers family's
-    saved activations counted from its forward (``family_shape``), the zoo's from their profiles."""
+    saved activations counted from its forward in the training dtype of ``precision`` (default:
+    ``plan_precision(cfg)``; ``family_shape``), the zoo's from their profiles."""
     model = model if model is not None else model_of_config(cfg)
+    if isinstance(model, NoiseExperts):  # Wan 2.2: a sample runs through one expert; both experts' weights are held
+        one = family_shape(model.transformer, cfg.text_encoder.max_length, cfg.model.name)
+        return dataclasses.replace(one, params=sum(p.numel() for p in model.parameters()))
     if is_family(model):
-        return family_shape(model, cfg.text_encoder.max_length, cfg.model.name)
+        precision = precision or plan_precision(cfg)
+        dtype = precision.autocast_dtype or torch.float32
+        return family_shape(model, cfg.text_encoder.max_length, cfg.model.name, dtype=dtype)
     return ModelShape.of(model, cfg.model.name)
 
 
-def family_shape(model: nn.Module, caption_tokens: int, name: Optional[str] = None) -> ModelShape:
+def family_shape(model: nn.Module, caption_tokens: int, name: Optional[str] = None,
+                 dtype: torch.dtype = torch.float32) -> ModelShape:
     """The shape of a diffusers family's model (a meta-device one is enough), its activation profile
     counted from two meta forwards through the family's adapter (one clip of 2 latent frames, 4 x 4 and
-    8 x 4 patches; images: 1 frame) with ``caption_tokens`` caption tokens."""
+    8 x 4 patches; images: 1 frame) with ``caption_tokens`` caption tokens, the model cast to ``dtype``
+    (the training dtype: the profile's widths are of that dtype's elements)."""
+    if next(model.parameters()).dtype != dtype:
+        model = nn.Module.to(copy.deepcopy(model), dtype)  # meta: only the modules are copied (no diffusers warning)
     adapter, config = family_adapter(model), model.config
     pt, ph, pw = adapter.patch_size(config)
     frames = 1 if adapter.image_only else 2 * pt
@@ -80,15 +97,16 @@ def family_shape(model: nn.Module, caption_tokens: int, name: Optional[str] = No
 
     def step(i: int):
         T, H, W = grids[i]
-        x = torch.zeros(1, adapter.latent_channels(config), T, H, W, device=device)
+        x = torch.zeros(1, adapter.latent_channels(config), T, H, W, device=device, dtype=dtype)
         t = torch.full((1,), 500.0, device=device)
-        y = torch.zeros(1, caption_tokens, text_width, device=device)
+        y = torch.zeros(1, caption_tokens, text_width, device=device, dtype=dtype)
         mask = torch.ones(1, caption_tokens, dtype=torch.bool, device=device)
         return lambda: denoiser(x, t, y, mask)
 
     tokens = [-(-T // pt) * (H // ph) * (W // pw) for T, H, W in grids]
     hidden = int(config["num_attention_heads"]) * int(config["attention_head_dim"])
-    profile = counted_profile(model, hidden, step, tuple(tokens), caption_tokens)
+    profile = counted_profile(model, hidden, step, tuple(tokens), caption_tokens,
+                              element_bytes=torch.finfo(dtype).bits // 8)
     return ModelShape.counted(model, name or type(model).__name__, hidden, int(config["num_attention_heads"]),
                               (pt, ph, pw), len(find_blocks(model)), profile)
 
@@ -107,10 +125,10 @@ def plan_config(cfg, memory_gib: float, world_size: int, max_batch: int = 256, m
     ``precision``: the run's resolved precision (None: ``plan_precision(cfg)``); ``ranks_per_node``: GPUs
     per node (an SP group larger than a node spans nodes). SP sizes are those at which some mode runs
     (ulysses, dsp, usp, ring); the plan's ``sp_choice`` is the mode ``sp_mode: auto`` takes at its
-    sp_size and why (the same decision a run makes: ``build.geometry.sp_auto_inputs``)."""
+    sp_size and why (the same decision a run makes: ``builders.geometry.sp_auto_inputs``)."""
     precision = precision or plan_precision(cfg)
     model = model_of_config(cfg)
-    shape = model_shape_of_config(cfg, model)
+    shape = model_shape_of_config(cfg, model, precision)
     buckets = latent_buckets(cfg)
     settings = [Setting(cfg.zero_degree, cfg.sp_size, cfg.selective_ratio, cfg.ac_offload)] if fixed else None
     caption = cfg.text_encoder.max_length if config_family(cfg) == "video" else 0

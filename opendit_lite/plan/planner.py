@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from ..build.geometry import LatentBucket
+from ..builders.geometry import LatentBucket
 from ..parallel.modes import ModeChoice
 from .memory_model import GiB, ModelShape, activation_bytes, step_bytes
 

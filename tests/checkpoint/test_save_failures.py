@@ -21,8 +21,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from opendit_lite.checkpoint import files
-from opendit_lite.checkpoint import state as checkpoint_state
+from opendit_lite.checkpoint import files, save_restore
 from opendit_lite.checkpoint.catalog import list_checkpoints, verify_checkpoint
 from opendit_lite.checkpoint.write_failures import classify, deferred_write_failures
 from opendit_lite.errors import CheckpointError, StorageError
@@ -166,10 +165,10 @@ def _fault(part, armed, parts, root):
 
         where = {"model": (booster, "save_model", before), "optimizer state": (booster, "save_optimizer", before),
                  "LR scheduler": (booster, "save_lr_scheduler", before), "EMA": (plugin.ema, "state_dict", limited),
-                 "RNG state": (checkpoint_state, "get_rng_state", limited),
-                 "metadata": (checkpoint_state, "manifest", limited),
-                 "gone": (checkpoint_state, "get_rng_state", remove_partial),
-                 "defect": (checkpoint_state, "get_rng_state", defect)}[part]
+                 "RNG state": (save_restore, "get_rng_state", limited),
+                 "metadata": (save_restore, "manifest", limited),
+                 "gone": (save_restore, "get_rng_state", remove_partial),
+                 "defect": (save_restore, "get_rng_state", defect)}[part]
         _wrap(patches, *where)
         try:
             yield
@@ -180,7 +179,7 @@ def _fault(part, armed, parts, root):
 
 def _save(parts, root, step):
     booster, model, optimizer, scheduler, plugin = parts
-    return checkpoint_state.save_checkpoint(booster, root, step, model, optimizer, scheduler, ema=plugin.ema,
+    return save_restore.save_checkpoint(booster, root, step, model, optimizer, scheduler, ema=plugin.ema,
                                             exp_name=EXP)
 
 

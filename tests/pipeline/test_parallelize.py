@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from opendit_lite.config import ConfigError
 from opendit_lite.models import DiT, build_model
 from opendit_lite.models.capabilities import guidance_layout, is_video_model, supported_sp_modes
-from opendit_lite.transforms import ParallelizeReport, apply_compile, parallelize
+from opendit_lite.parallelization import ParallelizeReport, apply_compile, parallelize
 
 
 def tiny_dit() -> nn.Module:
@@ -172,7 +172,7 @@ def test_package_parallelize_is_the_function_with_its_signature():
 
 
 def test_trainers_read_is_video():
-    from opendit_lite.build.video import build_video_model
+    from opendit_lite.builders.video import build_video_model
     from opendit_lite.config import load_config
     from opendit_lite.config.video_schema import VideoTrainConfig
     from opendit_lite.training.image import build_image_model

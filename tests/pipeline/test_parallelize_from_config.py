@@ -8,11 +8,11 @@ import inspect
 import pytest
 import torch.nn as nn
 
-import opendit_lite.build.parallelize as from_config
+import opendit_lite.builders.parallelize as from_config
 from opendit_lite import parallelize_from_config
 from opendit_lite.config import TrainConfig
 from opendit_lite.models import build_model
-from opendit_lite.transforms import parallelize
+from opendit_lite.parallelization import parallelize
 
 # parallelize keyword -> (config field, a value other than parallelize's default)
 TRAINING = {

@@ -1,0 +1,24 @@
+"""HunyuanVideo (diffusers' ``HunyuanVideoTransformer3DModel``): its record in the families registry, built from the
+pieces in this folder (``adapter.py``, ``sp_spec.py``, ``fused_norms.py``, ``encoding.py``) and its
+capabilities, and registered on import."""
+
+from ..lora_targets import CONTEXT_FEED_FORWARD, FEED_FORWARD, JOINT_ATTENTION, SINGLE_STREAM_MLP
+from ..registry import Family, register_family
+from .adapter import HunyuanVideoAdapter
+from .encoding import ENCODING
+from .fused_norms import FUSED_NORMS
+from .sp_spec import SP_SPEC
+
+FAMILY = register_family(Family(
+    name="hunyuan_video",
+    class_name="HunyuanVideoTransformer3DModel",
+    pipeline="HunyuanVideoPipeline",
+    module="diffusers.models.transformers.transformer_hunyuan_video",
+    block_lists=("transformer_blocks", "single_transformer_blocks"),
+    lora_targets=JOINT_ATTENTION + FEED_FORWARD + CONTEXT_FEED_FORWARD + SINGLE_STREAM_MLP,
+    adapter=HunyuanVideoAdapter(),
+    sp_spec=SP_SPEC,
+    fused_norms=FUSED_NORMS,
+    encoding=ENCODING,
+    aliases=("hunyuanvideo",),
+))
