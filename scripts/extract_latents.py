@@ -158,7 +158,7 @@ def extract_family(args) -> int:
         import torch.distributed as dist
 
         from opendit_lite.data.video_csv import VideoCSVDataset
-        from opendit_lite.distributed.launch import init_distributed
+        from opendit_lite.distributed.process_group import init_distributed
         from opendit_lite.families import find_family
 
     found = find_family(name)

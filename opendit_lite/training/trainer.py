@@ -24,7 +24,7 @@ from ..config import ConfigError, to_dict, validate_world
 from ..data.indexed import IndexedDataset
 from ..diffusion.loss import objective_loss
 from ..diffusion.sampling_utils import SampleGenerators
-from ..distributed.launch import cleanup_distributed, init_distributed
+from ..distributed.process_group import cleanup_distributed, init_distributed
 from ..distributed.seed import seed_everything
 from ..ema import ema_horizon_note, ema_warmup_on
 from ..families import is_family
