@@ -46,12 +46,12 @@ from typing import List, Optional, Sequence
 import torch.distributed as dist
 import torch.nn as nn
 
-from . import families as _families  # noqa: F401  (the diffusers families' pieces, registered with the steps' mechanisms)
 from .activation_checkpointing import CheckpointReport
 from .activation_checkpointing import apply_activation_checkpointing as checkpoint_blocks
 from .activation_checkpointing.wrap import BUILTIN_DISABLED, builtin_checkpointing_on
 from .converter import ConversionReport, ModuleConverter, adaln_model_notes
 from .errors import ConfigError, SequenceParallelError
+from .families import FAMILIES  # noqa: F401  (reading it registers the families' pieces with the steps' mechanisms)
 from .models.blocks import find_blocks
 from .models.capabilities import check_sp_mode, supports_gradient_checkpointing
 from .models.experts import NoiseExperts

@@ -1,8 +1,9 @@
 """The diffusers families trained today (Wan, HunyuanVideo, CogVideoX, LTX-Video, Flux, SD3): one
 folder per family (``opendit_lite/families/<family>/``) holding everything specific to it, found
-through one registry (``registry.py``). Importing this package registers the six families and fans
-their pieces out to the mechanisms that look them up (capabilities, sequence parallelism, fused
-AdaLN); every entry point that builds, parallelizes, plans or samples a model imports it.
+through one registry (``registry.py``). The first name read from this package registers the six
+families (``FAMILY_FOLDERS``) and fans their pieces out to the mechanisms that look them up
+(capabilities, sequence parallelism, fused AdaLN); every entry point that builds, parallelizes,
+plans or samples a model reads it.
 
 ``FamilyDenoiser`` wraps a model with its family's adapter into the ``(x, t, y, mask)`` denoiser
 every objective and sampler calls. Adding a family: ``docs/adding_a_family.md``.
@@ -20,23 +21,31 @@ and samples (each in its ``<family>/adapter.py``):
 | CogVideoX | v-prediction, DDPM schedule | uniform steps | SNR shift 1 (the 5B and 1.5 models) |
 
 Nothing here imports diffusers at import time: an adapter reads the model's config (a mapping) and
-calls the model; the other pieces name diffusers' classes.
+calls the model; the other pieces name diffusers' classes. Nor torch: the names below are imported
+on first use, and the first use registers the six families, so that a script can read a module of
+this package (``tiny_pipelines.FAMILIES``) before it imports torch.
 """
 
-from . import cogvideox, flux, hunyuan_video, ltx_video, sd3, wan  # noqa: F401  (registers the six families)
-from .adapter_base import FamilyAdapter, Recipe
-from .family_denoiser import FamilyDenoiser
-from .registry import (
-    FAMILIES,
-    Family,
-    family_adapter,
-    family_class_names,
-    family_of,
-    find_family,
-    is_family,
-    register_family,
-    unregistered_pieces,
-)
+import importlib
 
-__all__ = ["FAMILIES", "Family", "FamilyAdapter", "FamilyDenoiser", "Recipe", "family_adapter", "family_class_names",
-           "family_of", "find_family", "is_family", "register_family", "unregistered_pieces"]
+FAMILY_FOLDERS = ("cogvideox", "flux", "hunyuan_video", "ltx_video", "sd3", "wan")
+
+_LAZY = {
+    **{name: "adapter_base" for name in ("FamilyAdapter", "Recipe")},
+    "FamilyDenoiser": "family_denoiser",
+    **{name: "registry" for name in ("FAMILIES", "Family", "family_adapter", "family_class_names", "family_of",
+                                     "find_family", "is_family", "register_family", "unregistered_pieces")},
+}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        for folder in FAMILY_FOLDERS:  # each folder registers its family when first imported
+            importlib.import_module(f"{__name__}.{folder}")
+        value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = sorted(_LAZY)

@@ -16,14 +16,13 @@ fall back to characters (T5) or bytes (CLIP, Llama) for any other text. The Llam
 text like Llama 3's pre-tokenizer, so HunyuanVideo's template prefix is 95 tokens, the
 ``crop_start`` its pipeline assumes.
 
-Nothing here imports diffusers, transformers or tokenizers at import time.
+Nothing here imports torch, diffusers, transformers or tokenizers at import time, so that
+scripts/make_tiny_pipeline.py checks its options first.
 """
 
 import os
 import shutil
 from typing import Callable, Dict, Sequence
-
-import torch
 
 from ..errors import ConfigError
 
@@ -172,17 +171,20 @@ def llama_encoder(tokenizer, width: int):
 
 # -------------------------------------------------------------------------------------------- models
 
-def _diffusers(name: str, seed: int, **config) -> torch.nn.Module:
-    """The diffusers class ``name`` built from ``config`` under ``seed``."""
+def _diffusers(name: str, seed: int, **config):
+    """The diffusers class ``name`` (a torch module) built from ``config`` under ``seed``."""
     import diffusers
+    import torch
 
     torch.manual_seed(seed)
     return getattr(diffusers, name)(**config)
 
 
-def _transformer(name: str, seed: int, **config) -> torch.nn.Module:
+def _transformer(name: str, seed: int, **config):
     """A diffusers transformer with every weight moved off its initial value (diffusers starts some
     output layers at zero), so that every input changes the prediction."""
+    import torch
+
     model = _diffusers(name, seed, **config)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -200,6 +202,8 @@ def _flow_scheduler(**config):
 def _wan_parts(seed: int) -> dict:
     """Wan 2.x's shared parts: UMT5 (32 wide), the 16-channel Wan VAE with the release's per-channel
     latent mean and std (its defaults; 4x in time and space here, 4x8x8 in the release)."""
+    import torch
+
     tokenizer = t5_tokenizer()
     vae = _diffusers("AutoencoderKLWan", seed + 1, base_dim=8, z_dim=16, dim_mult=[1, 1, 1], num_res_blocks=1,
                      temperal_downsample=[True, True], scale_factor_temporal=4, scale_factor_spatial=4)
@@ -243,6 +247,7 @@ def build_wan22(seed: int = 0):
 def build_hunyuanvideo(seed: int = 0):
     """HunyuanVideo (``HunyuanVideoPipeline``): Llama (16 wide; its prompt template), CLIP-L's pooled
     output (16 wide), the guidance-distilled transformer, its VAE (scaling 0.476986), flow shift 7."""
+    import torch
     from diffusers import HunyuanVideoPipeline
     from diffusers.pipelines.hunyuan_video.pipeline_hunyuan_video import DEFAULT_PROMPT_TEMPLATE
 
@@ -266,6 +271,7 @@ def build_hunyuanvideo(seed: int = 0):
 def build_cogvideox(seed: int = 0):
     """CogVideoX 5B (``CogVideoXPipeline``): T5 (32 wide, 226 tokens), 3-D rotary embedding on a base
     grid of 4x6 patches, its VAE (scaling 0.7), v-prediction DDIM with zero terminal SNR, SNR shift 1."""
+    import torch
     from diffusers import CogVideoXDDIMScheduler, CogVideoXPipeline
 
     tokenizer = t5_tokenizer(max_length=226)
@@ -290,6 +296,7 @@ def build_ltx(seed: int = 0):
     """LTX-Video (``LTXVideoPipeline``): T5 (32 wide, 128 tokens), its VAE (8 latent channels with a
     per-channel mean and std; 4x in time and space here, 8x32x32 in the release), the release's
     token-count shift (0.95 at 1024 tokens .. 2.05 at 4096, terminal sigma 0.1)."""
+    import torch
     from diffusers import LTXPipeline
 
     tokenizer = t5_tokenizer(max_length=128)
@@ -325,6 +332,7 @@ def build_flux(seed: int = 0):
     """Flux dev (``FluxPipeline``): CLIP-L's pooled output (16 wide) and T5 (32 wide, 512 tokens), the
     guidance-distilled transformer, the VAE's 0.3611 scale and 0.1159 shift, token-count shift
     (0.5 at 256 tokens .. 1.15 at 4096)."""
+    import torch
     from diffusers import FluxPipeline
 
     tokenizer, tokenizer_2 = clip_tokenizer(), t5_tokenizer()
@@ -346,6 +354,7 @@ def build_sd3(seed: int = 0):
     projection 12), whose second-to-last states are joined and padded to T5's 32 (77 + 256 tokens)
     and whose projections make the 20-wide pooled text; the VAE's 1.5305 scale and 0.0609 shift,
     flow shift 3."""
+    import torch
     from diffusers import StableDiffusion3Pipeline
 
     tokenizer, tokenizer_2, tokenizer_3 = clip_tokenizer(), clip_tokenizer(), t5_tokenizer()

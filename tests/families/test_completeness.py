@@ -29,6 +29,7 @@ def _folders():
 
 def test_the_six_families_each_have_a_folder_and_a_record():
     assert set(_folders()) == EXPECTED
+    assert set(families.FAMILY_FOLDERS) == EXPECTED  # the folders the package imports on first use
     assert set(FAMILIES) == EXPECTED
 
 
