@@ -24,7 +24,12 @@ local paths such as ``vae.path``/``text_encoder.path``) come from this command.
 import os
 from typing import List
 
-from opendit_lite.utils.quiet import quiet_third_party_startup
+from opendit_lite.utils.exit_codes import exit_at_once_on_stop_signals, heavy_imports, script_main
+
+if __name__ == "__main__":
+    exit_at_once_on_stop_signals()  # a Ctrl-C or SIGTERM during the imports below: exit 130 at once
+
+from opendit_lite.utils.quiet import quiet_third_party_startup  # noqa: E402
 
 quiet_third_party_startup()  # before colossalai is imported
 
@@ -32,7 +37,6 @@ quiet_third_party_startup()  # before colossalai is imported
 from opendit_lite.config import parse_cli  # noqa: E402
 from opendit_lite.config.paths import check_output_path  # noqa: E402
 from opendit_lite.config.video_schema import VideoTrainConfig  # noqa: E402
-from opendit_lite.utils.exit_codes import heavy_imports, script_main  # noqa: E402
 
 
 @script_main

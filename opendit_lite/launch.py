@@ -20,7 +20,12 @@ What differs from ``torchrun`` is how it ends:
 import sys
 from typing import Optional, Sequence
 
-from .errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_NON_FINITE
+from .utils.exit_codes import exit_at_once_on_stop_signals
+
+if __name__ == "__main__":
+    exit_at_once_on_stop_signals()  # a Ctrl-C or SIGTERM before torchrun starts the ranks: exit 130 at once
+
+from .errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_NON_FINITE  # noqa: E402
 
 # Exit codes the scripts end with on purpose, which the launcher passes on when every failed rank agrees.
 _SCRIPT_CODES = (EXIT_BAD_INPUT, EXIT_NON_FINITE, EXIT_INTERRUPTED)

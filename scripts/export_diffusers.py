@@ -31,10 +31,14 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from opendit_lite.utils.exit_codes import exit_at_once_on_stop_signals, script_main  # noqa: E402
+
+if __name__ == "__main__":
+    exit_at_once_on_stop_signals()  # a Ctrl-C or SIGTERM during the imports below: exit 130 at once
+
 from opendit_lite.config import ConfigError, resolve_aliases  # noqa: E402
 from opendit_lite.config.paths import check_output_path  # noqa: E402
 from opendit_lite.interop import LORA_WEIGHT_NAME, check_pretrained_folder  # noqa: E402
-from opendit_lite.utils.exit_codes import script_main  # noqa: E402
 from opendit_lite.utils.options import OptionParser  # noqa: E402
 
 # Largest output difference between the model and a plain from_pretrained of its export that counts

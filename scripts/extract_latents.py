@@ -36,13 +36,17 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from opendit_lite.utils.exit_codes import exit_at_once_on_stop_signals, heavy_imports, script_main  # noqa: E402
+
+if __name__ == "__main__":
+    exit_at_once_on_stop_signals()  # a Ctrl-C or SIGTERM during the imports below: exit 130 at once
+
 # No torch at import: the arguments, paths and config are checked before torch and the encoders
 # are imported (seconds), inside the functions that need them.
 from opendit_lite.config import ConfigError, check_sections, read_yaml  # noqa: E402
 from opendit_lite.config.paths import check_output_path  # noqa: E402
 from opendit_lite.config.video_schema import VideoTrainConfig  # noqa: E402
 from opendit_lite.interop import check_pretrained_folder  # noqa: E402
-from opendit_lite.utils.exit_codes import heavy_imports, script_main  # noqa: E402
 from opendit_lite.utils.options import OptionParser  # noqa: E402
 
 

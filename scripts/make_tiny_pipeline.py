@@ -19,11 +19,15 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from opendit_lite.utils.exit_codes import exit_at_once_on_stop_signals, script_main  # noqa: E402
+
+if __name__ == "__main__":
+    exit_at_once_on_stop_signals()  # a Ctrl-C or SIGTERM during the imports below: exit 130 at once
+
 # No torch at import: the options and the output folder are checked first (torch, diffusers and
 # transformers are imported when the pipeline is built).
 from opendit_lite.config.paths import check_output_path  # noqa: E402
 from opendit_lite.families.tiny_pipelines import FAMILIES, save_tiny_pipeline  # noqa: E402
-from opendit_lite.utils.exit_codes import script_main  # noqa: E402
 from opendit_lite.utils.options import OptionParser  # noqa: E402
 
 

@@ -17,14 +17,18 @@ their features) and the reference and samples files are checked before anything 
 
 import os
 
-from opendit_lite.utils.quiet import quiet_third_party_startup
+from opendit_lite.utils.exit_codes import exit_at_once_on_stop_signals, heavy_imports, script_main
+
+if __name__ == "__main__":
+    exit_at_once_on_stop_signals()  # a Ctrl-C or SIGTERM during the imports below: exit 130 at once
+
+from opendit_lite.utils.quiet import quiet_third_party_startup  # noqa: E402
 
 quiet_third_party_startup()  # before colossalai is imported
 
 # No torch below: a config error ends before the seconds of importing torch, timm and Colossal-AI.
 from opendit_lite.config import parse_cli  # noqa: E402
 from opendit_lite.evaluate.settings import check_eval_settings  # noqa: E402
-from opendit_lite.utils.exit_codes import heavy_imports, script_main  # noqa: E402
 
 
 @script_main

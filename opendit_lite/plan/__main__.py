@@ -11,11 +11,23 @@ import argparse
 import math
 import sys
 
+from ..utils.exit_codes import exit_at_once_on_stop_signals, heavy_imports, script_main
+
+if __name__ == "__main__":
+    exit_at_once_on_stop_signals()  # a Ctrl-C or SIGTERM during the imports below: exit 130 at once
+
 # No torch here: the options and the config are checked before the planner's imports (seconds).
-from ..config import ConfigError, TrainConfig, check_sections, from_dict, parse_overrides, read_yaml, validate_world
-from ..config.video_schema import VideoTrainConfig
-from ..utils.exit_codes import heavy_imports, script_main
-from ..utils.options import OptionParser
+from ..config import (  # noqa: E402
+    ConfigError,
+    TrainConfig,
+    check_sections,
+    from_dict,
+    parse_overrides,
+    read_yaml,
+    validate_world,
+)
+from ..config.video_schema import VideoTrainConfig  # noqa: E402
+from ..utils.options import OptionParser  # noqa: E402
 
 
 def _number(text: str, kind, what: str, low: float, inclusive: bool):

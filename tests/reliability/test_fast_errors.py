@@ -136,6 +136,45 @@ def test_config_errors_end_before_torch_is_imported(name):
         assert_one_paragraph(code, err, expected)
 
 
+# Runs an entry point with --help in an interpreter that notes, at the first import of the config
+# package or of torch, whether SIGTERM has a handler yet; prints [module, handled] as JSON.
+_HANDLER_FIRST = r"""
+import importlib.abc, json, runpy, signal, sys
+first = []
+
+class Probe(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if not first and name in ("opendit_lite.config", "torch"):
+            first.append([name, signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None)])
+        return None
+
+sys.meta_path.insert(0, Probe())
+start = sys.argv[1]
+try:
+    if start.startswith("-m "):
+        sys.argv = [start[3:], "--help"]
+        runpy.run_module(start[3:], run_name="__main__", alter_sys=True)
+    else:
+        sys.argv = [start, "--help"]
+        runpy.run_path(start, run_name="__main__")
+except SystemExit:
+    pass
+print(json.dumps(first[0] if first else None))
+"""
+
+
+@pytest.mark.parametrize("name", [*ENTRY_POINTS, "launch"])
+def test_each_entry_point_puts_its_stop_handler_in_place_before_its_imports(name):
+    """A Ctrl-C or SIGTERM while an entry point reads its config or imports torch ends it with one line
+    and exit code 130: the handler is in place before the first of those imports."""
+    start = ENTRY_POINTS[name][0] if name in ENTRY_POINTS else "-m opendit_lite.launch"
+    proc = subprocess.run([sys.executable, "-c", _HANDLER_FIRST, start], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120, env=dict(os.environ, PYTHONPATH=ROOT))
+    assert proc.returncode == 0, proc.stderr
+    module, handled = json.loads(proc.stdout.splitlines()[-1])
+    assert handled, f"{name}: SIGTERM has no handler yet when {module} is imported"
+
+
 # --------------------------------------------------------------------------------------------------
 # Checked up front: what used to end in a traceback after start-up, or pass without a word
 # --------------------------------------------------------------------------------------------------
