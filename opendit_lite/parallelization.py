@@ -51,11 +51,13 @@ from .activation_checkpointing import apply_activation_checkpointing as checkpoi
 from .activation_checkpointing.wrap import BUILTIN_DISABLED, builtin_checkpointing_on
 from .converter import ConversionReport, ModuleConverter, adaln_model_notes
 from .errors import ConfigError, SequenceParallelError
-from .families import FAMILIES  # noqa: F401  (reading it registers the families' pieces with the steps' mechanisms)
+from .families import load_families
 from .models.blocks import find_blocks
 from .models.capabilities import check_sp_mode, supports_gradient_checkpointing
 from .models.experts import NoiseExperts
 from .models.lora import apply_lora as inject_adapters
+
+load_families()  # the diffusers families' pieces, registered with the steps' mechanisms
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,9 @@ from typing import Dict
 import torch
 import torch.nn as nn
 
-import opendit_lite.families  # noqa: F401  (registers the families with the mechanisms the tests call directly)
+from opendit_lite.families import load_families
+
+load_families()  # registered with the mechanisms the tests call directly
 
 FAMILIES = (
     "WanTransformer3DModel",

@@ -1,9 +1,9 @@
 """The diffusers families trained today (Wan, HunyuanVideo, CogVideoX, LTX-Video, Flux, SD3): one
 folder per family (``opendit_lite/families/<family>/``) holding everything specific to it, found
-through one registry (``registry.py``). The first name read from this package registers the six
-families (``FAMILY_FOLDERS``) and fans their pieces out to the mechanisms that look them up
-(capabilities, sequence parallelism, fused AdaLN); every entry point that builds, parallelizes,
-plans or samples a model reads it.
+through one registry (``registry.py``). ``load_families()``, or the first other name read from
+this package, registers the six families (``FAMILY_FOLDERS``) and fans their pieces out to the
+mechanisms that look them up (capabilities, sequence parallelism, fused AdaLN); every entry point
+that builds, parallelizes, plans or samples a model reads it.
 
 ``FamilyDenoiser`` wraps a model with its family's adapter into the ``(x, t, y, mask)`` denoiser
 every objective and sampler calls. Adding a family: ``docs/adding_a_family.md``.
@@ -38,14 +38,21 @@ _LAZY = {
 }
 
 
+def load_families() -> dict:
+    """Import the six family folders, each registering its family on its first import; returns the
+    registry (name -> ``Family``). Reading any other name of this package calls it."""
+    for folder in FAMILY_FOLDERS:
+        importlib.import_module(f"{__name__}.{folder}")
+    return importlib.import_module(f"{__name__}.registry").FAMILIES
+
+
 def __getattr__(name):
     if name in _LAZY:
-        for folder in FAMILY_FOLDERS:  # each folder registers its family when first imported
-            importlib.import_module(f"{__name__}.{folder}")
+        load_families()
         value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
         globals()[name] = value
         return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = sorted(_LAZY)
+__all__ = sorted([*_LAZY, "FAMILY_FOLDERS", "load_families"])
