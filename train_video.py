@@ -8,6 +8,11 @@ The embedded default (moving coloured shapes with captions, pixel space, CPU in 
 A tiny random-init diffusers WanTransformer3DModel on the same data (model.config; model.path loads a
 local diffusers folder), with Wan's recipe (flow matching, shift 5):
     python train_video.py --config configs/wan_tiny_demo.yaml
+A released model from its diffusers pipeline folder (Wan, HunyuanVideo, CogVideoX, LTX-Video, Flux,
+SD3), conditioned as its pipeline conditions it, on your captioned clips or images
+(docs/finetune_released_model.md):
+    python train_video.py --config configs/wan_lora.yaml model.pipeline=/models/Wan2.1-T2V-1.3B-Diffusers \\
+        data.path=/data/clips.csv
 Sequence parallelism over 2 ranks (Ulysses; sp_mode=ring / usp / auto, or dsp for STDiT's DSP):
     torchrun --standalone --nproc_per_node 2 train_video.py --config configs/video_stdit_demo.yaml sp_size=2
 STDiT-XL/2 on 16x256x256 clips from precomputed latents, one node of 8 GPUs:

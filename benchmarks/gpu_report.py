@@ -651,11 +651,9 @@ def preload() -> None:
     import train_step  # noqa: F401
     from diffusers import WanTransformer3DModel  # noqa: F401
 
+    import opendit_lite.families  # noqa: F401
     import opendit_lite.parallelization  # noqa: F401
     import opendit_lite.plugins  # noqa: F401
-    from opendit_lite.families import load_families
-
-    load_families()
 
 
 def run_report(out_dir: str, budget: float, names: Sequence[str], dry_run: bool, start_method: str,

@@ -5,7 +5,7 @@ importable as ``from opendit_lite import parallelize``).
                          attention_backend="auto", selective_ratio=0.5, ac_offload=False, compile=True)
     print(report)   # a short table: step, what was swapped, how many, what was left and why
 
-It applies five small steps to the serial model, in place, each with explicit arguments, and the
+It applies seven small steps to the serial model, in place, each with explicit arguments, and the
 booster plugin wraps (DDP) or shards (ZeRO) the result afterwards. The order, and why:
 
 0. ``apply_lora`` (``lora_rank`` > 0): peft adapters on the chosen linear layers, the rest frozen.
@@ -13,6 +13,10 @@ booster plugin wraps (DDP) or shards (ZeRO) the result afterwards. The order, an
    later step keeps (the converter's class swaps keep a block's children, checkpointing wraps the
    block's forward, compile traces the adapted layers), and the plugin builds the optimizer from
    the trainable parameters the adapters leave.
+0b. ``apply_base_precision`` (``base_precision`` fp8 / nf4, LoRA runs): the frozen linear layers of the
+   blocks store their weights in FP8 or NF4 (``opendit_lite.memory.low_precision``). Right after LoRA,
+   which it needs (it replaces the frozen ``base_layer`` peft left, not the adapters), and before block
+   swapping, so that the host keeps (and copies) the low-precision weights.
 1. ``apply_kernels``: backend swaps through the module converter (fused AdaLN, fused LayerNorm,
    flash attention). First, because the next step wraps whichever attention op is in place: the
    Ulysses op must wrap the final backend, not one about to be replaced.
@@ -21,6 +25,10 @@ booster plugin wraps (DDP) or shards (ZeRO) the result afterwards. The order, an
    ``opendit_lite.parallel``. Before checkpointing and compile so that both see the collectives:
    recomputation repeats the all-to-alls and ring exchanges in the same order on every rank, and
    compiled graphs contain them.
+2b. ``apply_block_swap`` (``blocks_to_swap`` > 0): N blocks' frozen tensors live in host memory and are
+   fetched for each use (``opendit_lite.memory.block_swap``). After every module swap, so that it holds
+   the final modules' tensors; before checkpointing, which must wrap the swapped forward so that its
+   recomputation in backward fetches the weights again.
 3. ``apply_activation_checkpointing`` (with CPU offload): replaces each chosen block's forward.
    After every module swap, so the recomputed forward is the final one; before compile, so the
    compiled block graph holds the checkpointed region (recomputation inside the graph).
@@ -46,18 +54,19 @@ from typing import List, Optional, Sequence
 import torch.distributed as dist
 import torch.nn as nn
 
+from . import families as _families  # noqa: F401  (the diffusers families' pieces, registered with the steps' mechanisms)
 from .activation_checkpointing import CheckpointReport
 from .activation_checkpointing import apply_activation_checkpointing as checkpoint_blocks
 from .activation_checkpointing.wrap import BUILTIN_DISABLED, builtin_checkpointing_on
 from .converter import ConversionReport, ModuleConverter, adaln_model_notes
 from .errors import ConfigError, SequenceParallelError
-from .families import load_families
+from .memory import SwapReport
+from .memory import apply_base_precision as store_base
+from .memory import apply_block_swap as swap_blocks
 from .models.blocks import find_blocks
 from .models.capabilities import check_sp_mode, supports_gradient_checkpointing
 from .models.experts import NoiseExperts
 from .models.lora import apply_lora as inject_adapters
-
-load_families()  # the diffusers families' pieces, registered with the steps' mechanisms
 
 
 @dataclass(frozen=True)
@@ -81,6 +90,7 @@ class ParallelizeReport:
     rows: List[StepRow] = field(default_factory=list)
     conversion: Optional[ConversionReport] = None       # the module converter's own report
     checkpointing: Optional[CheckpointReport] = None    # None when no block was checkpointed
+    swap: Optional[SwapReport] = None                   # None when no block is swapped
 
     def count(self, step: str) -> int:
         """Modules (or blocks) changed by ``step``."""
@@ -126,6 +136,26 @@ def apply_lora(model: nn.Module, *, rank: int = 0, alpha: float = 16.0, dropout:
     report = inject_adapters(model, rank=rank, alpha=alpha, dropout=dropout, targets=targets)
     swapped = f"peft LoRA rank {rank}, alpha {alpha:g} on {', '.join(report.targets)}"
     return [StepRow("lora", swapped, report.layers, str(report))]
+
+
+def apply_base_precision(model: nn.Module, *, base_precision: str = "none") -> List[StepRow]:
+    """The frozen linear weights of the blocks stored in ``base_precision`` ("fp8", "nf4"; "none": as loaded)."""
+    if base_precision in (None, "none"):
+        return [StepRow("base_precision", "off", 0, "as loaded")]
+    report = store_base(model, base_precision)
+    return [StepRow("base_precision", f"{report.layers} frozen linear layers -> {base_precision}", report.layers,
+                    str(report))]
+
+
+def apply_block_swap(model: nn.Module, *, blocks_to_swap: int = 0):
+    """``blocks_to_swap`` blocks' frozen tensors in host memory, fetched for each use; returns (rows, the
+    SwapReport or None when off). Refuses (ConfigError) more blocks than the model has, or blocks whose
+    parameters all train."""
+    if not blocks_to_swap:
+        return [StepRow("block_swap", "off", 0, "blocks_to_swap=0")], None
+    report = swap_blocks(model, blocks_to_swap, recomputed=lambda: builtin_checkpointing_on(model))
+    return [StepRow("block_swap", f"{len(report.swapped)} of {len(report.blocks)} blocks' frozen weights in host "
+                                  f"memory", len(report.swapped), str(report))], report
 
 
 def apply_kernels(model: nn.Module, *, fused_adaln: bool = False, fused_layernorm: bool = False,
@@ -284,7 +314,7 @@ def apply_activation_checkpointing(model: nn.Module, *, selective_ratio: float =
 
 
 def apply_compile(model: nn.Module, *, enabled: bool = True, backend: Optional[str] = None,
-                  cuda_graphs: bool = False) -> List[StepRow]:
+                  cuda_graphs: bool = False, swapped: int = 0) -> List[StepRow]:
     """``torch.compile`` each of the model's blocks in place (``nn.Module.compile``: parameter names
     and state-dict keys stay the same). ``backend``: torch.compile's (None: its default, inductor).
     ``cuda_graphs``: mode "reduce-overhead", each block's graphs replayed as CUDA graphs (CUDA and
@@ -299,8 +329,12 @@ def apply_compile(model: nn.Module, *, enabled: bool = True, backend: Optional[s
         block.compile(**options)
     names = Counter(type(b).__name__ for b in blocks)
     graphs = ", CUDA graphs" if cuda_graphs else ""
-    swapped = f"torch.compile({backend or 'default backend'}{graphs}) per block: " + ", ".join(names)
-    return [StepRow("compile", swapped, len(blocks), "the rest of the model runs eagerly")]
+    what = f"torch.compile({backend or 'default backend'}{graphs}) per block: " + ", ".join(names)
+    left = "the rest of the model runs eagerly"
+    if swapped:
+        left += (f"; the {swapped} swapped blocks too (their weight fetches and saved-tensor hooks break the "
+                 f"graph)")
+    return [StepRow("compile", what, len(blocks), left)]
 
 
 # ------------------------------------------------------------------------------------ the pipeline
@@ -310,37 +344,47 @@ def parallelize(model: nn.Module, *, sp_group: Optional[dist.ProcessGroup] = Non
                 fused_layernorm: bool = False, attention_backend: str = "sdpa", selective_ratio: float = 1.0,
                 ac_offload: bool = False, compile: bool = False, compile_backend: Optional[str] = None,
                 cuda_graphs: bool = False, lora_rank: int = 0, lora_alpha: float = 16.0, lora_dropout: float = 0.0,
-                lora_targets: Optional[Sequence[str]] = None) -> ParallelizeReport:
-    """Apply LoRA -> kernels -> sequence parallelism -> activation checkpointing -> compile to
-    ``model`` in place (see the module docstring for why in this order) and return what was done.
+                lora_targets: Optional[Sequence[str]] = None, base_precision: str = "none",
+                blocks_to_swap: int = 0) -> ParallelizeReport:
+    """Apply LoRA -> base precision -> kernels -> sequence parallelism -> block swapping -> activation
+    checkpointing -> compile to ``model`` in place (see the module docstring for why in this order) and
+    return what was done.
 
     Call it on the serial, unwrapped model, once, before the booster plugin wraps it.
     ``compile_backend`` is the ``torch.compile`` backend (None: its default; "eager" for a quick check);
     ``cuda_graphs`` replays the compiled blocks as CUDA graphs (mode "reduce-overhead");
-    ``lora_*``: the adapters (rank 0: none; targets None: the model's usual layers); ``sp_auto``: what
-    ``sp_mode="auto"`` decides from (``opendit_lite.parallel.AutoInputs``; None: the heads alone).
+    ``lora_*``: the adapters (rank 0: none; targets None: the model's usual layers); ``base_precision``:
+    how the frozen base's linear weights are stored; ``blocks_to_swap``: blocks kept in host memory; ``sp_auto``:
+    what ``sp_mode="auto"`` decides from (``opendit_lite.parallel.AutoInputs``; None: the heads alone).
 
     ``NoiseExperts`` (Wan 2.2's two experts, ``models/experts.py``) gets every step on each expert,
     as if each were the model: each has its own adapters (peft adapters live on the model they are
     injected into), its own sequence-parallel hooks (the family spec places them by path from the
-    transformer's root) and its blocks checkpointed and compiled; the report lists both, each row
-    named after its expert."""
+    transformer's root), its base stored in ``base_precision``, its half of ``blocks_to_swap`` swapped
+    (the count is of both experts' blocks, as the planner counts them; each expert fetches its own, one
+    prefetch chain per expert since a step may run either) and its blocks checkpointed and compiled;
+    the report lists both, each row named after its expert."""
     if isinstance(model, NoiseExperts):
         report = ParallelizeReport()
-        for name, expert in model.experts():
+        halves = (blocks_to_swap - blocks_to_swap // 2, blocks_to_swap // 2)
+        for (name, expert), swapped in zip(model.experts(), halves):
             part = parallelize(expert, sp_group=sp_group, sp_mode=sp_mode, sp_ring_size=sp_ring_size, sp_auto=sp_auto,
                                fused_adaln=fused_adaln, fused_layernorm=fused_layernorm,
                                attention_backend=attention_backend, selective_ratio=selective_ratio,
                                ac_offload=ac_offload, compile=compile, compile_backend=compile_backend,
                                cuda_graphs=cuda_graphs, lora_rank=lora_rank, lora_alpha=lora_alpha,
-                               lora_dropout=lora_dropout, lora_targets=lora_targets)
+                               lora_dropout=lora_dropout, lora_targets=lora_targets, base_precision=base_precision,
+                               blocks_to_swap=swapped)
             report.rows += [StepRow(row.step, f"{name}: {row.swapped}", row.count, row.left) for row in part.rows]
             report.conversion = report.conversion or part.conversion
             report.checkpointing = report.checkpointing or part.checkpointing
+            report.swap = report.swap or part.swap
         return report
     report = ParallelizeReport()
     # 0. LoRA first, on the plain model: every later step keeps the adapter layers.
     report.rows += apply_lora(model, rank=lora_rank, alpha=lora_alpha, dropout=lora_dropout, targets=lora_targets)
+    # 0b. The frozen base in low precision, before swapping copies it to the host.
+    report.rows += apply_base_precision(model, base_precision=base_precision)
     # 1. Kernels next: the sequence-parallel op wraps whichever attention backend is in place.
     rows, report.conversion = apply_kernels(model, fused_adaln=fused_adaln, fused_layernorm=fused_layernorm,
                                             attention_backend=attention_backend)
@@ -348,12 +392,16 @@ def parallelize(model: nn.Module, *, sp_group: Optional[dist.ProcessGroup] = Non
     # 2. Sequence parallelism next, so checkpointing and compile see its collectives.
     report.rows += apply_sequence_parallel(model, sp_group=sp_group, sp_mode=sp_mode, sp_ring_size=sp_ring_size,
                                            sp_auto=sp_auto)
+    # 2b. Block swapping after every module swap, before checkpointing wraps the swapped forward.
+    rows, report.swap = apply_block_swap(model, blocks_to_swap=blocks_to_swap)
+    report.rows += rows
     # 3. Checkpointing after every module swap, before compile (the graph holds the recomputation).
     rows, report.checkpointing = apply_activation_checkpointing(model, selective_ratio=selective_ratio,
                                                                 offload=ac_offload)
     report.rows += rows
     # 4. Compile last, per block: it traces what each block finally runs.
-    report.rows += apply_compile(model, enabled=compile, backend=compile_backend, cuda_graphs=cuda_graphs)
+    report.rows += apply_compile(model, enabled=compile, backend=compile_backend, cuda_graphs=cuda_graphs,
+                                 swapped=len(report.swap.swapped) if report.swap is not None else 0)
     return report
 
 
@@ -362,6 +410,8 @@ __all__ = [
     "SequenceParallelError",
     "StepRow",
     "apply_activation_checkpointing",
+    "apply_base_precision",
+    "apply_block_swap",
     "apply_compile",
     "apply_kernels",
     "apply_lora",

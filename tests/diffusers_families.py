@@ -16,9 +16,7 @@ from typing import Dict
 import torch
 import torch.nn as nn
 
-from opendit_lite.families import load_families
-
-load_families()  # registered with the mechanisms the tests call directly
+import opendit_lite.families  # noqa: F401  (registers the families with the mechanisms the tests call directly)
 
 FAMILIES = (
     "WanTransformer3DModel",

@@ -16,6 +16,9 @@ Why this composes with the rest of the stack:
 * Sequence parallelism puts all-to-all collectives inside the blocks. Recomputation runs them
   again, in backward order, which is the same on every rank because every rank checkpoints the
   same blocks (the choice depends only on the model structure and the ratio).
+* Block swapping (``opendit_lite.memory.block_swap``) replaces a block's ``forward`` before this
+  wraps it, so that recomputation fetches the block's weights again; a wrapped forward that has a
+  ``recomputed_in_backward`` attribute is told so (it then keeps no weights for backward itself).
 * Conversions that swap submodules inside a block (attention backends, the Ulysses op) may run
   before or after this: the original forward looks its submodules up when it runs.
 * diffusers' transformers checkpoint their blocks themselves once ``enable_gradient_checkpointing()``
@@ -93,6 +96,8 @@ class _CheckpointedForward:
         else:
             self._func, self._block = forward, None
         self.offloader = offloader
+        if hasattr(forward, "recomputed_in_backward"):  # a swapped block's forward (opendit_lite.memory)
+            forward.recomputed_in_backward = True       # is recomputed in backward: it saves no weights
 
     @property
     def forward(self) -> Callable:

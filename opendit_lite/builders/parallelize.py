@@ -20,21 +20,23 @@ def parallelize_from_config(model: nn.Module, cfg, sp_group: Optional[dist.Proce
     """``parallelize(model, ...)`` with ``cfg``'s settings, over ``sp_group`` (the plugin's or the
     sampling mesh's sequence-parallel group; None: one rank).
 
-    Training reads ``lora.*``, ``fused_adaln``, ``fused_layernorm``, ``attention_backend``, ``sp_mode``
+    Training reads ``lora.*`` (``lora.base_precision`` too), ``memory.blocks_to_swap``, ``fused_adaln``,
+    ``fused_layernorm``, ``attention_backend``, ``sp_mode``
     (``auto``: decided from the config's largest bucket and the node layout, ``LOCAL_WORLD_SIZE`` ranks per
     node, as ``python -m opendit_lite.plan`` decides), ``sp_ring_size``, ``selective_ratio``, ``ac_offload``,
     ``compile`` and ``cuda_graphs``. With ``sampling`` the kernels and sequence parallelism are the same;
-    no adapters are added (the sampler loads a run's adapters merged), no block is checkpointed (there is
+    no adapters are added (the sampler loads a run's adapters merged), no block is swapped or checkpointed (there is
     no backward whose activations would be saved), and ``sample.compile`` replaces ``compile`` (without
     CUDA graphs: sampled shapes vary with ``sample.*``)."""
     if sampling:
         selective_ratio, ac_offload, compile, cuda_graphs = 1.0, False, cfg.sample.compile, False
-        lora = dict(lora_rank=0)
+        lora = dict(lora_rank=0, base_precision="none", blocks_to_swap=0)
     else:
         selective_ratio, ac_offload = cfg.selective_ratio, cfg.ac_offload
         compile, cuda_graphs = cfg.compile, cfg.cuda_graphs
         lora = dict(lora_rank=cfg.lora.rank, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
-                    lora_targets=cfg.lora.targets)
+                    lora_targets=cfg.lora.targets, base_precision=cfg.lora.base_precision,
+                    blocks_to_swap=cfg.memory.blocks_to_swap)
     sp_auto = None
     if cfg.sp_mode == "auto" and sp_group is not None and dist.get_world_size(sp_group) > 1:
         # The run's largest bucket and its node layout: the numbers the planner decides from too.

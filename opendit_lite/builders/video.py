@@ -15,7 +15,7 @@ import torch.nn as nn
 
 from ..data.buckets import Bucket, BucketBatchSampler, parse_buckets
 from ..data.video_csv import VideoCSVDataset
-from ..data.video_latents import VideoLatentDataset, video_latent_meta
+from ..data.video_latents import PIPELINE_FORMAT, VideoLatentDataset, video_latent_meta
 from ..data.video_shapes import MovingShapesDataset, caption_states
 from ..distributed.mesh import node_group
 from ..encoders.video_vae import VideoVAE
@@ -33,9 +33,10 @@ def video_buckets(cfg) -> Optional[List[Bucket]]:
     """The parsed ``data.buckets``, or None for one fixed clip shape."""
     if not cfg.data.buckets:
         return None
-    if cfg.data.type == "latents":
+    if cfg.data.type == "latents" and not getattr(cfg.model, "pipeline", None):
         raise ConfigError("data.buckets needs each sample's own size and reads clips at the bucket's: use "
-                          "data.type=shapes or csv (precomputed latents have one fixed size).")
+                          "data.type=shapes or csv (precomputed latents have one fixed size), or latents extracted "
+                          "from a pipeline (model.pipeline), which record each clip's size.")
     try:
         buckets = parse_buckets(cfg.data.buckets)
     except ValueError as e:
@@ -65,6 +66,19 @@ def _video_dataset(cfg, buckets: Optional[Sequence[Bucket]] = None):
         return VideoCSVDataset(d.path, num_frames=d.num_frames, frame_interval=d.frame_interval,
                                image_size=d.image_size)
     return VideoLatentDataset(d.path)
+
+
+def check_latents_without_pipeline(path: str) -> None:
+    """Latents extracted from a pipeline (``scripts/extract_latents.py --pipeline``) hold every input that
+    pipeline feeds its transformer: only a run from that pipeline (``model.pipeline``) reads them."""
+    try:
+        meta = video_latent_meta(path)
+    except ValueError as e:
+        raise ConfigError(f"'data.path': {e}; extract the latents again.") from None
+    if meta.get("format") == PIPELINE_FORMAT:
+        raise ConfigError(f"the latents in {path!r} were extracted from the pipeline {meta.get('pipeline')!r} "
+                          f"(scripts/extract_latents.py --pipeline) and hold what that pipeline feeds its transformer: "
+                          f"train them with model.pipeline={meta.get('pipeline')} (and no model.path / model.config).")
 
 
 class CaptionEncoder:

@@ -306,10 +306,13 @@ def check_sections(tree: Dict[str, Any], source: str, schema=TrainConfig, prefix
 def load_config(path: Optional[str] = None, overrides: Sequence[str] = (), schema=TrainConfig):
     """Defaults < YAML file < ``key=value`` overrides, type-checked and range-checked.
 
-    ``schema`` is the top-level dataclass: ``TrainConfig`` or a subclass (e.g. the video one)."""
+    ``schema`` is the top-level dataclass: ``TrainConfig`` or a subclass (e.g. the video one), or a
+    function choosing it from the file's and the command line's settings (``train_script_schema``)."""
     tree = resolve_aliases(_read_yaml(path) if path else {})
-    check_sections(tree, f"config file '{path}'", schema)
     top = resolve_aliases(parse_overrides(overrides))
+    if not dataclasses.is_dataclass(schema):
+        schema = schema(_merge(tree, top))
+    check_sections(tree, f"config file '{path}'", schema)
     check_sections(top, "the command line", schema)
     cfg = _build(schema, _merge(tree, top))
     validate(cfg)
@@ -406,6 +409,19 @@ def validate(cfg: TrainConfig) -> None:
     if unknown:
         raise ConfigError(f"'logger' lists {unknown}; the metric sinks are {', '.join(LOGGERS)} "
                           f"(metrics.jsonl is always written).")
+    if cfg.lora.base_precision != "none" and not cfg.lora.rank:
+        raise ConfigError(f"'lora.base_precision'={cfg.lora.base_precision} stores the frozen base of a LoRA run in "
+                          f"low precision, but lora.rank=0 trains every weight: set lora.rank > 0 or "
+                          f"lora.base_precision=none.")
+    if cfg.memory.blocks_to_swap and not cfg.lora.rank:
+        raise ConfigError(f"'memory.blocks_to_swap'={cfg.memory.blocks_to_swap} keeps frozen weights in host memory, "
+                          f"but lora.rank=0 trains every weight (a full fine-tune): set lora.rank > 0, or for a full "
+                          f"fine-tune use zero_degree=3 with memory.gemini_offload_optim_frac (python -m "
+                          f"opendit_lite.plan prints what fits).")
+    if cfg.memory.gemini_offload_optim_frac and cfg.zero_degree != 3:
+        raise ConfigError(f"'memory.gemini_offload_optim_frac'={cfg.memory.gemini_offload_optim_frac} offloads "
+                          f"Gemini's optimizer states, but zero_degree={cfg.zero_degree}: set zero_degree=3 or "
+                          f"remove the key.")
     if cfg.lora.rank > 0 and cfg.zero_degree == 3:
         raise ConfigError("LoRA (lora.rank > 0) trains with zero_degree 0, 1 or 2; Gemini (zero_degree=3) shards "
                           "whole parameter chunks and cannot freeze the base: use zero_degree=2.")
@@ -482,7 +498,7 @@ def parse_cli(argv: Sequence[str], description: str, schema=TrainConfig):
     argv = list(argv)
     if "-h" in argv or "--help" in argv:
         print(f"{description}\n\nusage: {program_name()} [--config FILE.yaml] [--debug] [key=value ...]\n\n"
-              f"keys:{format_help(schema)}")
+              f"keys:{format_help(schema if dataclasses.is_dataclass(schema) else schema({}))}")
         sys.exit(0)
     path = None
     rest = []

@@ -124,6 +124,19 @@ class LoRAConfig:
                                              "sample.ckpt or init_from; null: on for the zoo's models, off for the "
                                              "diffusers families (a whole copy of the base: their export is the "
                                              "pipeline's LoRA file, diffusers/pytorch_lora_weights.safetensors)")
+    base_precision: str = _f("none", "storage of the frozen base's linear weights in the blocks: none (the run's "
+                                     "precision), fp8 (e4m3, a scale per row) or nf4 (bitsandbytes' 4-bit, QLoRA); "
+                                     "computed in the run's precision, adapters unchanged, checkpoints and merged "
+                                     "exports keep the original weights", choices=("none", "fp8", "nf4"))
+
+
+@dataclass
+class MemoryConfig:
+    blocks_to_swap: int = _f(0, "LoRA runs: blocks whose frozen weights stay in pinned host memory and are copied to "
+                                "the device ahead of each use, forward and backward (at most the model's blocks)",
+                             at_least=0)
+    gemini_offload_optim_frac: float = _f(0.0, "zero_degree 3 (Gemini): share of the fp32 optimizer states kept in "
+                                               "host memory and stepped on the CPU", at_least=0, at_most=1)
 
 
 @dataclass
@@ -251,6 +264,8 @@ class TrainConfig:
     diffusion: DiffusionConfig = _section(DiffusionConfig, "diffusion objective")
     ema: EMAConfig = _section(EMAConfig, "exponential moving average")
     lora: LoRAConfig = _section(LoRAConfig, "low-rank adapter fine-tuning")
+    memory: MemoryConfig = _section(MemoryConfig, "weight memory: blocks swapped to host memory, Gemini's optimizer "
+                                                  "offload (python -m opendit_lite.plan chooses them)")
     encoder: EncoderConfig = _section(EncoderConfig, "frozen encoders")
     sample: SampleConfig = _section(SampleConfig, "sample.py settings")
     eval: EvalConfig = _section(EvalConfig, "python -m opendit_lite.evaluate settings (sampling settings: sample.*)")

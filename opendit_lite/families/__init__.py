@@ -1,15 +1,17 @@
 """The diffusers families trained today (Wan, HunyuanVideo, CogVideoX, LTX-Video, Flux, SD3): one
 folder per family (``opendit_lite/families/<family>/``) holding everything specific to it, found
-through one registry (``registry.py``). ``load_families()``, or the first other name read from
-this package, registers the six families (``FAMILY_FOLDERS``) and fans their pieces out to the
-mechanisms that look them up (capabilities, sequence parallelism, fused AdaLN); every entry point
-that builds, parallelizes, plans or samples a model reads it.
+through one registry (``registry.py``). Importing this package registers the six families and fans
+their pieces out to the mechanisms that look them up (capabilities, sequence parallelism, fused
+AdaLN); every entry point that builds, parallelizes, plans or samples a model imports it.
 
 ``FamilyDenoiser`` wraps a model with its family's adapter into the ``(x, t, y, mask)`` denoiser
-every objective and sampler calls. Adding a family: ``docs/adding_a_family.md``.
+every objective and sampler calls; ``PipelineDenoiser`` (``pipeline_denoiser.py``) wraps the
+transformer of a run from a diffusers pipeline folder, fed what that pipeline feeds it (each
+family's ``<family>/conditioning.py``). Adding a family: ``docs/adding_a_family.md``.
 
 Training recipes (objective, training-time distribution, shift), as each family's release trains
-and samples (each in its ``<family>/adapter.py``):
+and samples (each in its ``<family>/adapter.py``; a run from a pipeline folder takes the shift of the
+pipeline's own scheduler instead):
 
 | family | objective | times | shift |
 |---|---|---|---|
@@ -21,38 +23,27 @@ and samples (each in its ``<family>/adapter.py``):
 | CogVideoX | v-prediction, DDPM schedule | uniform steps | SNR shift 1 (the 5B and 1.5 models) |
 
 Nothing here imports diffusers at import time: an adapter reads the model's config (a mapping) and
-calls the model; the other pieces name diffusers' classes. Nor torch: the names below are imported
-on first use, and the first use registers the six families, so that a script can read a module of
-this package (``tiny_pipelines.FAMILIES``) before it imports torch.
+calls the model; the other pieces name diffusers' classes.
 """
 
-import importlib
+from . import cogvideox, flux, hunyuan_video, ltx_video, sd3, wan  # noqa: F401  (registers the six families)
+from .adapter_base import FamilyAdapter, Recipe
+from .conditioning_base import PipelineConditioning
+from .family_denoiser import FamilyDenoiser
+from .registry import (
+    FAMILIES,
+    Family,
+    Release,
+    family_adapter,
+    family_class_names,
+    family_of,
+    family_of_pipeline,
+    find_family,
+    is_family,
+    register_family,
+    unregistered_pieces,
+)
 
-FAMILY_FOLDERS = ("cogvideox", "flux", "hunyuan_video", "ltx_video", "sd3", "wan")
-
-_LAZY = {
-    **{name: "adapter_base" for name in ("FamilyAdapter", "Recipe")},
-    "FamilyDenoiser": "family_denoiser",
-    **{name: "registry" for name in ("FAMILIES", "Family", "family_adapter", "family_class_names", "family_of",
-                                     "find_family", "is_family", "register_family", "unregistered_pieces")},
-}
-
-
-def load_families() -> dict:
-    """Import the six family folders, each registering its family on its first import; returns the
-    registry (name -> ``Family``). Reading any other name of this package calls it."""
-    for folder in FAMILY_FOLDERS:
-        importlib.import_module(f"{__name__}.{folder}")
-    return importlib.import_module(f"{__name__}.registry").FAMILIES
-
-
-def __getattr__(name):
-    if name in _LAZY:
-        load_families()
-        value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-__all__ = sorted([*_LAZY, "FAMILY_FOLDERS", "load_families"])
+__all__ = ["FAMILIES", "Family", "FamilyAdapter", "FamilyDenoiser", "PipelineConditioning", "Recipe", "Release",
+           "family_adapter", "family_class_names", "family_of", "family_of_pipeline", "find_family", "is_family",
+           "register_family", "unregistered_pieces"]

@@ -13,11 +13,17 @@ specific to it:
 * ``fused_norms`` (``<family>/fused_norms.py``): the block swaps of the ``fused_adaln`` conversion
   and what it leaves, and why;
 * ``encoding`` (``<family>/encoding.py``): the family's VAE, latent normalisation and text encoder,
-  for extracting latents (``scripts/extract_latents.py --family``).
-
-Export needs one name per family, ``pipeline``: a trained model goes back to its diffusers class by
-that class's name (``interop.export_family``), its LoRA adapters through the pipeline class's own
-``save_lora_weights`` (``interop.export_lora``), which ``<pipeline>.load_lora_weights`` reads.
+  for extracting latents (``scripts/extract_latents.py --family``);
+* ``pipeline``: the family's diffusers pipeline class (``FluxPipeline``), the one statement of it: a
+  pipeline folder of that class trains this family (``family_of_pipeline``), and a trained model
+  goes back to it (its LoRA adapters through that class's own ``save_lora_weights``,
+  ``interop.export_lora``, which ``<pipeline>.load_lora_weights`` reads);
+* ``conditioning`` (``<family>/conditioning.py``): what that pipeline feeds its transformer, which a
+  run from a pipeline folder (``model.pipeline``) trains on;
+* ``tiny`` (``<family>/tiny.py``): tiny random pipelines of the family's released layouts
+  (``tiny_pipelines.py``, ``scripts/make_tiny_pipeline.py``).
+* ``releases`` (in the record): the transformer configs of released checkpoints, so that the planner
+  (``python -m opendit_lite.plan``) plans a config naming one whose folder is not on this machine.
 
 ``register_family`` checks the record (its pieces name the same class and family), then fans the
 pieces out to the mechanisms that look them up by class in their own tables, below this package in
@@ -30,7 +36,7 @@ Lookups: ``find_family`` (short name, alias or class name; a ConfigError naming 
 diffusers class name, as a config's ``model.name`` gives it, or a model).
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple, Union
 
 import torch.nn as nn
@@ -43,6 +49,22 @@ from ..parallel.diffusers_sp import FAMILIES as SP_SPECS
 from ..parallel.diffusers_sp import register_family_spec
 from ..parallel.diffusers_sp.spec_types import FamilySpec
 from .adapter_base import FamilyAdapter
+from .conditioning_base import PipelineConditioning
+from .tiny_parts import TinyPipeline
+
+
+@dataclass(frozen=True)
+class Release:
+    """A released checkpoint of a family: its repository and the constructor arguments in its
+    ``transformer/config.json`` (the architecture's numbers; no weights)."""
+
+    repo: str                                   # "Wan-AI/Wan2.1-T2V-14B-Diffusers"
+    config: dict = field(hash=False)            # transformer/config.json, without its "_class_name" keys
+
+    @property
+    def name(self) -> str:
+        """The repository's name: the folder ``huggingface-cli download`` or ``git clone`` writes."""
+        return self.repo.rsplit("/", 1)[-1]
 
 
 @dataclass(frozen=True)
@@ -51,7 +73,7 @@ class Family:
 
     name: str                          # its folder under opendit_lite/families/ ("wan", "hunyuan_video")
     class_name: str                    # the diffusers transformer class (``model.name`` in a config)
-    pipeline: str                      # the diffusers pipeline class whose LoRA files and folders the export writes
+    pipeline: str                      # the diffusers pipeline class: its conditioning, LoRA files and folders
     module: str                        # the diffusers module defining that class
     block_lists: Tuple[str, ...]       # capability: the block lists, in forward order
     lora_targets: Tuple[str, ...]      # capability: the layers LoRA adapts by default
@@ -59,7 +81,10 @@ class Family:
     sp_spec: FamilySpec                # sequence parallelism
     fused_norms: FusedNorms            # fused_adaln's block swaps
     encoding: FamilyEncoders           # VAE, latent normalisation, text encoder
+    conditioning: PipelineConditioning  # what its diffusers pipeline feeds the transformer
+    tiny: Tuple[TinyPipeline, ...]     # tiny random pipelines of its released layouts
     aliases: Tuple[str, ...] = ()      # other short names ``find_family`` takes
+    releases: Tuple[Release, ...] = ()  # released checkpoints' transformer configs (for the planner)
 
     @property
     def class_path(self) -> str:
@@ -84,6 +109,8 @@ def _check_record(family: Family) -> None:
                         f"{family.adapter.image_only}")
     if not family.block_lists or not family.lora_targets:
         problems.append("block_lists and lora_targets must be non-empty")
+    if not family.pipeline or not family.tiny:
+        problems.append("pipeline and tiny must be non-empty")
     if problems:
         raise ValueError(f"family {family.name!r} ({family.class_name}): " + "; ".join(problems))
     for other in FAMILIES.values():
@@ -125,6 +152,11 @@ def _class_name(name_or_model: Union[str, nn.Module, type, None]) -> Optional[st
         return name_or_model
     cls = name_or_model if isinstance(name_or_model, type) else type(name_or_model)
     return cls.__name__
+
+
+def family_of_pipeline(pipeline_class: str) -> Optional[Family]:
+    """The family whose pipeline class is ``pipeline_class``; None if none."""
+    return next((f for f in FAMILIES.values() if f.pipeline == pipeline_class), None)
 
 
 def _by_class(class_name: Optional[str]) -> Optional[Family]:

@@ -10,11 +10,14 @@ arguments and config before torch is imported.
 import importlib
 
 _LAZY = {
-    **{name: "from_config" for name in ("CAPTION_WIDTHS", "LatentBucket", "family_shape", "latent_buckets",
+    **{name: "from_config" for name in ("CAPTION_WIDTHS", "Costs", "LatentBucket", "adapted_model", "family_shape",
+                                        "host_budget", "latent_buckets", "memory_options", "memory_settings",
                                         "model_of_config", "model_shape_of_config", "plan_bucket_batches",
                                         "plan_config", "plan_precision")},
     "ModelShape": "memory_model",
-    **{name: "planner" for name in ("Plan", "Setting", "plan")},
+    **{name: "planner" for name in ("HostBudget", "MemoryOptions", "Plan", "Setting", "plan", "smallest_card")},
+    **{name: "weight_costs" for name in ("Speed", "WeightShape")},
+    "released_config": "released",
 }
 
 

@@ -44,7 +44,8 @@ def build_booster(cfg, info) -> Tuple[OpenDiTPlugin, Booster]:
                           f"{precision.dtype_name}.")
     try:
         plugin = OpenDiTPlugin(zero_degree=cfg.zero_degree, sp_size=cfg.sp_size, precision=precision,
-                               grad_clip=cfg.grad_clip, group_zero=cfg.group_zero, node_size=info.local_world_size)
+                               grad_clip=cfg.grad_clip, group_zero=cfg.group_zero, node_size=info.local_world_size,
+                               gemini_offload_optim_frac=cfg.memory.gemini_offload_optim_frac)
     except ValueError as e:  # a strategy this launch cannot run (e.g. Gemini without CUDA)
         raise ConfigError(str(e)) from None
     return plugin, Booster(plugin=plugin)

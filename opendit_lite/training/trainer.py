@@ -85,7 +85,10 @@ def train(spec: TrainerSpec, cfg, info) -> str:
         return resumed
     # What the objective calls: the boosted model, or (a diffusers family) it through its adapter;
     # the capabilities are declared by the serial model's class or by that denoiser.
-    denoiser = spec.denoiser(cfg, model, state.model) if spec.denoiser is not None else state.model
+    if data.denoiser is not None:
+        denoiser = data.denoiser(model, state.model)
+    else:
+        denoiser = spec.denoiser(cfg, model, state.model) if spec.denoiser is not None else state.model
     declared = model if denoiser is state.model else denoiser
     drop_kwarg = condition_dropout_kwarg(declared) if cfg.model.class_dropout_prob > 0 else None
 
@@ -99,7 +102,8 @@ def train(spec: TrainerSpec, cfg, info) -> str:
         if drop_kwarg is not None:
             u = draws.uniform((len(draws),), x.device, torch.float32)      # [B]
             model_kwargs[drop_kwarg] = u < cfg.model.class_dropout_prob
-        loss = objective_loss(objective, denoiser, x, model_kwargs, draws)
+        batch_objective = objective if data.objective is None else data.objective(tuple(x.shape))
+        loss = objective_loss(batch_objective, denoiser, x, model_kwargs, draws)
         return loss * data.loss_weight(batch) if data.loss_weight is not None else loss
 
     path = run_steps(state, cfg, booster, log, batch_loss, device=info.device, after_save=after_save)

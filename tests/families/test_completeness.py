@@ -8,17 +8,19 @@ import importlib
 import os
 
 import pytest
+import torch
 
 import opendit_lite.families as families
 from opendit_lite.converter import adaln_model_notes
 from opendit_lite.converter.adaln_protocol import ADALN_BLOCK_FAMILIES
 from opendit_lite.errors import ConfigError
 from opendit_lite.families import FAMILIES, Family, find_family, register_family, unregistered_pieces
+from opendit_lite.families.tiny_pipelines import TINY_PIPELINES
 from opendit_lite.models.capabilities import block_lists, lora_targets
 from opendit_lite.parallel import FAMILIES as SP_SPECS
 
 FOLDER = os.path.dirname(families.__file__)
-PIECES = {"__init__.py", "adapter.py", "sp_spec.py", "fused_norms.py", "encoding.py"}
+PIECES = {"__init__.py", "adapter.py", "sp_spec.py", "fused_norms.py", "encoding.py", "conditioning.py", "tiny.py"}
 EXPECTED = {"wan", "hunyuan_video", "cogvideox", "ltx_video", "flux", "sd3"}
 
 
@@ -29,7 +31,6 @@ def _folders():
 
 def test_the_six_families_each_have_a_folder_and_a_record():
     assert set(_folders()) == EXPECTED
-    assert set(families.FAMILY_FOLDERS) == EXPECTED  # the folders the package imports on first use
     assert set(FAMILIES) == EXPECTED
 
 
@@ -66,6 +67,8 @@ def test_the_record_names_one_class_and_is_found_every_way(name):
     assert find_family(name) is find_family(family.class_name) is family
     for alias in family.aliases:
         assert find_family(alias) is family
+    assert families.family_of_pipeline(family.pipeline) is family  # the pipeline it reproduces points back to it
+    assert family.tiny and all(t.name in TINY_PIPELINES and TINY_PIPELINES[t.name] is t for t in family.tiny)
 
 
 def test_old_short_names_still_find_their_family():
@@ -85,3 +88,19 @@ def test_a_duplicate_or_inconsistent_record_is_refused_before_anything_is_regist
         register_family(dataclasses.replace(wan, name="mixed", class_name="MixedModel", sp_spec=flux.sp_spec))
     assert "mixed" not in FAMILIES and "wan2" not in FAMILIES and "MixedModel" not in SP_SPECS
     assert isinstance(wan, Family)
+
+
+# The released checkpoints the records hold, with their size as announced (billions of parameters).
+RELEASE_BILLIONS = {"Wan-AI/Wan2.1-T2V-14B-Diffusers": 14, "black-forest-labs/FLUX.1-dev": 12,
+                    "hunyuanvideo-community/HunyuanVideo": 13}
+
+
+def test_every_release_builds_its_class_at_its_announced_size():
+    releases = {r.repo: (family, r) for family in FAMILIES.values() for r in family.releases}
+    assert set(releases) == set(RELEASE_BILLIONS)
+    for repo, (family, release) in releases.items():
+        cls = getattr(importlib.import_module(family.module), family.class_name)
+        with torch.device("meta"):  # the architecture only: no memory
+            model = cls(**release.config)
+        billions = sum(p.numel() for p in model.parameters()) / 1e9
+        assert round(billions) == RELEASE_BILLIONS[repo], f"{repo}: {billions:.2f}B parameters"

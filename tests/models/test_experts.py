@@ -18,9 +18,10 @@ FAMILY = "WanTransformer3DModel"
 BOUNDARY = 875.0
 
 
-def experts(lora: int = 0, sp_group=None) -> NoiseExperts:
+def experts(lora: int = 0, sp_group=None, **settings) -> NoiseExperts:
+    """The two tiny experts through ``parallelize`` (``settings``: its other keyword arguments)."""
     model = NoiseExperts(build(FAMILY, seed=0), build(FAMILY, seed=3), boundary=BOUNDARY)
-    parallelize(model, lora_rank=lora, lora_alpha=4.0, sp_group=sp_group)
+    parallelize(model, lora_rank=lora, lora_alpha=4.0, sp_group=sp_group, **settings)
     if lora:
         g = torch.Generator().manual_seed(5)
         with torch.no_grad():
