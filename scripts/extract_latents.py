@@ -70,7 +70,7 @@ def _launch():
     import torch
     import torch.distributed as dist
 
-    from opendit_lite.distributed.launch import init_distributed
+    from opendit_lite.distributed.process_group import init_distributed
 
     created = not dist.is_initialized() and int(os.environ.get("WORLD_SIZE", "1")) > 1  # under torchrun
     if created:
