@@ -3,12 +3,13 @@ reporting are checked without running a step."""
 
 import importlib.util
 import os
-import subprocess
 import sys
 import types
 
 import pytest
 import torch
+
+from tests.script_server import run_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "benchmarks", "max_seq_len.py")
@@ -24,7 +25,7 @@ def bench():
 
 
 def test_help_runs_without_a_gpu():
-    out = subprocess.run([sys.executable, SCRIPT, "--help"], capture_output=True, text=True, timeout=120)
+    out = run_script([SCRIPT, "--help"], cwd=os.getcwd(), timeout=120)
     assert out.returncode == 0, out.stderr
     assert "--model" in out.stdout and "offload" in out.stdout
 

@@ -14,6 +14,8 @@ import time
 import pytest
 import torch
 
+from tests.script_server import run_script
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BENCH_DIR = os.path.join(ROOT, "benchmarks")
 SCRIPT = os.path.join(BENCH_DIR, "gpu_report.py")
@@ -34,8 +36,7 @@ def dry_run(tmp_path_factory):
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_PORT", "OUT"):
         env.pop(key, None)  # a world of one, whatever launched pytest
     start = time.monotonic()
-    proc = subprocess.run([sys.executable, SCRIPT, "--dry-run", "--out", str(out)], capture_output=True, text=True,
-                          timeout=300, env=env, cwd=ROOT)
+    proc = run_script([SCRIPT, "--dry-run", "--out", str(out)], cwd=ROOT, env=env, timeout=300)
     proc.seconds = time.monotonic() - start
     return proc, out
 

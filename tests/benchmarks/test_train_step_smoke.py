@@ -6,12 +6,13 @@ import csv
 import dataclasses
 import importlib
 import os
-import subprocess
 import sys
 
 import pytest
 import torch
 import torch.nn as nn
+
+from tests.script_server import run_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BENCH_DIR = os.path.join(ROOT, "benchmarks")
@@ -168,11 +169,11 @@ def test_smoke_run(tmp_path):
     env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")  # tiny shapes: threads only contend
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_PORT"):
         env.pop(key, None)  # a world of one, whatever launched pytest
-    cmd = [sys.executable, SCRIPT, "--model", "DiT-T/2", "--image-size", "32", "--num-classes", "10",
+    cmd = [SCRIPT, "--model", "DiT-T/2", "--image-size", "32", "--num-classes", "10",
            "--device", "cpu", "--precision", "fp32", "--batch-size", "2", "--warmup-steps", "2", "--steps", "2",
            "--configs", "torch-fp32", "zero0", "--profile", "zero0", "--profile-steps", "1", "--profile-top", "5",
            "--peak-tflops", "1.0", "--out-dir", str(tmp_path)]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env, cwd=ROOT)
+    out = run_script(cmd, cwd=ROOT, env=env, timeout=240)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
 
     files = sorted(p.name for p in tmp_path.iterdir())

@@ -1,6 +1,4 @@
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -10,6 +8,7 @@ from PIL import Image
 from opendit_lite.data import LatentDataset, ShapesDataset, build_dataset, center_crop_arr
 from opendit_lite.data.latents import write_latent_meta, write_latent_shard
 from opendit_lite.data.resumable_sampler import ResumableDistributedSampler
+from tests.script_server import run_script
 from tests.tiny_assets import save_tiny_vae, write_image_folder
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -89,10 +88,9 @@ def test_extract_latents_script(tmp_path):
     """scripts/extract_latents.py with a tiny randomly initialised AutoencoderKL saved locally."""
     save_tiny_vae(tmp_path / "vae")
     write_image_folder(tmp_path / "img", per_class=3)
-    proc = subprocess.run([sys.executable, "scripts/extract_latents.py", "--data-path", str(tmp_path / "img"),
-                           "--vae-path", str(tmp_path / "vae"), "--output", str(tmp_path / "lat"),
-                           "--image-size", "16", "--batch-size", "4", "--shard-size", "4", "--num-workers", "0"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    proc = run_script(["scripts/extract_latents.py", "--data-path", str(tmp_path / "img"),
+                       "--vae-path", str(tmp_path / "vae"), "--output", str(tmp_path / "lat"),
+                       "--image-size", "16", "--batch-size", "4", "--shard-size", "4", "--num-workers", "0"], cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     ds = LatentDataset(str(tmp_path / "lat"))
     assert len(ds) == 6 and ds.classes == ["a", "b"]

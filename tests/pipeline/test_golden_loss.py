@@ -17,6 +17,8 @@ import sys
 import pytest
 import torch
 
+from tests.script_server import run_script
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GOLDEN = sorted(glob.glob(os.path.join(ROOT, "tests", "golden", "*.json")))
 VARIANTS = {"": [], "+ac": ["selective_ratio=0.5"]}  # extra overrides, checked against the same curve
@@ -44,8 +46,7 @@ def runs(tmp_path_factory):
                                             f"results_dir={out}", f"exp_name={exp}"]))
             expected[exp] = golden["losses"]
     env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-c", RUN_ALL, json.dumps(jobs)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=600, env=env)
+    proc = run_script(["-c", RUN_ALL, json.dumps(jobs)], cwd=ROOT, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return out, expected
 

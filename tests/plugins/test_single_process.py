@@ -1,18 +1,18 @@
 """A new user's first hour, in a plain `python` process (no torchrun): docs/library_api.md's Booster snippet
 runs as written, and a LiteGen run's checkpoints are read by sample.py.
 
-Each case is a subprocess with torchrun's variables removed, so the process group the plugin or
-LiteGen starts for itself does not leak into the test process.
+Each case is a process of its own (a child of tests/script_server.py) with torchrun's variables removed,
+so the process group the plugin or LiteGen starts for itself does not leak into the test process.
 """
 
 import os
 import re
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import yaml
+
+from tests.script_server import run_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -21,7 +21,7 @@ TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER
 def plain_python(args, cwd):
     env = {k: v for k, v in os.environ.items() if k not in TORCHRUN_VARS}
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    proc = run_script(args, cwd=cwd, env=env)
     assert proc.returncode == 0, f"{args[0]} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
     return proc
 

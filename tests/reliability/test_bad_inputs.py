@@ -8,13 +8,12 @@ Also here: a NaN at step k (exit 3, every earlier checkpoint finite and kept), b
 import importlib.util
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from tests.script_server import run_script
 from tests.tiny_assets import write_image_folder
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -236,8 +235,7 @@ def test_debug_shows_the_traceback(scripts, capsys, tmp_path):
 
 
 def test_real_exit_code_in_a_subprocess(tmp_path):
-    proc = subprocess.run([sys.executable, "train.py", *TINY, f"results_dir={tmp_path}", "resume_from=/nonexistent"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    proc = run_script(["train.py", *TINY, f"results_dir={tmp_path}", "resume_from=/nonexistent"], cwd=ROOT)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines() == [
         "error: 'resume_from' '/nonexistent' does not exist. Point it at a checkpoint folder "

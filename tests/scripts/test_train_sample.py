@@ -9,14 +9,15 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.script_server import run_script
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = ["model.name=DiT-T/2", "data.image_size=16", "data.num_samples=64", "global_batch_size=8",
         "log_every=2", "sample.num_sampling_steps=4", "sample.samples_per_class=2"]
 
 
 def run(script, *args, check=True, env=None):
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, script), "--config", "configs/demo.yaml", *args],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    proc = run_script([os.path.join(ROOT, script), "--config", "configs/demo.yaml", *args], cwd=ROOT, env=env)
     if check and proc.returncode != 0:
         raise AssertionError(f"{script} {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return proc
@@ -101,8 +102,7 @@ def image_configs():
 
 @pytest.mark.parametrize("config", image_configs())
 def test_every_config_rejects_unknown_key(config):
-    proc = subprocess.run([sys.executable, "train.py", "--config", f"configs/{config}", "bogus_key=1"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    proc = run_script(["train.py", "--config", f"configs/{config}", "bogus_key=1"], cwd=ROOT, timeout=120)
     assert proc.returncode == 2 and "Unknown config key 'bogus_key'" in proc.stderr, proc.stderr
 
 

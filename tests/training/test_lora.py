@@ -3,8 +3,6 @@ the sharded EMA averages only the adapters and training equals one process, and 
 equals the adapted model (in-process and through train.py's end step)."""
 
 import os
-import subprocess
-import sys
 
 import torch
 import torch.nn as nn
@@ -15,6 +13,7 @@ from opendit_lite.models import DiT
 from opendit_lite.models.lora import apply_lora, lora_target_names, merge_lora
 from tests.distributed import run_distributed
 from tests.plugins.common import LR, local_slice, loss_fn, make_batches, max_diff
+from tests.script_server import run_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TARGETS = ["qkv", "proj", "fc1", "fc2"]
@@ -133,7 +132,7 @@ def test_train_py_merged_export_equals_adapted_model(tmp_path):
             "logger=[]", f"init_from={init}", "lora.rank=2", "lr=1e-2", "sample.num_sampling_steps=2",
             "sample.samples_per_class=1", "sample.class_labels=[0,1]"]
     for script in ("train.py", "sample.py"):
-        proc = subprocess.run([sys.executable, script, *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
+        proc = run_script([script, *args], cwd=ROOT)
         assert proc.returncode == 0, proc.stdout + proc.stderr
     ckpt = str(tmp_path / "lora" / "checkpoints" / "lora_step3")
     saved = read_weights(ckpt, use_ema=False)

@@ -11,6 +11,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.script_server import run_script
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = ["data.num_samples=16", "global_batch_size=4", "log_every=1", "data.image_size=8",
         "sample.num_sampling_steps=2", 'sample.prompts=["a red square moving right","a blue disc moving up"]']
@@ -20,10 +22,12 @@ VCHITECT = ["--config", "configs/video_vchitect_demo.yaml", "diffusion.objective
 
 
 def run(args, check=True, torchrun=False):
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"] if torchrun \
-        else [sys.executable]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(launcher + args, cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    if torchrun:
+        launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+        proc = subprocess.run(launcher + args, cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    else:
+        proc = run_script(args, cwd=ROOT, env=env)
     if check and proc.returncode != 0:
         raise AssertionError(f"{' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return proc
