@@ -343,6 +343,13 @@ def serve() -> None:
     base_path = [p for p in sys.path[1:] if p not in os.environ.get("PYTHONPATH", "").split(os.pathsep)]
     import importlib
 
+    # torch's thread count in a fresh interpreter without OMP_NUM_THREADS (the server may have one, e.g. the
+    # test workers' 1): asked of one, meanwhile
+    fresh_threads = None
+    if "OMP_NUM_THREADS" in os.environ:
+        fresh_threads = subprocess.Popen(
+            [sys.executable, "-c", "import torch; print(torch.get_num_threads())"], stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL, env={k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"})
     # torch.cuda.is_available() at an import asks the driver through NVML, so that a forked child can still
     # start CUDA (a CUDA context made before fork cannot be used after it)
     os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
@@ -354,6 +361,8 @@ def serve() -> None:
     import torch
 
     default_threads = torch.get_num_threads()  # reads the setting, starts no thread
+    if fresh_threads is not None:
+        default_threads = int(fresh_threads.communicate()[0])
     if torch.cuda.is_initialized():
         print("script server: CUDA was initialised while preloading; children cannot use it", file=sys.stderr)
     warnings.simplefilter("ignore", DeprecationWarning)  # "this process is multi-threaded" (BLAS pools)
