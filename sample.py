@@ -11,10 +11,15 @@ From an original DiT checkpoint (weights and VAE from local paths; nothing is do
     python sample.py --config configs/dit_xl2_256.yaml sample.ckpt=/models/DiT-XL-2-256x256.pt \\
         vae.path=/models/sd-vae-ft-ema sample.class_labels=[207,360,387,974,88,979,417,279]
 
+A run trained from a Flux or SD3 pipeline folder (model.pipeline; train.py's config) samples its prompts
+through that pipeline, as sample_video.py does (one PNG per prompt and a contact sheet):
+    python sample.py --config configs/flux_lora.yaml 'sample.prompts=["a black cat"]'
+
 ``python sample.py --help`` lists every key; the ``sample.*`` section is specific to this script.
 """
 
 import os
+from typing import List, Union
 
 import torch
 
@@ -23,15 +28,33 @@ from opendit_lite.utils.quiet import quiet_third_party_startup
 quiet_third_party_startup()  # before colossalai is imported
 
 from opendit_lite.builders.image import build_dataset_from_config
-from opendit_lite.config import parse_cli
+from opendit_lite.builders.pipeline import pipeline_folder
+from opendit_lite.config import ConfigError, command_line_value, parse_cli
+from opendit_lite.config.video_schema import VideoTrainConfig
 from opendit_lite.sampling import gather_on_main, sampling_ranks
 from opendit_lite.sampling.image import class_labels, image_batches, load_image_model
 from opendit_lite.sampling.outputs import default_output, labelled_grid
+from opendit_lite.sampling.video import sample_prompts
+from opendit_lite.training.video import validate_video_config
 from opendit_lite.utils.exit_codes import script_main
 
 
+def sample_pipeline(argv) -> List[str]:
+    """A run from the pipeline folder of an image family (``model.pipeline``: Flux, SD3), sampled through
+    that pipeline (train.py trained it as train_video.py does, with the same config)."""
+    cfg = parse_cli(argv, __doc__, schema=VideoTrainConfig)
+    family = pipeline_folder(cfg.model.pipeline).family
+    if not family.adapter.image_only:
+        raise ConfigError(f"'model.pipeline' {cfg.model.pipeline!r} is a {family.pipeline}, a video model: sample it "
+                          f"with sample_video.py (the same config); sample.py samples the image pipelines (Flux, SD3).")
+    validate_video_config(cfg)
+    return sample_prompts(cfg)
+
+
 @script_main
-def main(argv) -> str:
+def main(argv) -> Union[str, List[str]]:
+    if command_line_value(argv, "model", "pipeline"):
+        return sample_pipeline(argv)
     cfg = parse_cli(argv, __doc__)
     with sampling_ranks(cfg.sp_size) as ranks:
         model, ckpt, vae, dataset = load_image_model(cfg, ranks)

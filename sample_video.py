@@ -17,14 +17,17 @@ Prompts on the command line or from a file (one a line):
     python sample_video.py --config configs/video_stdit_xl.yaml sample.prompt_file=prompts.txt \\
         text_encoder.path=/models/t5-v1_1-xxl vae.path=/models/sd-vae-ft-ema
 
+A run trained from a diffusers pipeline folder (model.pipeline, the same config) samples through that
+pipeline: its own text encoders, scheduler, VAE, default guidance and negative prompt, with the run's
+LoRA loaded by its load_lora_weights (or its fine-tuned transformer); sp_size splits each clip's tokens
+as above, and the samples are those of the pipeline called directly with the same generators:
+    python sample_video.py --config configs/wan_lora.yaml 'sample.prompts=["a dog running"]'
+
 The model, text-encoder kind and objective are those saved with the checkpoint; ``sample.*`` (and
 local paths such as ``vae.path``/``text_encoder.path``) come from this command.
 """
 
-import os
 from typing import List
-
-import torch
 
 from opendit_lite.utils.quiet import quiet_third_party_startup
 
@@ -32,9 +35,7 @@ quiet_third_party_startup()  # before colossalai is imported
 
 from opendit_lite.config import parse_cli
 from opendit_lite.config.video_schema import VideoTrainConfig
-from opendit_lite.sampling import gather_on_main, sampling_ranks
-from opendit_lite.sampling.outputs import default_output, write_videos
-from opendit_lite.sampling.video import find_video_checkpoint, load_video_model, read_prompts, video_batches
+from opendit_lite.sampling.video import sample_prompts
 from opendit_lite.training.video import validate_video_config
 from opendit_lite.utils.exit_codes import script_main
 
@@ -43,20 +44,7 @@ from opendit_lite.utils.exit_codes import script_main
 def main(argv) -> List[str]:
     cfg = parse_cli(argv, __doc__, schema=VideoTrainConfig)
     validate_video_config(cfg)
-    ckpt = find_video_checkpoint(cfg)  # adopts the trained model, objective and text-encoder kind
-    prompts = read_prompts(cfg)
-    with sampling_ranks(cfg.sp_size) as ranks:
-        model, captions, vae = load_video_model(cfg, ckpt, ranks)
-        mine = [clips for _, clips in video_batches(model, cfg, prompts, ranks, captions, vae)]
-        clips = gather_on_main(torch.cat(mine) if mine else torch.empty(0), ranks)
-        if not ranks.is_main:
-            return []
-    out_dir = cfg.sample.output_dir or default_output(os.path.join(cfg.results_dir, cfg.exp_name), ckpt)
-    paths = write_videos(clips, prompts, out_dir, cfg.sample.fps)
-    print(f"sampled {len(prompts)} prompts from {ckpt} (seed {cfg.sample.seed}, cfg_scale {cfg.sample.cfg_scale}):")
-    for path in paths:
-        print(path)
-    return paths
+    return sample_prompts(cfg)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 from .loader import (
     ConfigError,
+    command_line_value,
     from_dict,
     from_object,
     load_config,
@@ -23,7 +24,7 @@ from .schema import (
 )
 
 __all__ = [
-    "ConfigError", "from_dict", "from_object", "load_config", "parse_cli", "parse_overrides",
+    "ConfigError", "command_line_value", "from_dict", "from_object", "load_config", "parse_cli", "parse_overrides",
     "read_yaml", "resolve_aliases", "to_dict",
     "validate", "validate_world", "DataConfig", "DiffusionConfig", "EMAConfig", "EncoderConfig",
     "ModelConfig", "SampleConfig", "TrainConfig", "VAEConfig",

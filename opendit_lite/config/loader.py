@@ -285,6 +285,26 @@ def _read_yaml(path: str) -> Dict[str, Any]:
     return data
 
 
+def command_line_value(argv: Sequence[str], section: str, key: str) -> Any:
+    """The value of ``section.key`` that the command line ``argv`` (``--config FILE`` and ``key=value``
+    overrides, the override winning) sets, before any schema reads it; None when unset or when
+    ``--help`` is asked. An entry script calls it to choose its schema or trainer (``model.pipeline``)."""
+    args = list(argv)
+    path, overrides = None, []
+    for i, arg in enumerate(args):
+        if arg.startswith("--config="):
+            path = arg.split("=", 1)[1]
+        elif arg == "--config" and i + 1 < len(args):
+            path = args[i + 1]
+        elif "=" in arg and not arg.startswith("-") and (i == 0 or args[i - 1] != "--config"):
+            overrides.append(arg)
+    if any(a in ("-h", "--help") for a in args) or (path is None and not overrides):
+        return None
+    tree = resolve_aliases(_read_yaml(path) if path else {})
+    given = resolve_aliases(parse_overrides(overrides))
+    return {**(tree.get(section) or {}), **(given.get(section) or {})}.get(key)
+
+
 def load_config(path: Optional[str] = None, overrides: Sequence[str] = (), schema=TrainConfig):
     """Defaults < YAML file < ``key=value`` overrides, type-checked and range-checked.
 

@@ -102,6 +102,10 @@ class VideoSampleConfig(BaseSampleConfig):
                                       "null: the first that fits the trained objective",
                                 choices=("euler", "ddpm", "ddim", None))
     num_sampling_steps: int = _f(30, "sampling steps", at_least=1)
+    cfg_scale: Optional[float] = _f(None, "classifier-free guidance scale (1 disables guidance); null: 4 against the "
+                                          "null caption, or with model.pipeline its pipeline's default "
+                                          "guidance_scale (a guidance-distilled model's: the trained "
+                                          "model.guidance where set)", at_least=0)
     prompts: Optional[List[str]] = _f(None, "captions to sample; None: prompt_file, or a few shapes captions")
     prompt_file: Optional[str] = _f(None, "text file with one prompt a line (used when prompts is empty)")
     batch_size: int = _f(8, "prompts per forward on each data-parallel rank", at_least=1)

@@ -1,6 +1,6 @@
 """Text-to-video sampling: the model, caption encoder and VAE for a checkpoint, the prompts, and
 batches of clips for this rank's block of prompts (sample_video.py writes them as videos and a
-contact sheet). The sampler and the checkpoint handling are those of every sampling run
+contact sheet, ``sample_prompts``). The sampler and the checkpoint handling are those of every sampling run
 (``sampler.py``, ``denoiser.py``); what is particular to videos is here: prompts and their caption
 states, the clip shape (``sample.num_frames/height/width``), and guidance by the model's layout."""
 
@@ -23,11 +23,15 @@ from ..config import ConfigError
 from ..diffusion import cfg_model_fn
 from ..diffusion.sampling_utils import SampleGenerators
 from ..encoders.video_vae import VideoVAE
-from ..families import FamilyDenoiser
+from ..families import FamilyDenoiser, family_of
 from .denoiser import adopt_trained_sections, find_sample_checkpoint, load_denoiser
+from .outputs import default_output, write_images, write_videos
+from .pipeline import check_pipeline_sampling, load_trained_pipeline, pipeline_batches
 from .sampler import check_sampler, denoise
-from .sharding import SamplingRanks
+from .sharding import SamplingRanks, gather_on_main, sampling_ranks
 
+# Guidance against the learned null caption when sample.cfg_scale is null (a pipeline: its own default).
+DEFAULT_CFG_SCALE = 4.0
 # Captions of the embedded moving-shapes data, used when no prompts are given for it.
 SHAPES_PROMPTS = ["a red square moving right", "a blue disc moving down", "a green disc moving left",
                   "a yellow square moving up"]
@@ -43,13 +47,17 @@ def find_video_checkpoint(cfg) -> str:
     if "model" not in saved:
         raise ConfigError(f"{ckpt!r} carries no saved config (meta.json): sample_video.py reads checkpoints "
                           f"written by train_video.py.")
-    path = cfg.text_encoder.path
+    path, pipeline = cfg.text_encoder.path, cfg.model.pipeline
     adopt_trained_sections(cfg, saved, ("model", "diffusion", "text_encoder"))
-    if cfg.model.pipeline:
-        raise ConfigError(f"{ckpt!r} was trained from the pipeline folder {cfg.model.pipeline!r}; sample_video.py "
-                          f"does not sample through that pipeline in this version: load the run's diffusers/ export "
-                          f"into the pipeline ({cfg.model.name}.from_pretrained, or load_lora_weights) and call it.")
+    if cfg.model.pipeline:  # sampled through its pipeline (sampling/pipeline.py)
+        check_pipeline_sampling(cfg, pipeline, path)
+        return ckpt
+    if pipeline:
+        raise ConfigError(f"{ckpt!r} was trained without model.pipeline (its model is {cfg.model.name}), so there is "
+                          f"no pipeline of it to sample through: remove model.pipeline={pipeline} (it samples with "
+                          f"its own sampler), or give sample.ckpt of a run trained from that pipeline.")
     cfg.text_encoder.path = path or cfg.text_encoder.path
+    cfg.sample.cfg_scale = DEFAULT_CFG_SCALE if cfg.sample.cfg_scale is None else cfg.sample.cfg_scale
     check_sampler(cfg)
     if not pixel_space(cfg) and not cfg.vae.path:
         raise ConfigError(f"The model works on {cfg.model.in_channels}-channel latents: set vae.path to the local "
@@ -124,3 +132,35 @@ def video_batches(model, cfg, prompts: List[str], ranks: SamplingRanks, captions
         if vae is not None:
             clips = vae.decode(clips)                                                # [n, 3, T, H', W']
         yield indices, clips.float().cpu()
+
+
+def sample_prompts(cfg) -> List[str]:
+    """sample_video.py's work for a checked config: the prompts sampled from the run's checkpoint on
+    every rank (through the run's pipeline for a run from ``model.pipeline``, ``pipeline.py``) and, on
+    rank 0, written as videos (an image pipeline's as PNGs) and a contact sheet; returns their paths
+    (empty on the other ranks)."""
+    ckpt = find_video_checkpoint(cfg)  # adopts the trained model, objective and text-encoder kind
+    prompts = read_prompts(cfg)
+    with sampling_ranks(cfg.sp_size) as ranks:
+        if cfg.model.pipeline:
+            pipe = load_trained_pipeline(cfg, ckpt, ranks)
+            batches = pipeline_batches(pipe, cfg, prompts, ranks)
+            source = f"{ckpt} through {type(pipe).__name__}"
+        else:
+            model, captions, vae = load_video_model(cfg, ckpt, ranks)
+            batches = video_batches(model, cfg, prompts, ranks, captions, vae)
+            source = f"{ckpt} (cfg_scale {cfg.sample.cfg_scale})"
+        mine = [clips for _, clips in batches]
+        clips = gather_on_main(torch.cat(mine) if mine else torch.empty(0), ranks)
+        if not ranks.is_main:
+            return []
+    out_dir = cfg.sample.output_dir or default_output(os.path.join(cfg.results_dir, cfg.exp_name), ckpt)
+    if cfg.model.pipeline and family_of(cfg.model.name).adapter.image_only:
+        paths = write_images(clips[:, :, 0], prompts, out_dir)
+    else:
+        paths = write_videos(clips, prompts, out_dir, cfg.sample.fps)
+    print(f"sampled {len(prompts)} prompts from {source} (seed {cfg.sample.seed}, {ranks.dp_size} data-parallel x "
+          f"{ranks.sp_size} sequence-parallel ranks):")
+    for path in paths:
+        print(path)
+    return paths

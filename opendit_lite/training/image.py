@@ -59,23 +59,10 @@ def image_script_trainer(argv) -> TrainerSpec:
     on images as 1-frame clips, conditioned as its pipeline conditions it. A video family's pipeline is
     refused, naming train_video.py."""
     from ..builders.pipeline import pipeline_folder
-    from ..config import parse_overrides, read_yaml, resolve_aliases
+    from ..config import command_line_value
     from .video import VIDEO_TRAINER
 
-    args = list(argv)
-    path, overrides = None, []
-    for i, arg in enumerate(args):
-        if arg.startswith("--config="):
-            path = arg.split("=", 1)[1]
-        elif arg == "--config" and i + 1 < len(args):
-            path = args[i + 1]
-        elif "=" in arg and not arg.startswith("-") and (i == 0 or args[i - 1] != "--config"):
-            overrides.append(arg)
-    if any(a in ("-h", "--help") for a in args) or (path is None and not overrides):
-        return IMAGE_TRAINER
-    tree = resolve_aliases(read_yaml(path) if path else {})
-    given = resolve_aliases(parse_overrides(overrides))
-    pipeline = {**(tree.get("model") or {}), **(given.get("model") or {})}.get("pipeline")
+    pipeline = command_line_value(argv, "model", "pipeline")
     if not pipeline:
         return IMAGE_TRAINER
     family = pipeline_folder(pipeline).family
