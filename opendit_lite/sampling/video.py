@@ -30,8 +30,6 @@ from .pipeline import check_pipeline_sampling, load_trained_pipeline, pipeline_b
 from .sampler import check_sampler, denoise
 from .sharding import SamplingRanks, gather_on_main, sampling_ranks
 
-# Guidance against the learned null caption when sample.cfg_scale is null (a pipeline: its own default).
-DEFAULT_CFG_SCALE = 4.0
 # Captions of the embedded moving-shapes data, used when no prompts are given for it.
 SHAPES_PROMPTS = ["a red square moving right", "a blue disc moving down", "a green disc moving left",
                   "a yellow square moving up"]
@@ -57,7 +55,6 @@ def find_video_checkpoint(cfg) -> str:
                           f"no pipeline of it to sample through: remove model.pipeline={pipeline} (it samples with "
                           f"its own sampler), or give sample.ckpt of a run trained from that pipeline.")
     cfg.text_encoder.path = path or cfg.text_encoder.path
-    cfg.sample.cfg_scale = DEFAULT_CFG_SCALE if cfg.sample.cfg_scale is None else cfg.sample.cfg_scale
     check_sampler(cfg)
     if not pixel_space(cfg) and not cfg.vae.path:
         raise ConfigError(f"The model works on {cfg.model.in_channels}-channel latents: set vae.path to the local "
