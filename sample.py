@@ -21,28 +21,29 @@ through that pipeline, as sample_video.py does (one PNG per prompt and a contact
 import os
 from typing import List, Union
 
-import torch
+from opendit_lite.utils.exit_codes import exit_at_once_on_stop_signals, heavy_imports, script_main
 
-from opendit_lite.utils.quiet import quiet_third_party_startup
+if __name__ == "__main__":
+    exit_at_once_on_stop_signals()  # a Ctrl-C or SIGTERM during the imports below: exit 130 at once
+
+from opendit_lite.utils.quiet import quiet_third_party_startup  # noqa: E402
 
 quiet_third_party_startup()  # before colossalai is imported
 
-from opendit_lite.builders.image import build_dataset_from_config
-from opendit_lite.builders.pipeline import pipeline_folder
-from opendit_lite.config import ConfigError, command_line_value, parse_cli
-from opendit_lite.config.video_schema import VideoTrainConfig
-from opendit_lite.sampling import gather_on_main, sampling_ranks
-from opendit_lite.sampling.image import class_labels, image_batches, load_image_model
-from opendit_lite.sampling.outputs import default_output, labelled_grid
-from opendit_lite.sampling.video import sample_prompts
-from opendit_lite.training.video import validate_video_config
-from opendit_lite.utils.exit_codes import script_main
+# No torch below: a config error ends before the seconds of importing torch, timm and Colossal-AI.
+from opendit_lite.config import ConfigError, parse_cli, train_script_schema  # noqa: E402
+from opendit_lite.config.paths import check_output_path  # noqa: E402
 
 
-def sample_pipeline(argv) -> List[str]:
+def sample_pipeline(cfg) -> List[str]:
     """A run from the pipeline folder of an image family (``model.pipeline``: Flux, SD3), sampled through
     that pipeline (train.py trained it as train_video.py does, with the same config)."""
-    cfg = parse_cli(argv, __doc__, schema=VideoTrainConfig)
+    check_output_path(cfg.sample.output_dir or os.path.join(cfg.results_dir, cfg.exp_name),
+                      "sample.output_dir" if cfg.sample.output_dir else "results_dir", folder=True)
+    with heavy_imports():
+        from opendit_lite.builders.pipeline import pipeline_folder
+        from opendit_lite.sampling.video import sample_prompts
+        from opendit_lite.training.video import validate_video_config
     family = pipeline_folder(cfg.model.pipeline).family
     if not family.adapter.image_only:
         raise ConfigError(f"'model.pipeline' {cfg.model.pipeline!r} is a {family.pipeline}, a video model: sample it "
@@ -53,9 +54,19 @@ def sample_pipeline(argv) -> List[str]:
 
 @script_main
 def main(argv) -> Union[str, List[str]]:
-    if command_line_value(argv, "model", "pipeline"):
-        return sample_pipeline(argv)
-    cfg = parse_cli(argv, __doc__)
+    cfg = parse_cli(argv, __doc__, schema=train_script_schema)  # a Flux / SD3 pipeline run: the video schema
+    if getattr(cfg.model, "pipeline", None):
+        return sample_pipeline(cfg)
+    # where the result goes (by default under the run folder), checked before minutes of sampling
+    check_output_path(cfg.sample.output or os.path.join(cfg.results_dir, cfg.exp_name),
+                      "sample.output" if cfg.sample.output else "results_dir", folder=not cfg.sample.output)
+    with heavy_imports():
+        import torch
+
+        from opendit_lite.builders.image import build_dataset_from_config
+        from opendit_lite.sampling import gather_on_main, sampling_ranks
+        from opendit_lite.sampling.image import class_labels, image_batches, load_image_model
+        from opendit_lite.sampling.outputs import default_output, labelled_grid
     with sampling_ranks(cfg.sp_size) as ranks:
         model, ckpt, vae, dataset = load_image_model(cfg, ranks)
         labels = cfg.sample.class_labels if cfg.sample.class_labels is not None else list(range(cfg.model.num_classes))

@@ -21,7 +21,7 @@ Batch arithmetic: samples per optimizer step = global_batch_size
     = per-rank micro-batch x grad_accum_steps x data-parallel ranks (world size / sp_size).
 """
 
-from opendit_lite.utils.exit_codes import exit_at_once_on_stop_signals
+from opendit_lite.utils.exit_codes import exit_at_once_on_stop_signals, heavy_imports, script_main
 
 if __name__ == "__main__":
     exit_at_once_on_stop_signals()  # a Ctrl-C or SIGTERM during the imports below: exit 130 at once
@@ -30,18 +30,19 @@ from opendit_lite.utils.quiet import quiet_third_party_startup  # noqa: E402
 
 quiet_third_party_startup()  # before colossalai is imported
 
-import sys  # noqa: E402
-
-from opendit_lite.training.image import image_script_trainer  # noqa: E402
-from opendit_lite.training.trainer import run_trainer  # noqa: E402
-from opendit_lite.utils.exit_codes import script_main  # noqa: E402
+# The config package needs no torch: a config error ends in a fraction of a second, before the
+# seconds of importing torch, timm and Colossal-AI that a valid config goes on to.
+from opendit_lite.config import parse_cli, train_script_schema  # noqa: E402
 
 
-def main(argv=None) -> str:
+@script_main
+def main(argv) -> str:
     """Train as the command line says; returns the final checkpoint's path (exit code 2 on a config error)."""
-    argv = sys.argv[1:] if argv is None else argv
-    spec = script_main(image_script_trainer)(argv)  # the image trainer, or the video one for a Flux / SD3 pipeline
-    return run_trainer(spec, __doc__, argv)
+    cfg = parse_cli(argv, __doc__, schema=train_script_schema)  # a Flux / SD3 pipeline: the video schema
+    with heavy_imports():
+        from opendit_lite.training.image import image_script_trainer
+        from opendit_lite.training.trainer import train_from_config
+    return train_from_config(image_script_trainer(cfg), cfg)
 
 
 if __name__ == "__main__":

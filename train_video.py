@@ -34,7 +34,7 @@ Batch arithmetic: clips per optimizer step = global_batch_size
 the sp_size ranks of a group share each clip, each holding 1/sp_size of its tokens.
 """
 
-from opendit_lite.utils.exit_codes import exit_at_once_on_stop_signals
+from opendit_lite.utils.exit_codes import exit_at_once_on_stop_signals, heavy_imports, script_main
 
 if __name__ == "__main__":
     exit_at_once_on_stop_signals()  # a Ctrl-C or SIGTERM during the imports below: exit 130 at once
@@ -43,13 +43,20 @@ from opendit_lite.utils.quiet import quiet_third_party_startup  # noqa: E402
 
 quiet_third_party_startup()  # before colossalai is imported
 
-from opendit_lite.training.trainer import run_trainer  # noqa: E402
-from opendit_lite.training.video import VIDEO_TRAINER  # noqa: E402
+# The config package needs no torch: a config error ends in a fraction of a second, before the
+# seconds of importing torch, timm and Colossal-AI that a valid config goes on to.
+from opendit_lite.config import parse_cli  # noqa: E402
+from opendit_lite.config.video_schema import VideoTrainConfig  # noqa: E402
 
 
-def main(argv=None) -> str:
+@script_main
+def main(argv) -> str:
     """Train as the command line says; returns the final checkpoint's path (exit code 2 on a config error)."""
-    return run_trainer(VIDEO_TRAINER, __doc__, argv)
+    cfg = parse_cli(argv, __doc__, schema=VideoTrainConfig)
+    with heavy_imports():
+        from opendit_lite.training.trainer import train_from_config
+        from opendit_lite.training.video import VIDEO_TRAINER
+    return train_from_config(VIDEO_TRAINER, cfg)
 
 
 if __name__ == "__main__":

@@ -48,22 +48,29 @@ import os
 import sys
 import time
 
-import torch
-from torch.utils.data import DataLoader, Dataset
-
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from opendit_lite.config import ConfigError  # noqa: E402
+from opendit_lite.utils.exit_codes import exit_at_once_on_stop_signals, heavy_imports, script_main  # noqa: E402
+
+if __name__ == "__main__":
+    exit_at_once_on_stop_signals()  # a Ctrl-C or SIGTERM during the imports below: exit 130 at once
+
+# No torch at import: the arguments, paths and config are checked before torch and the encoders
+# are imported (seconds), inside the functions that need them.
+from opendit_lite.config import ConfigError, check_sections, read_yaml  # noqa: E402
+from opendit_lite.config.paths import check_output_path  # noqa: E402
+from opendit_lite.config.video_schema import VideoTrainConfig  # noqa: E402
 from opendit_lite.interop import check_pretrained_folder  # noqa: E402
-from opendit_lite.utils.exit_codes import script_main  # noqa: E402
+from opendit_lite.utils.options import OptionParser  # noqa: E402
 
 
 def _launch():
     """(whether a process group was started here, rank, world size, device): the group torchrun asks for
     is started unless one is up; the rank's own GPU, else the CPU."""
+    import torch
     import torch.distributed as dist
 
-    from opendit_lite.distributed.launch import init_distributed
+    from opendit_lite.distributed.process_group import init_distributed
 
     created = not dist.is_initialized() and int(os.environ.get("WORLD_SIZE", "1")) > 1  # under torchrun
     if created:
@@ -76,21 +83,25 @@ def _launch():
 def _check_output(output: str) -> None:
     if os.path.lexists(output) and not os.path.isdir(output):
         raise ConfigError(f"--output {output!r} is an existing file; give a folder for the latents.")
+    check_output_path(output, "--output", folder=True)  # a file above it, or a folder this user cannot write to
 
 
 # ---------------------------------------------------------------------------------------- images
 
 def extract_images(args) -> int:
-    from tqdm import tqdm
-
-    from opendit_lite.data import build_image_folder
-    from opendit_lite.data.latents import write_latent_meta, write_latent_shard
-    from opendit_lite.encoders import load_vae, vae_encode
-
     if not os.path.isdir(args.data_path or ""):
         raise ConfigError(f"--data-path {args.data_path!r} is not a folder; give an image folder with one "
                           f"sub-folder per class.")
     check_pretrained_folder(args.vae_path, f"--vae-path {args.vae_path!r}")
+    with heavy_imports():
+        import torch
+        from torch.utils.data import DataLoader
+        from tqdm import tqdm
+
+        from opendit_lite.data import build_image_folder
+        from opendit_lite.data.latents import write_latent_meta, write_latent_shard
+        from opendit_lite.encoders import load_vae, vae_encode
+
     torch.manual_seed(args.seed)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     try:
@@ -156,13 +167,7 @@ def _pipeline_config(args):
 
 def _names_pipeline(config: str) -> bool:
     """Whether the training config ``config`` trains from a pipeline folder (``model.pipeline``)."""
-    import yaml
-
-    try:
-        with open(config) as f:
-            tree = yaml.safe_load(f) or {}
-    except (OSError, yaml.YAMLError) as e:
-        raise ConfigError(f"--config {config!r} cannot be read: {e}") from None
+    tree = read_yaml(config)
     return isinstance(tree, dict) and bool((tree.get("model") or {}).get("pipeline"))
 
 
@@ -182,7 +187,9 @@ def _row_sizes(cfg, csv) -> list:
 def extract_pipeline(args, cfg) -> int:
     """Encode this rank's share of the CSV with the pipeline's encoders (``PipelineEncoders``, the CSV
     route's own); returns the number of clips written by all ranks."""
+    import torch
     import torch.distributed as dist
+    from torch.utils.data import DataLoader
 
     from opendit_lite.builders.pipeline import PipelineEncoders, pipeline_folder
     from opendit_lite.data.video_csv import VideoCSVDataset
@@ -244,8 +251,9 @@ def extract_pipeline(args, cfg) -> int:
 
 # -------------------------------------------------------------------------------------- families
 
-class _Rows(Dataset):
-    """Rows ``rows`` of the CSV, each read as a ``frames`` x ``height`` x ``width`` clip."""
+class _Rows:
+    """Rows ``rows`` of the CSV, each read as a ``frames`` x ``height`` x ``width`` clip (a map-style
+    dataset for torch's DataLoader)."""
 
     def __init__(self, csv_dataset, rows, frames: int, height: int, width: int):
         self.csv, self.rows, self.size = csv_dataset, rows, (frames, height, width)
@@ -262,13 +270,9 @@ class _Rows(Dataset):
 def _family_name(args) -> str:
     if args.family:
         return args.family
-    import yaml
-
-    try:
-        with open(args.config) as f:
-            name = ((yaml.safe_load(f) or {}).get("model") or {}).get("name")
-    except (OSError, yaml.YAMLError) as e:
-        raise ConfigError(f"--config {args.config!r} cannot be read: {e}") from None
+    tree = read_yaml(args.config)  # a missing, unreadable or non-mapping file: one paragraph
+    check_sections(tree, f"config file '{args.config}'", VideoTrainConfig)
+    name = (tree.get("model") or {}).get("name")
     if not name:
         raise ConfigError(f"--config {args.config!r} has no model.name; give the family with --family.")
     return name
@@ -295,18 +299,20 @@ def _folders(args, spec) -> tuple:
 def extract_family(args) -> int:
     """Encode this rank's share of the CSV with the family's VAE and text encoder; returns the
     number of clips written by all ranks."""
-    import torch.distributed as dist
-
-    from opendit_lite.data.video_csv import VideoCSVDataset
-    from opendit_lite.families import find_family
-
-    found = find_family(_family_name(args))
-    family, spec = found.name, found.encoding
+    name = _family_name(args)
     if not args.csv or not os.path.isfile(args.csv):
         raise ConfigError(f"--csv {args.csv!r} is not a file; give a CSV with 'path' and 'text' columns.")
-    for name in ("num_frames", "height", "width", "batch_size", "frame_interval"):
-        if getattr(args, name) < 1:
-            raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}.")
+    for option in ("num_frames", "height", "width", "batch_size", "frame_interval"):
+        if getattr(args, option) < 1:
+            raise ConfigError(f"--{option.replace('_', '-')} must be at least 1, got {getattr(args, option)}.")
+    with heavy_imports():
+        import torch.distributed as dist
+
+        from opendit_lite.data.video_csv import VideoCSVDataset
+        from opendit_lite.families import find_family
+
+    found = find_family(name)
+    family, spec = found.name, found.encoding
     vae_path, encoder_path, tokenizer_path = _folders(args, spec)
     frames = 1 if spec.image_only else args.num_frames
     try:
@@ -325,7 +331,9 @@ def extract_family(args) -> int:
 
 
 def _extract_rows(args, family, spec, csv, frames, rank, world, device, folders) -> int:
+    import torch
     import torch.distributed as dist
+    from torch.utils.data import DataLoader
 
     from opendit_lite.data.video_latents import save_video_latents, write_video_latent_meta
     from opendit_lite.encoders.family_encoders import encode_family_latents, load_family_text_encoder, load_family_vae
@@ -373,7 +381,8 @@ def find_family_name(name: str) -> str:
 
 @script_main
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OptionParser(prog="python scripts/extract_latents.py", description=__doc__,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--output", required=True, help="folder for the latent files and meta.json")
     p.add_argument("--data-path", help="images for our DiT: a folder with one sub-folder per class")
     p.add_argument("--vae-path", help="local diffusers VAE folder (AutoencoderKL for images; the family's VAE)")

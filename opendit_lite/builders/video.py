@@ -151,6 +151,17 @@ def resolve_video_geometry(cfg, dataset, vae: Optional[VideoVAE], caption_width:
     else:
         channels, frames, size = 3, cfg.data.num_frames, [cfg.data.image_size] * 2
     caption_width = caption_width or getattr(dataset, "caption_channels", None)  # shapes: its word vectors
+    # The models take clips of any frame count and size, but not another channel count or caption width.
+    source = (f"the latents in {cfg.data.path!r}" if cfg.data.type == "latents" else
+              "the VAE's latents" if vae is not None else "the clips in pixel space (no vae.path)")
+    if m.in_channels is not None and m.in_channels != channels:
+        raise ConfigError(f"model.in_channels={m.in_channels}, but {source} have {channels} channels: remove "
+                          f"model.in_channels to take it from the data, or set it to {channels}.")
+    if (not is_family(m.name) and m.caption_channels is not None and caption_width is not None
+            and m.caption_channels != caption_width):  # a family's: check_family_inputs
+        raise ConfigError(f"model.caption_channels={m.caption_channels}, but the caption states are {caption_width} "
+                          f"wide (text_encoder.kind={cfg.text_encoder.kind}): remove model.caption_channels to take "
+                          f"it from the text encoder, or set it to {caption_width}.")
     m.in_channels = m.in_channels or channels
     m.num_frames = m.num_frames or frames
     m.input_size = m.input_size or size

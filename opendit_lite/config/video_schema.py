@@ -9,7 +9,7 @@ messages come from ``opendit_lite.config.loader`` with ``schema=VideoTrainConfig
 """
 
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import Any, Dict, List, Optional
 
 from .schema import BaseSampleConfig, DiffusionConfig, TrainConfig, _f, _section
 
@@ -180,3 +180,11 @@ def _transformer_class(pipeline: str) -> Optional[str]:
     except (OSError, ValueError, AttributeError):
         return None
     return name if isinstance(name, str) else None
+
+
+def train_script_schema(tree: Dict[str, Any]):
+    """train.py's schema for the settings ``tree`` (the file's and the command line's, merged): a released
+    image model's pipeline folder (``model.pipeline``: Flux, SD3) trains as 1-frame clips with the video
+    trainer, so its config is a video one; anything else is an image config."""
+    model = tree.get("model")
+    return VideoTrainConfig if isinstance(model, dict) and model.get("pipeline") else TrainConfig

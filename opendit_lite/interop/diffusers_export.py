@@ -37,9 +37,8 @@ import torch
 import torch.nn as nn
 
 from ..errors import ConfigError
-from .pretrained_files import make_readable
+from .pretrained_files import LORA_WEIGHT_NAME, make_readable
 
-LORA_WEIGHT_NAME = "pytorch_lora_weights.safetensors"  # the file name diffusers' LoRA loaders look for
 LORA_MODES = ("merged", "adapter")  # a LoRA run's export: the adapters merged into a full model, or alone
 ADAPTER = "default"  # the adapter name peft gives apply_lora's adapters
 # Path segments that wrappers of the whole model add to every key.

@@ -53,16 +53,15 @@ IMAGE_TRAINER = TrainerSpec(name="image", schema=TrainConfig, prepare_data=prepa
                             evaluator=periodic_image_evaluation)
 
 
-def image_script_trainer(argv) -> TrainerSpec:
-    """train.py's trainer for the command line ``argv``: the image trainer, or for a config naming the
-    pipeline folder of an image family (``model.pipeline``: Flux, SD3) the video trainer, which trains it
-    on images as 1-frame clips, conditioned as its pipeline conditions it. A video family's pipeline is
-    refused, naming train_video.py."""
+def image_script_trainer(cfg) -> TrainerSpec:
+    """train.py's trainer for the parsed config ``cfg`` (``config.train_script_schema`` chose its schema):
+    the image trainer, or for a config naming the pipeline folder of an image family (``model.pipeline``:
+    Flux, SD3) the video trainer, which trains it on images as 1-frame clips, conditioned as its pipeline
+    conditions it. A video family's pipeline is refused, naming train_video.py."""
     from ..builders.pipeline import pipeline_folder
-    from ..config import command_line_value
     from .video import VIDEO_TRAINER
 
-    pipeline = command_line_value(argv, "model", "pipeline")
+    pipeline = getattr(cfg.model, "pipeline", None)
     if not pipeline:
         return IMAGE_TRAINER
     family = pipeline_folder(pipeline).family
