@@ -9,6 +9,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.distributed import run_script_on_ranks
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = ["model.name=DiT-T/2", "data.image_size=16", "data.num_samples=64", "global_batch_size=8",
         "log_every=2", "sample.num_sampling_steps=4", "sample.samples_per_class=2"]
@@ -152,15 +154,15 @@ def serial_run(tmp_path_factory):
     (4, ["sp_size=4", "sp_mode=ring", "selective_ratio=0.5"]),       # one ring over 4 ranks
     (4, ["sp_size=4", "sp_mode=usp", "sp_ring_size=2"]),             # rings of 2 x Ulysses over 2
 ], ids=["ulysses", "ring", "usp"])
-def test_torchrun_sequence_parallel_matches_one_process(serial_run, tmp_path, ranks, settings):
-    """torchrun at sp_size = ranks (one data-parallel rank) trains exactly like one plain process and
-    saves the same weights: the SP mode, activation checkpointing and DDP compose."""
+def test_sequence_parallel_ranks_match_one_process(serial_run, tmp_path, ranks, settings):
+    """train.py on ranks at sp_size = ranks (one data-parallel rank; the ranks started as torchrun starts
+    them) trains exactly like one plain process and saves the same weights: the SP mode, activation
+    checkpointing and DDP compose. train.py under torchrun itself: tests/reliability (its summary, a
+    full disk at 2 and 4 ranks, a SIGTERM to its ranks)."""
     common = [f"results_dir={tmp_path}", "max_steps=3", "log_every=1", "ema.enable=false", *TINY]
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
-                           str(ranks), "train.py", "--config", "configs/demo.yaml", "exp_name=sp", *settings, *common],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, OMP_NUM_THREADS="1"))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    codes = run_script_on_ranks("train.py", ["--config", "configs/demo.yaml", "exp_name=sp", *settings, *common],
+                                world_size=ranks)
+    assert [code for code, _ in codes] == [0] * ranks
     loss = {name: [json.loads(line)["loss"] for line in open(run_dir / "metrics.jsonl")]
             for name, run_dir in (("serial", serial_run), ("sp", tmp_path / "sp"))}
     assert loss["sp"] == pytest.approx(loss["serial"], rel=1e-5, abs=1e-6)
