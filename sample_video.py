@@ -12,6 +12,10 @@ At another clip shape than the trained one (frames and pixels; the models take a
 On several processes (prompts split over the data-parallel ranks; sp_size=2 shards each clip's
 tokens over 2 ranks with Ulysses, sp_mode=ring/usp, or DSP with sp_mode=dsp); the videos are the one-process videos:
     torchrun --standalone --nproc_per_node 4 sample_video.py --config configs/video_stdit_demo.yaml sp_size=2
+Guidance's two branches on two groups of ranks (2 x sp_size ranks per group of prompts), and a step
+cache (sample.cache.kind: pab, first_block, teacache or magcache; docs/sampling.md):
+    torchrun --standalone --nproc_per_node 4 sample_video.py --config configs/video_stdit_demo.yaml sp_size=2 \
+        sample.cfg_parallel=true sample.cache.kind=pab
 Prompts on the command line or from a file (one a line):
     python sample_video.py --config configs/video_stdit_demo.yaml 'sample.prompts=["a red disc moving up"]'
     python sample_video.py --config configs/video_stdit_xl.yaml sample.prompt_file=prompts.txt \\
@@ -33,6 +37,7 @@ quiet_third_party_startup()  # before colossalai is imported
 from opendit_lite.config import parse_cli
 from opendit_lite.config.video_schema import VideoTrainConfig
 from opendit_lite.sampling import gather_on_main, sampling_ranks
+from opendit_lite.sampling.fast import fast_sampling
 from opendit_lite.sampling.outputs import default_output, write_videos
 from opendit_lite.sampling.video import find_video_checkpoint, load_video_model, read_prompts, video_batches
 from opendit_lite.training.video import validate_video_config
@@ -45,9 +50,10 @@ def main(argv) -> List[str]:
     validate_video_config(cfg)
     ckpt = find_video_checkpoint(cfg)  # adopts the trained model, objective and text-encoder kind
     prompts = read_prompts(cfg)
-    with sampling_ranks(cfg.sp_size) as ranks:
+    with sampling_ranks(cfg.sp_size, cfg.sample.cfg_parallel) as ranks:
         model, captions, vae = load_video_model(cfg, ckpt, ranks)
-        mine = [clips for _, clips in video_batches(model, cfg, prompts, ranks, captions, vae)]
+        fast = fast_sampling(model, cfg, ranks)
+        mine = [clips for _, clips in video_batches(model, cfg, prompts, ranks, captions, vae, fast=fast)]
         clips = gather_on_main(torch.cat(mine) if mine else torch.empty(0), ranks)
         if not ranks.is_main:
             return []
@@ -56,6 +62,8 @@ def main(argv) -> List[str]:
     print(f"sampled {len(prompts)} prompts from {ckpt} (seed {cfg.sample.seed}, cfg_scale {cfg.sample.cfg_scale}):")
     for path in paths:
         print(path)
+    if fast.cache is not None:
+        print(fast.cache.summary() + " on rank 0")
     return paths
 
 

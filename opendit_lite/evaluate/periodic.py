@@ -41,7 +41,7 @@ def periodic_evaluation(cfg, log) -> Optional[Callable[[int, str], None]]:
         out_dir = os.path.join(root, f"step{step}")
         # Building the sampling model draws initial weights: keep training's random stream untouched.
         devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
-        with torch.random.fork_rng(devices=devices), sampling_ranks(cfg.sp_size) as ranks:
+        with torch.random.fork_rng(devices=devices), sampling_ranks(cfg.sp_size, cfg.sample.cfg_parallel) as ranks:
             samples = generate_samples(run_cfg, ranks, out_dir)
             if not ranks.is_main:
                 return

@@ -61,6 +61,18 @@ class WanAdapter(FamilyAdapter):
     def forward(self, model, config, x, t, states, mask, pooled):
         return model(hidden_states=x, timestep=t, encoder_hidden_states=states, return_dict=False)[0]
 
+    def modulated_input(self, block, args, kwargs):
+        """What ``WanTransformerBlock`` feeds its self-attention: norm1 of the tokens modulated by the
+        block's shift/scale (``scale_shift_table + temb``; per token with Wan 2.2's [B, N, 6, D] temb)."""
+        kwargs = kwargs or {}
+        names = ("hidden_states", "encoder_hidden_states", "temb")
+        hidden, _, temb = (kwargs[n] if n in kwargs else args[i] for i, n in enumerate(names))
+        if temb.ndim == 4:                                                    # [B, N, 6, D]
+            shift, scale = (block.scale_shift_table.unsqueeze(0) + temb.float()).unbind(2)[:2]
+        else:                                                                 # [B, 6, D]
+            shift, scale = (block.scale_shift_table + temb.float()).chunk(6, dim=1)[:2]
+        return block.norm1(hidden.float()) * (1 + scale) + shift              # [B, N, D]
+
 
 @register_family
 class HunyuanVideoAdapter(FamilyAdapter):
@@ -76,6 +88,9 @@ class HunyuanVideoAdapter(FamilyAdapter):
 
     def patch_size(self, config):
         return int(config["patch_size_t"]), int(config["patch_size"]), int(config["patch_size"])
+
+    def guidance_distilled(self, config):
+        return bool(config.get("guidance_embeds"))
 
     def forward(self, model, config, x, t, states, mask, pooled):
         guidance = torch.full_like(t, GUIDANCE * 1000.0) if config.get("guidance_embeds") else None
@@ -152,6 +167,9 @@ class FluxAdapter(FamilyAdapter):
 
     def latent_channels(self, config):
         return int(config["in_channels"]) // 4
+
+    def guidance_distilled(self, config):
+        return bool(config.get("guidance_embeds"))
 
     def forward(self, model, config, x, t, states, mask, pooled):
         B, C, T, H, W = x.shape

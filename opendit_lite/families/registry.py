@@ -33,12 +33,20 @@ class FamilyAdapter:
     * ``text_width_key`` / ``pooled_width_key``: the config keys of the caption-state width and of
       the pooled text vector's width (None: the model takes no pooled text);
     * ``image_only``: an image model, trained on 1-frame clips;
+    * ``modulated_input``: None, or ``(block, args, kwargs) -> tensor``, the timestep-modulated input
+      of a block called with ``args``/``kwargs`` (TeaCache's signal when sampling with a step cache).
     """
 
     class_name: str = ""
     text_width_key: str = ""
     pooled_width_key: Optional[str] = None
     image_only: bool = False
+    modulated_input = None
+
+    def guidance_distilled(self, config: Mapping) -> bool:
+        """True when a model of this config takes the guidance scale as an input (distilled from
+        classifier-free guidance): it has no unconditional branch of its own to run."""
+        return False
 
     def recipe(self, config: Mapping, tokens: int) -> Recipe:
         """The training recipe for clips of ``tokens`` patches (Flux and LTX-Video shift by it)."""

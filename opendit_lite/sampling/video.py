@@ -20,11 +20,11 @@ from ..build.video import (
 )
 from ..checkpoint.layout import saved_config
 from ..config import ConfigError
-from ..diffusion import cfg_model_fn
 from ..diffusion.sampling_utils import SampleGenerators
 from ..encoders.video_vae import VideoVAE
 from ..families import FamilyDenoiser
 from .denoiser import adopt_trained_sections, find_sample_checkpoint, load_denoiser
+from .fast import PLAIN, FastSampling
 from .ranks import SamplingRanks
 from .sampler import check_sampler, denoise
 
@@ -94,29 +94,31 @@ def load_video_model(cfg, ckpt: str, ranks: SamplingRanks
 
 @torch.no_grad()
 def sample_clips(model, cfg, states: torch.Tensor, mask: torch.Tensor, indices, device,
-                 progress: bool = False, downsample: int = 1) -> torch.Tensor:
+                 progress: bool = False, downsample: int = 1, fast: FastSampling = PLAIN) -> torch.Tensor:
     """Caption states [n, M, Cy] of global prompts ``indices`` -> clips [n, C, T, H, W] in model space
     (latents or pixels), of the trained clip shape or the one ``sample.num_frames/height/width`` ask
     for. Each clip's noise comes from (sample.seed, its index), so the result does not depend on
-    which prompts share the batch, rank or world size."""
+    which prompts share the batch, rank or world size. ``fast``: ``fast_sampling``'s CFG-parallel
+    branches and step cache."""
     generators = SampleGenerators(cfg.sample.seed, indices)
     shape = sample_clip_shape(cfg, downsample, model.patch_size)
     z = generators.standard_normal((states.shape[0], *shape), device, torch.float32)  # [n, C, T, H, W]
     # Guidance by the model's layout (video models: [captions; learned null caption] as one batch of 2n).
-    guided = cfg_model_fn(model, cfg.sample.cfg_scale)
-    return denoise(guided, z, cfg, dict(y=states, mask=mask), clip_denoised=pixel_space(cfg), device=device,
-                   generator=generators, progress=progress)
+    guided = fast.guided(model, cfg.sample.cfg_scale)
+    with fast.trajectory():
+        return denoise(guided, z, cfg, dict(y=states, mask=mask), clip_denoised=pixel_space(cfg), device=device,
+                       generator=generators, progress=progress)
 
 
 def video_batches(model, cfg, prompts: List[str], ranks: SamplingRanks, captions: CaptionEncoder,
-                  vae: Optional[VideoVAE] = None) -> Iterator[Tuple[range, torch.Tensor]]:
+                  vae: Optional[VideoVAE] = None, fast: FastSampling = PLAIN) -> Iterator[Tuple[range, torch.Tensor]]:
     """This rank's block of ``prompts`` in batches of ``sample.batch_size``: yields (global indices,
     clips [b, C, T, H, W] on the CPU, decoded to pixels [b, 3, T, H', W'] by ``vae`` when given).
     Rank 0 shows the sampling steps."""
     for indices in ranks.batches(len(prompts), cfg.sample.batch_size):
         states, mask = captions.encode([prompts[i] for i in indices], ranks.device)      # [n, M, Cy], [n, M]
         clips = sample_clips(model, cfg, states, mask, indices, ranks.device, progress=ranks.is_main,
-                             downsample=vae.downsample if vae is not None else 1)    # [n, C, T, H, W]
+                             downsample=vae.downsample if vae is not None else 1, fast=fast)  # [n, C, T, H, W]
         if vae is not None:
             clips = vae.decode(clips)                                                # [n, 3, T, H', W']
         yield indices, clips.float().cpu()

@@ -1,8 +1,9 @@
 """sample.py and sample_video.py on 2 gloo ranks give the one-process outputs for the same seed:
-samples split over data-parallel ranks (uneven blocks, several batches per rank), and one sample's
-tokens sharded over a sequence-parallel pair (Ulysses; DSP for STDiT); and on 4 ranks (the shared
-spawn of tests/parallel/spawn.py) over a sequence-parallel group of 4 with ring attention and with
-USP (rings of 2 x Ulysses over 2). Tiny models with random weights (adaLN-Zero layers perturbed so
+samples split over data-parallel ranks (uneven blocks, several batches per rank), one sample's
+tokens sharded over a sequence-parallel pair (Ulysses; DSP for STDiT), and guidance's two branches
+on two ranks (sample.cfg_parallel); and on 4 ranks (the shared spawn of tests/parallel/spawn.py)
+over a sequence-parallel group of 4 with ring attention and with USP (rings of 2 x Ulysses over 2),
+and the two branches on two sequence-parallel pairs. Tiny models with random weights (adaLN-Zero layers perturbed so
 the output depends on every block), a few steps, DDPM (which draws noise at every step) for images
 and Euler for video."""
 
@@ -81,6 +82,8 @@ CASES = {
     "video_dp": ("sample_video", ["sample.batch_size=1"]),                # 2 + 1 prompts
     "video_ulysses": ("sample_video", ["sp_size=2", "sp_mode=ulysses"]),
     "video_dsp": ("sample_video", ["sp_size=2", "sp_mode=dsp"]),
+    "image_cfg_parallel": ("sample", ["sample.cfg_parallel=true"]),               # guidance's branches on 2 ranks
+    "video_cfg_parallel": ("sample_video", ["sample.cfg_parallel=true"]),
 }
 
 
@@ -100,6 +103,7 @@ CASES_4 = {
     "image_usp": ("sample", ["sp_size=4", "sp_mode=usp", "sp_ring_size=2"]),
     "video_ring": ("sample_video", ["sp_size=4", "sp_mode=ring"]),
     "video_usp": ("sample_video", ["sp_size=4", "sp_mode=usp", "sp_ring_size=2"]),
+    "video_cfg_parallel_sp": ("sample_video", ["sp_size=2", "sample.cfg_parallel=true"]),  # 2 branches x sp 2
 }
 
 

@@ -1,0 +1,147 @@
+"""The hooks the step caches add to a denoiser, on diffusers' hook machinery (``diffusers.hooks``):
+
+* ``CountingHook``: counts the computations of a block or an attention module (registered first, so
+  it sits inside every cache hook and counts only what really runs);
+* ``AgreedFirstBlockHook``: diffusers' First-Block-Cache head hook whose decision is taken over all
+  the ranks that share the batch (see ``agreed_change``);
+* ``TeaCacheHeadHook`` and ``TeaCacheState``: TeaCache's rule (which diffusers does not ship) as a
+  head-block hook over MagCache's state; diffusers' ``MagCacheBlockHook`` does the rest (the other
+  blocks pass their input through on a skipped step, the last one stores the residual).
+
+Why agreement: under sequence parallelism each rank holds a shard of the tokens, and with CFG-parallel
+ranks one branch of the batch, so a change measured on local tensors differs between ranks, and
+ranks that decide differently would wait forever on each other's collectives inside the blocks.
+``agreed_change`` all-reduces the two sums a relative change is made of, so every rank of the group
+takes the decision one process would take on the whole batch.
+"""
+
+from typing import Callable, Optional
+
+import torch
+import torch.distributed as dist
+from diffusers.hooks.first_block_cache import FBCHeadBlockHook
+from diffusers.hooks.hooks import ModelHook, StateManager
+from diffusers.hooks.mag_cache import MagCacheState
+from diffusers.utils.torch_utils import unwrap_module
+
+from .blocks import block_metadata
+
+
+class Tally:
+    """Running counts of what the hooked denoiser computed: ``blocks`` and ``attention`` forwards."""
+
+    def __init__(self):
+        self.blocks = 0
+        self.attention = 0
+
+
+class CountingHook(ModelHook):
+    """Adds one to ``tally.<field>`` each time the hooked module's own forward runs."""
+
+    def __init__(self, tally: Tally, field: str):
+        super().__init__()
+        self.tally, self.field = tally, field
+
+    def pre_forward(self, module, *args, **kwargs):
+        setattr(self.tally, self.field, getattr(self.tally, self.field) + 1)
+        return args, kwargs
+
+
+def agreed_change(change: torch.Tensor, reference: torch.Tensor, group: Optional[dist.ProcessGroup]) -> float:
+    """``sum|change| / sum|reference|`` over every rank of ``group`` (None: this rank alone): the
+    relative L1 change of a tensor whose shards (tokens, guidance branches) the ranks hold. The sums
+    are taken in float64, so one process and any split of the batch agree to rounding."""
+    sums = torch.stack([change.abs().sum(dtype=torch.float64), reference.abs().sum(dtype=torch.float64)])
+    if group is not None:
+        dist.all_reduce(sums, group=group)
+    num, den = sums.tolist()
+    return num / den if den > 0 else float("inf")
+
+
+class AgreedFirstBlockHook(FBCHeadBlockHook):
+    """diffusers' First-Block-Cache head hook (the rest of the blocks are skipped while the first
+    block's residual differs from the one of the last computed step by less than ``threshold``,
+    relatively), with the change measured over the ranks of ``group``."""
+
+    def __init__(self, state_manager: StateManager, threshold: float, group: Optional[dist.ProcessGroup]):
+        super().__init__(state_manager, threshold)
+        self.group = group
+
+    @torch.compiler.disable
+    def _should_compute_remaining_blocks(self, hidden_states_residual: torch.Tensor) -> bool:
+        previous = self.state_manager.get_state().head_block_residual
+        if previous is None:
+            return True
+        return agreed_change(hidden_states_residual - previous, previous, self.group) > self.threshold
+
+
+class TeaCacheState(MagCacheState):
+    """MagCache's state (step index, residual of the last computed step, accumulated error and
+    skipped steps) plus TeaCache's previous signal."""
+
+    def __init__(self):
+        super().__init__()
+        self.previous_signal: Optional[torch.Tensor] = None
+
+    def reset(self):
+        super().reset()
+        self.previous_signal = None
+
+
+class TeaCacheHeadHook(ModelHook):
+    """TeaCache (Liu et al., "Timestep Embedding Tells: It's Time to Cache for Video Diffusion
+    Model", 2024) on the first block: its signal is the timestep-modulated input of the first block
+    (``signal(block, args, kwargs)``); the relative L1 change of the signal from the previous step,
+    taken over the ranks of ``group``, is accumulated, and while the sum stays below ``threshold``
+    (and at most ``max_skip_steps`` steps in a row) the whole block stack is replaced by the
+    residual it added at the last computed step. The first and the last steps are always computed.
+    The model-specific polynomial that TeaCache fits to rescale the change is left out (the identity):
+    the zoo's models have no published fit."""
+
+    _is_stateful = True
+
+    def __init__(self, state_manager: StateManager, threshold: float, max_skip_steps: int, num_steps: int,
+                 signal: Callable, group: Optional[dist.ProcessGroup]):
+        super().__init__()
+        self.state_manager, self.threshold, self.max_skip_steps = state_manager, threshold, max_skip_steps
+        self.num_steps, self.signal, self.group = num_steps, signal, group
+        self._metadata = None
+
+    def initialize_hook(self, module):
+        self._metadata = block_metadata(type(unwrap_module(module)))
+        return module
+
+    @torch.compiler.disable
+    def _should_compute(self, state: TeaCacheState, signal: torch.Tensor) -> bool:
+        previous, state.previous_signal = state.previous_signal, signal
+        last = state.step_index >= self.num_steps - 1
+        if previous is None or state.previous_residual is None or last:
+            state.accumulated_err, state.accumulated_steps = 0.0, 0
+            return True
+        state.accumulated_err += agreed_change(signal - previous, previous, self.group)
+        if state.accumulated_err < self.threshold and state.accumulated_steps < self.max_skip_steps:
+            state.accumulated_steps += 1
+            return False
+        state.accumulated_err, state.accumulated_steps = 0.0, 0
+        return True
+
+    def new_forward(self, module: torch.nn.Module, *args, **kwargs):
+        state: TeaCacheState = self.state_manager.get_state()
+        meta = self._metadata
+        hidden = meta._get_parameter_from_args_kwargs(meta.hidden_states_argument_name, args, kwargs)
+        state.head_block_input = hidden
+        state.should_compute = self._should_compute(state, self.signal(unwrap_module(module), args, kwargs))
+        if state.should_compute:
+            return self.fn_ref.original_forward(*args, **kwargs)
+        output = hidden + state.previous_residual                       # the whole stack's last residual
+        if meta.return_encoder_hidden_states_index is None:
+            return output
+        outputs = [None] * (max(meta.return_hidden_states_index, meta.return_encoder_hidden_states_index) + 1)
+        outputs[meta.return_hidden_states_index] = output
+        outputs[meta.return_encoder_hidden_states_index] = meta._get_parameter_from_args_kwargs(
+            "encoder_hidden_states", args, kwargs)                      # the text stream passes through
+        return tuple(outputs)
+
+    def reset_state(self, module):
+        self.state_manager.reset()
+        return module
