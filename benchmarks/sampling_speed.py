@@ -206,7 +206,7 @@ def run(args) -> Dict:
 
     size = DRY if args.dry else FULL
     steps = ["sample.num_sampling_steps=3"] if args.dry else []
-    rows, weights = [], {}
+    rows, weights, checkpoints = [], {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         base = {}
         for demo in DEMOS:
@@ -217,6 +217,7 @@ def run(args) -> Dict:
                 print(f"{demo}: no trained checkpoint under {args.runs}/ (make demo / demo-video / demo-wan): random "
                       f"weights, so the PSNR of the caches says nothing about their quality", flush=True)
             base[demo] = size[demo] + steps + [f"sample.ckpt={ckpt}"]
+            checkpoints[demo] = os.path.basename(os.path.normpath(ckpt))
         results, ratios = {}, {}
         for demo in DEMOS:  # one process, every core
             for name, ranks, settings in SETTINGS:
@@ -252,7 +253,7 @@ def run(args) -> Dict:
                          "psnr_db": round(psnr(r["samples"], plain["samples"]), 1),
                          "fid": round(fids[name], 2) if demo == "image" and name in fids else None})
     return {"machine": machine(), "date": datetime.date.today().isoformat(), "torch": torch.__version__,
-            "dry": args.dry, "repeats": args.repeats, "mag_ratios": ratios,
+            "dry": args.dry, "repeats": args.repeats, "checkpoints": checkpoints, "mag_ratios": ratios,
             "cache_defaults": {k: v for k, v in DEFAULTS.items() if k != "none"}, "rows": rows}
 
 
@@ -287,7 +288,8 @@ def write(results: Dict, out_dir: str) -> str:
     with open(path, "w") as f:
         json.dump(results, f, indent=1)  # an exact PSNR is written as Infinity
     with open(os.path.join(out_dir, "sampling_speed.md"), "w") as f:
-        f.write(f"sampling_speed ({results['date']}, {results['machine']}, torch {results['torch']})\n\n")
+        f.write(f"sampling_speed ({results['date']}, {results['machine']}, torch {results['torch']}; checkpoints: "
+                f"{', '.join(f'{d} {c}' for d, c in results['checkpoints'].items())})\n\n")
         f.write("\n".join(doc_table(results)) + "\n")
     return path
 
@@ -296,7 +298,7 @@ def main(argv=None) -> Dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", default=os.path.join(ROOT, "outputs"), help="results_dir of the trained demos")
     parser.add_argument("--inception", default=None, help="InceptionV3 weights for the image demo's FID")
-    parser.add_argument("--repeats", type=int, default=2, help="timed repeats of each row (the fastest counts)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed repeats of each row (the fastest counts)")
     parser.add_argument("--dry", action="store_true", help="tiny sizes and 3 steps: check the path, time nothing")
     parser.add_argument("--out-dir", default=os.path.join(HERE, "results"))
     args = parser.parse_args(argv)

@@ -203,7 +203,7 @@ def test_magcache_calibrates_on_the_first_trajectory_then_skips(capsys):
 
 def test_each_kind_takes_its_defaults_and_refuses_the_settings_of_another():
     cfg = case_config("dit", ["sample.cache.kind=teacache"])
-    assert resolve_cache(cfg.sample.cache) == {"kind": "teacache", "threshold": 0.15, "max_skip_steps": 3}
+    assert resolve_cache(cfg.sample.cache) == {"kind": "teacache", "threshold": 0.1, "max_skip_steps": 1}
     for settings, words in ((["sample.cache.kind=pab", "sample.cache.threshold=0.1"], "threshold is read by kind"),
                             (["sample.cache.threshold=0.1"], "kind=none reads no settings"),
                             (["sample.cache.kind=pab", "sample.cache.timesteps=[800,100]"], "low < high")):
@@ -246,3 +246,36 @@ def test_a_cache_on_a_model_it_cannot_hook_is_refused():
 def test_a_cache_with_compile_is_refused():
     with pytest.raises(ConfigError, match="sample.compile=true"):
         sample("dit", ["sample.cache.kind=pab", "sample.compile=true"])
+
+
+# ------------------------------------------------------------------------------------------------
+# A diffusers family: the tiny Wan
+# ------------------------------------------------------------------------------------------------
+
+def test_wan_teacache_signal_is_what_its_self_attention_reads():
+    from opendit_lite.build.video import build_video_model
+    from opendit_lite.families import family_adapter
+
+    model = build_video_model(case_config("wan")).eval()
+    perturb(model, 3)
+    block, seen = model.blocks[0], {}
+    block.attn1.register_forward_pre_hook(lambda mod, args: seen.setdefault("attn1", args[0]))
+    block.register_forward_pre_hook(lambda mod, args: seen.setdefault("block", args))
+    with torch.no_grad():
+        model(hidden_states=torch.randn(1, 3, 2, 8, 8), timestep=torch.tensor([500.0]),
+              encoder_hidden_states=torch.randn(1, 8, 32), return_dict=False)
+        signal = family_adapter(model).modulated_input(block, seen["block"], {})
+    torch.testing.assert_close(signal, seen["attn1"], rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind, settings", [("pab", []), ("first_block", ["sample.cache.threshold=0.2"]),
+                                            ("teacache", ["sample.cache.threshold=0.2"]),
+                                            ("magcache", [f"sample.cache.mag_ratios={RATIOS}"])])
+def test_every_kind_hooks_the_wan_family(kind, settings):
+    out, records = sample("wan", [f"sample.cache.kind={kind}"] + settings)
+    plain, _ = sample("wan")
+    # (blocks, attention modules) run per step: the first runs all (2 blocks; 4 attentions, self and cross
+    # in each, counted for pab), a later one reuses the cache.
+    first, field = ((0, 4), 1) if kind == "pab" else ((2, 0), 0)
+    assert records[0] == first and any(r[field] < first[field] for r in records), records
+    assert torch.isfinite(out).all() and not torch.equal(out, plain)
