@@ -11,12 +11,17 @@ same seed (PSNR over the pixels in [-1, 1], peak-to-peak 2) and, for the image d
     python benchmarks/sampling_speed.py --runs /tmp/runs --inception /models/weights-inception-2015-12-05-6726825d.pth
     python benchmarks/sampling_speed.py --dry             # tiny sizes, 3 steps: the whole path in seconds
 
-Every row samples the demo's whole prompt or class list once per repeat; the time is the fastest
-repeat of the sampling loop (the model is loaded before the clock starts). One process uses every
-core torch sees; a 2-rank row runs 2 gloo processes of one thread each. With random weights (no
-trained checkpoint) the PSNR says nothing about a cache's quality: the rows say which. MagCache's
-ratios are calibrated by an untimed run first. Writes benchmarks/results/sampling_speed.{json,md};
-docs/sampling.md's table is ``doc_table`` of the json.
+Every row loads its model once and samples the demo's whole class or prompt list once per repeat
+(after an untimed warm-up run, which also calibrates MagCache's ratios); the time is the fastest
+repeat of the sampling loop. All rows run in one launch of 2 gloo processes with one thread each,
+and the repeats are interleaved (every row in turn, repeat after repeat), so that other work on the
+cores weighs on every row alike: a one-process row runs on rank 0 while rank 1 waits, a 2-rank row
+on both. "1 process" (one core) is the baseline; "1 process, 2 threads" shows what a second core
+gives one process. Each row also reports rank 0's CPU time (its fastest repeat): on cores shared
+with other work it measures the work a row does more steadily than the wall time. With random
+weights (no trained checkpoint) the PSNR says nothing about a cache's quality: the rows say which
+weights they had. Writes benchmarks/results/sampling_speed.{json,md}; docs/sampling.md's table is
+``doc_table`` of the json.
 """
 
 import argparse
@@ -51,11 +56,11 @@ DRY = {
 }
 FULL = {"image": ["sample.samples_per_class=4"], "video": [], "wan": []}
 CACHE_KINDS = [kind for kind in DEFAULTS if kind != "none"]
-# (row name, ranks, settings); "1 process" is the baseline of every row, "1 process, 1 thread" shows how much
-# of a 2-rank row's gain is one thread per core rather than the split of the work.
-SETTINGS = [("1 process", 1, []), ("1 process, 1 thread", 1, []), ("sp 2", 2, ["sp_size=2"]),
-            ("cfg-parallel 2", 2, ["sample.cfg_parallel=true"])] + [
-    (f"cache {kind}", 1, [f"sample.cache.kind={kind}"]) for kind in CACHE_KINDS]
+# (row name, ranks, torch threads per rank, settings). "1 process" (one thread: one core) is every row's
+# baseline; "1 process, 2 threads" shows what the second core gives one process on these small models.
+SETTINGS = [("1 process", 1, 1, []), ("1 process, 2 threads", 1, 2, []), ("sp 2", 2, 1, ["sp_size=2"]),
+            ("cfg-parallel 2", 2, 1, ["sample.cfg_parallel=true"])] + [
+    (f"cache {kind}", 1, 1, [f"sample.cache.kind={kind}"]) for kind in CACHE_KINDS]
 
 
 def demo_config(demo: str, overrides: List[str]):
@@ -110,68 +115,93 @@ def trained_checkpoint(demo: str, runs: str) -> Optional[str]:
         return None
 
 
-def sample_once(demo: str, overrides: List[str], repeats: int, threads: Optional[int] = None) -> Optional[Dict]:
-    """Sample the demo with ``overrides`` on this launch's ranks (``threads`` torch threads; None: as
-    set): (rank 0) its seconds (fastest of ``repeats``), the samples in [-1, 1], the model calls and the
-    share of the block (or attention) forwards that ran."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads or previous)
-    try:
-        return _sample_once(demo, overrides, repeats)
-    finally:
-        torch.set_num_threads(previous)
+class Row:
+    """One row's sampler, loaded once on the ranks it runs on (``ranks``: one process, or the mesh of
+    this launch); ``run()`` samples the demo's whole class or prompt list once and times it."""
 
+    def __init__(self, demo: str, overrides: List[str], ranks):
+        from opendit_lite.sampling.fast import fast_sampling
 
-def _sample_once(demo: str, overrides: List[str], repeats: int) -> Optional[Dict]:
-    import torch.distributed as dist
-
-    from opendit_lite.sampling import gather_on_main, sampling_ranks
-    from opendit_lite.sampling.fast import fast_sampling
-
-    cfg = demo_config(demo, overrides)
-    image = demo == "image"
-    if not image:
-        from opendit_lite.sampling.video import find_video_checkpoint, load_video_model, read_prompts, video_batches
-        from opendit_lite.training.video import validate_video_config
-
-        validate_video_config(cfg)
-        ckpt = find_video_checkpoint(cfg)
-        prompts = read_prompts(cfg)
-    with sampling_ranks(cfg.sp_size, cfg.sample.cfg_parallel) as ranks:
-        if image:
+        cfg = self.cfg = demo_config(demo, overrides)
+        self.ranks = ranks
+        if demo == "image":
             from opendit_lite.sampling.image import class_labels, image_batches, load_image_model
 
-            model, ckpt, vae, _ = load_image_model(cfg, ranks)
+            model, _, vae, _ = load_image_model(cfg, ranks)
             labels = class_labels(cfg.model.num_classes, None, cfg.sample.samples_per_class)
-            run = lambda fast: [x for _, x in image_batches(model, cfg, labels, ranks, vae, fast=fast)]  # noqa: E731
+            self._batches = lambda fast: image_batches(model, cfg, labels, ranks, vae, fast=fast)
         else:
+            from opendit_lite.sampling.video import find_video_checkpoint, load_video_model, read_prompts, video_batches
+            from opendit_lite.training.video import validate_video_config
+
+            validate_video_config(cfg)
+            ckpt = find_video_checkpoint(cfg)
+            prompts = read_prompts(cfg)
             model, captions, vae = load_video_model(cfg, ckpt, ranks)
-            run = lambda fast: [x for _, x in video_batches(model, cfg, prompts, ranks, captions, vae, fast=fast)]  # noqa: E731
-        fast = fast_sampling(model, cfg, ranks)
-        seconds = []
-        for _ in range(repeats):
-            if ranks.world_size > 1:
-                dist.barrier()
-            start = time.perf_counter()
-            mine = run(fast)
-            if ranks.world_size > 1:
-                dist.barrier()
-            seconds.append(time.perf_counter() - start)
-        samples = gather_on_main(torch.cat(mine), ranks)
-        if not ranks.is_main:
-            return None
-    cache = fast.cache
-    batches = len(range(0, len(samples), cfg.sample.batch_size))
-    calls = cache.calls // repeats if cache else cfg.sample.num_sampling_steps * batches  # per run of the rows
-    return {"seconds": min(seconds), "samples": samples, "calls": calls,
-            "computed": (cache.attention_run / (cache.calls * cache.num_attention) if cache and cache.kind == "pab"
-                         else cache.blocks_run / (cache.calls * cache.num_blocks) if cache else 1.0),
-            "mag_ratios": cache.settings.get("mag_ratios") if cache else None, "checkpoint": ckpt}
+            self._batches = lambda fast: video_batches(model, cfg, prompts, ranks, captions, vae, fast=fast)
+        self.fast = fast_sampling(model, cfg, ranks)
+        self.seconds: List[float] = []
+        self.cpu_seconds: List[float] = []
+        self.run(timed=False)  # warm-up (and MagCache's calibration when it has no ratios)
+
+    def run(self, timed: bool = True) -> None:
+        import torch.distributed as dist
+
+        from opendit_lite.sampling import gather_on_main
+
+        cache, multi = self.fast.cache, self.ranks.world_size > 1
+        before = (cache.calls, cache.blocks_run, cache.attention_run) if cache else None
+        if multi:
+            dist.barrier(group=self.ranks.batch_group)
+        start, cpu = time.perf_counter(), time.process_time()
+        mine = [x for _, x in self._batches(self.fast)]
+        if multi:
+            dist.barrier(group=self.ranks.batch_group)
+        if timed:
+            self.seconds.append(time.perf_counter() - start)
+            self.cpu_seconds.append(time.process_time() - cpu)
+        self.samples = gather_on_main(torch.cat(mine), self.ranks)
+        if cache:  # this run's share of the forwards that ran
+            calls = cache.calls - before[0]
+            ran, full = ((cache.attention_run - before[2], calls * cache.num_attention) if cache.kind == "pab"
+                         else (cache.blocks_run - before[1], calls * cache.num_blocks))
+            self.calls, self.computed = calls, ran / full
+        else:
+            self.calls, self.computed = self.cfg.sample.num_sampling_steps * len(mine), 1.0  # steps x batches
+
+    def result(self) -> Dict:
+        cache = self.fast.cache
+        return {"seconds": min(self.seconds), "all_seconds": self.seconds, "cpu_seconds": min(self.cpu_seconds),
+                "samples": self.samples, "calls": self.calls, "computed": self.computed,
+                "mag_ratios": cache.settings.get("mag_ratios") if cache else None}
 
 
-def _two_ranks(rank: int, world_size: int, jobs, repeats: int) -> Dict:
-    torch.set_num_threads(1)
-    return {key: sample_once(demo, overrides, repeats) for key, (demo, overrides) in jobs.items()}
+def _measure(rank: int, world_size: int, plans, repeats: int) -> Optional[Dict]:
+    """Every row of ``plans`` ({key: (demo, overrides, ranks, threads)}) on this 2-rank launch, the
+    timed runs interleaved (repeat after repeat, every row in turn) so that other work on the cores
+    weighs on every row alike; a one-process row runs on rank 0 while rank 1 waits."""
+    import torch.distributed as dist
+
+    from opendit_lite.sampling import sampling_ranks
+    from opendit_lite.sampling.ranks import _single_process
+
+    rows = {}
+    for key, (demo, overrides, ranks, threads) in plans.items():
+        torch.set_num_threads(threads)
+        if ranks == 1:
+            rows[key] = Row(demo, overrides, _single_process()) if rank == 0 else None
+        else:
+            cfg = demo_config(demo, overrides)
+            with sampling_ranks(cfg.sp_size, cfg.sample.cfg_parallel) as mesh:  # the launch's groups stay up
+                rows[key] = Row(demo, overrides, mesh)
+        dist.barrier()
+    for _ in range(repeats):
+        for key, (_, _, ranks, threads) in plans.items():
+            torch.set_num_threads(threads)
+            if rows[key] is not None:
+                rows[key].run()
+            dist.barrier()
+    return {key: row.result() for key, row in rows.items()} if rank == 0 else None
 
 
 def psnr(samples: torch.Tensor, reference: torch.Tensor) -> float:
@@ -204,6 +234,7 @@ def fid_scores(demo_overrides: List[str], sets: Dict[str, torch.Tensor], incepti
 def run(args) -> Dict:
     from tests.distributed import run_distributed
 
+    load_before = os.getloadavg()[0]
     size = DRY if args.dry else FULL
     steps = ["sample.num_sampling_steps=3"] if args.dry else []
     rows, weights, checkpoints = [], {}, {}
@@ -218,42 +249,31 @@ def run(args) -> Dict:
                       f"weights, so the PSNR of the caches says nothing about their quality", flush=True)
             base[demo] = size[demo] + steps + [f"sample.ckpt={ckpt}"]
             checkpoints[demo] = os.path.basename(os.path.normpath(ckpt))
-        results, ratios = {}, {}
-        for demo in DEMOS:  # one process, every core
-            for name, ranks, settings in SETTINGS:
-                if ranks != 1:
-                    continue
-                extra = list(settings)
-                if name == "cache magcache":  # an untimed calibration run gives the ratios
-                    ratios[demo] = sample_once(demo, base[demo] + extra, 1)["mag_ratios"]
-                    extra.append(f"sample.cache.mag_ratios=[{','.join(f'{r:.6f}' for r in ratios[demo])}]")
-                results[demo, name] = sample_once(demo, base[demo] + extra, args.repeats,
-                                                  threads=1 if name.endswith("1 thread") else None)
-                print(f"{demo:>6} {name:<20} {results[demo, name]['seconds']:.2f} s", flush=True)
-        jobs = {f"{demo}|{name}": (demo, base[demo] + settings) for demo in DEMOS
-                for name, ranks, settings in SETTINGS if ranks == 2}
-        spawned = run_distributed(_two_ranks, 2, args=(jobs, args.repeats), env={"OMP_NUM_THREADS": "1"})[0]
-        for key, value in spawned.items():
-            demo, name = key.split("|")
-            results[demo, name] = value
-            print(f"{demo:>6} {name:<20} {value['seconds']:.2f} s", flush=True)
+        plans = {f"{demo}|{name}": (demo, base[demo] + settings, ranks, threads) for demo in DEMOS
+                 for name, ranks, threads, settings in SETTINGS}
+        measured = run_distributed(_measure, 2, args=(plans, args.repeats), env={"OMP_NUM_THREADS": "1"})[0]
+        results = {tuple(key.split("|")): value for key, value in measured.items()}
+        ratios = {demo: results[demo, "cache magcache"]["mag_ratios"] for demo in DEMOS}
         fids = {}
         if args.inception:
             fids = fid_scores(size["image"] + steps, {name: results["image", name]["samples"]
-                                                      for name, _, _ in SETTINGS}, args.inception)
-    threads = torch.get_num_threads()
+                                                      for name, _, _, _ in SETTINGS}, args.inception)
     for demo in DEMOS:
         plain = results[demo, "1 process"]
-        for name, ranks, _ in SETTINGS:
+        for name, ranks, threads, _ in SETTINGS:
             r = results[demo, name]
             rows.append({"demo": demo, "model": DEMOS[demo][1], "weights": weights[demo], "setting": name,
-                         "ranks_x_threads": f"{ranks} x {1 if ranks == 2 or name.endswith('1 thread') else threads}",
+                         "ranks_x_threads": f"{ranks} x {threads}",
                          "seconds": round(r["seconds"], 3), "speedup": round(plain["seconds"] / r["seconds"], 2),
+                         "all_seconds": [round(t, 3) for t in r["all_seconds"]],
+                         "cpu_seconds": round(r["cpu_seconds"], 3),
+                         "cpu_speedup": round(plain["cpu_seconds"] / r["cpu_seconds"], 2),
                          "model_calls": r["calls"], "computed": round(r["computed"], 3),
                          "psnr_db": round(psnr(r["samples"], plain["samples"]), 1),
                          "fid": round(fids[name], 2) if demo == "image" and name in fids else None})
     return {"machine": machine(), "date": datetime.date.today().isoformat(), "torch": torch.__version__,
             "dry": args.dry, "repeats": args.repeats, "checkpoints": checkpoints, "mag_ratios": ratios,
+            "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)],  # other work on the cores
             "cache_defaults": {k: v for k, v in DEFAULTS.items() if k != "none"}, "rows": rows}
 
 
@@ -270,15 +290,16 @@ def machine() -> str:
 
 def doc_table(results: Dict) -> List[str]:
     """The table of docs/sampling.md: one row per demo and setting."""
-    head = ["demo", "setting", "ranks x threads", "seconds", "speed-up", "model calls", "computed", "PSNR dB", "FID"]
+    head = ["demo", "setting", "ranks x threads", "seconds", "speed-up", "rank-0 CPU s", "CPU speed-up", "model calls",
+            "computed", "PSNR dB", "FID"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results["rows"]:
         psnr_cell = "exact" if math.isinf(r["psnr_db"]) else f"{r['psnr_db']:.1f}"
         fid = "n/a" if r["fid"] is None else f"{r['fid']:.2f}"
         demo = f"{r['demo']} ({r['weights']} weights)"
         lines.append("| " + " | ".join([demo, r["setting"], r["ranks_x_threads"], f"{r['seconds']:.2f}",
-                                        f"{r['speedup']:.2f}x", str(r["model_calls"]), f"{r['computed']:.0%}",
-                                        psnr_cell, fid]) + " |")
+                                        f"{r['speedup']:.2f}x", f"{r['cpu_seconds']:.2f}", f"{r['cpu_speedup']:.2f}x",
+                                        str(r["model_calls"]), f"{r['computed']:.0%}", psnr_cell, fid]) + " |")
     return lines
 
 
@@ -289,7 +310,8 @@ def write(results: Dict, out_dir: str) -> str:
         json.dump(results, f, indent=1)  # an exact PSNR is written as Infinity
     with open(os.path.join(out_dir, "sampling_speed.md"), "w") as f:
         f.write(f"sampling_speed ({results['date']}, {results['machine']}, torch {results['torch']}; checkpoints: "
-                f"{', '.join(f'{d} {c}' for d, c in results['checkpoints'].items())})\n\n")
+                f"{', '.join(f'{d} {c}' for d, c in results['checkpoints'].items())}; 1-minute load average "
+                f"{results['load_average'][0]} at the start, {results['load_average'][1]} at the end)\n\n")
         f.write("\n".join(doc_table(results)) + "\n")
     return path
 
@@ -298,13 +320,12 @@ def main(argv=None) -> Dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", default=os.path.join(ROOT, "outputs"), help="results_dir of the trained demos")
     parser.add_argument("--inception", default=None, help="InceptionV3 weights for the image demo's FID")
-    parser.add_argument("--repeats", type=int, default=3, help="timed repeats of each row (the fastest counts)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed repeats of each row (the fastest counts)")
     parser.add_argument("--dry", action="store_true", help="tiny sizes and 3 steps: check the path, time nothing")
     parser.add_argument("--out-dir", default=os.path.join(HERE, "results"))
     args = parser.parse_args(argv)
-    if args.dry:  # one thread: the suite's workers share the cores
+    if args.dry:
         args.repeats = 1
-        torch.set_num_threads(1)
     results = run(args)
     print("\n".join(doc_table(results)))
     if not args.dry or args.out_dir != os.path.join(HERE, "results"):

@@ -24,10 +24,10 @@ def bench():
 def test_dry_run_measures_every_setting_of_every_demo(bench, tmp_path):
     results = bench.main(["--dry", "--out-dir", str(tmp_path)])
     rows = {(r["demo"], r["setting"]): r for r in results["rows"]}
-    assert set(rows) == {(demo, name) for demo in bench.DEMOS for name, _, _ in bench.SETTINGS}
+    assert set(rows) == {(demo, name) for demo in bench.DEMOS for name, _, _, _ in bench.SETTINGS}
     for (demo, name), r in rows.items():
         assert r["weights"] == "random" and r["seconds"] > 0 and 0 < r["computed"] <= 1, (demo, name, r)
-        if name in ("sp 2", "cfg-parallel 2", "1 process, 1 thread"):  # the one-process samples, to fp32 rounding
+        if name in ("sp 2", "cfg-parallel 2", "1 process, 2 threads"):  # the one-process samples, to fp32 rounding
             assert r["psnr_db"] > 60 and r["computed"] == 1, (demo, name, r)
         if name.startswith("cache"):  # a cache that reused something changed the samples
             assert r["model_calls"] == 3, (demo, name, r)
