@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install demo demo-video demo-wan test test-gpu clean distclean
+.PHONY: install demo demo-video demo-wan test test-gpu gpu-report clean distclean
 
 install: $(STAMP)
 
@@ -44,6 +44,23 @@ test: $(STAMP)
 
 test-gpu: $(STAMP)
 	$(PY) -m pytest -q -m gpu $(PYTEST_ARGS)
+
+# On the offline GPU machine (docs/gpu.md), without `make install`: the wheels of .whl/ (built by
+# scripts/gpu_bundle.sh where the registries are) installed offline into $(GPU_SITE), then every GPU
+# test and headline figure within --budget seconds, written to $OUT (else benchmarks/results/) as
+# measured. Stops at once, before installing anything, where no CUDA GPU is visible.
+GPU_SITE ?= /tmp/site
+GPU_REPORT_ARGS ?= --budget 480
+gpu-report:
+	@$(PYTHON) -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 2)" 2>/dev/null || { \
+	  echo "make gpu-report: no CUDA GPU is visible to $(PYTHON) (torch does not import, or torch.cuda.is_available()" \
+	       "is False). It runs on the GPU machine (docs/gpu.md); here, python benchmarks/gpu_report.py --dry-run" \
+	       "runs every section at toy sizes on the CPU." >&2; exit 2; }
+	@ls .whl/*.whl >/dev/null 2>&1 || { echo "make gpu-report: no wheels in .whl/: run bash scripts/gpu_bundle.sh" \
+	  "on a machine with the package registries and carry .whl/ to this one (docs/gpu.md)." >&2; exit 2; }
+	$(PYTHON) -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $(GPU_SITE) .whl/*.whl
+	PYTHONPATH=$(GPU_SITE):$(CURDIR) PYTHONUNBUFFERED=1 $(PYTHON) benchmarks/gpu_report.py $(if $(OUT),--out $(OUT)) \
+	  $(GPU_REPORT_ARGS)
 
 # `make clean` removes what runs and tests wrote and keeps the installed .venv; `make distclean`
 # removes .venv too.

@@ -26,7 +26,7 @@ from opendit_lite.utils.quiet import quiet_third_party_startup
 
 quiet_third_party_startup()  # before colossalai is imported
 
-from opendit_lite.build.image import build_dataset_from_config
+from opendit_lite.builders.image import build_dataset_from_config
 from opendit_lite.config import parse_cli
 from opendit_lite.sampling import gather_on_main, sampling_ranks
 from opendit_lite.sampling.fast import fast_sampling

@@ -114,7 +114,7 @@ def wall_clock_ms(call: Callable[[], object], rep: int) -> List[float]:
 
 
 def bench_head_dim(head_dim: int, shapes, heads: int, device: str, dtype: torch.dtype, rep: int,
-                   info) -> Tuple[List[common.Row], Dict[str, str]]:
+                   info, timer: str = "graph") -> Tuple[List[common.Row], Dict[str, str]]:
     """Rows for every available provider and shape, and {provider: reason} for those unavailable."""
     rows, skipped = [], {}
     for B, N in shapes:
@@ -131,7 +131,8 @@ def bench_head_dim(head_dim: int, shapes, heads: int, device: str, dtype: torch.
                 skipped[name] = reason
         label = f"B{B} N{N} H{heads} Dh{head_dim}"
         if device == "cuda":
-            rows += common.bench_providers("attention", label, fns, (q, k, v), dy, info, rep, flops=flops)
+            rows += common.bench_providers("attention", label, fns, (q, k, v), dy, info, rep, flops=flops,
+                                           timer=timer)
             continue
         for name, fn in fns.items():
             for mode, call in common.modes_for(lambda: fn(q, k, v), dy).items():
@@ -140,7 +141,7 @@ def bench_head_dim(head_dim: int, shapes, heads: int, device: str, dtype: torch.
                     kernel="attention", provider=name, mode=mode, shape=label, dtype=str(dtype).replace("torch.", ""),
                     ms_p20=p20, ms_p50=p50, ms_p80=p80, gbps=None, frac_of_copy_bw=None,
                     tflops=flops[mode] / (p50 * 1e-3) / 1e12, baseline="", speedup=None, peak_mem_mib=0.0,
-                    gpu=info[0], torch_version=info[1], triton_version=info[2],
+                    gpu=info[0], torch_version=info[1], triton_version=info[2], timer="wall",
                 ))
     return rows, skipped
 
@@ -191,7 +192,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[int, str]:
         shapes, heads = (QUICK_SHAPES if args.quick else DIT_SHAPES + VIDEO_SHAPES), HEADS
     picks, all_rows = {}, []
     for head_dim in args.head_dims:
-        rows, skipped = bench_head_dim(head_dim, shapes, heads, args.device, dtype, rep, info)
+        rows, skipped = bench_head_dim(head_dim, shapes, heads, args.device, dtype, rep, info, timer=args.timer)
         picks[head_dim] = print_table(head_dim, rows, skipped)
         all_rows += rows
     if args.device == "cuda":

@@ -2,6 +2,7 @@
 
     python benchmarks/bench_fused_adaln.py                  # every shape of the issue, bf16
     python benchmarks/bench_fused_adaln.py --quick          # two small shapes, a smoke run
+    python benchmarks/bench_fused_adaln.py --shapes report  # the five shapes of benchmarks/gpu_report.py
     python benchmarks/bench_fused_adaln.py --layout token   # per-token modulation [B, N, D]
     python benchmarks/bench_fused_adaln.py --op residual    # adaLN-Zero gated residual + next norm
 
@@ -39,6 +40,10 @@ import torch
 DIT_SHAPES = [(b, 256, 1152) for b in (32, 64, 128, 256)]
 VIDEO_SHAPES = [(b, n, 1152) for b in (1, 2, 4) for n in (8192, 16384, 32768, 65536)]
 QUICK_SHAPES = [(8, 256, 1152), (1, 8192, 1152)]
+# The report's set (benchmarks/gpu_report.py): DiT-XL/2 at 256 px with batches 128 and 256, then
+# video latents of 16k to 64k tokens; each moves 75-300 MB per pass, far beyond the L2.
+REPORT_SHAPES = [(128, 256, 1152), (256, 256, 1152), (1, 16384, 1152), (2, 32768, 1152), (1, 65536, 1152)]
+SHAPE_SETS = {"all": DIT_SHAPES + VIDEO_SHAPES, "report": REPORT_SHAPES, "quick": QUICK_SHAPES}
 
 EPS = 1e-6
 
@@ -59,12 +64,12 @@ def residual_bytes_moved(B: int, N: int, D: int, elem: int, layout: str) -> dict
     return {"forward": forward, "backward": backward, "full": forward + backward}
 
 
-def residual_providers():
+def residual_providers(compile_backend: str = "inductor"):
     from opendit_lite.kernels import gated_residual_adaln
     from tests.kernels.test_gated_residual import reference_gated_residual
 
     torch._dynamo.reset()
-    compiled = torch.compile(reference_gated_residual, dynamic=False)
+    compiled = torch.compile(reference_gated_residual, dynamic=False, backend=compile_backend)
     return {
         "eager": lambda *a: reference_gated_residual(*a, EPS),
         "compile": lambda *a: compiled(*a, EPS),
@@ -73,24 +78,25 @@ def residual_providers():
 
 
 def bench_residual_shape(shape: Tuple[int, int, int], layout: str, dtype: torch.dtype, copy_gbps: float, rep: int,
-                         info):
+                         info, device: str = "cuda", compile_backend: str = "inductor", timer: str = "graph"):
     B, N, D = shape
     mod_shape = (B, N, D) if layout == "token" else (B, D)
-    x, h = (torch.randn(B, N, D, device="cuda", dtype=dtype, requires_grad=True) for _ in range(2))
-    gate, shift, scale = ((0.5 * torch.randn(mod_shape, device="cuda", dtype=dtype)).requires_grad_() for _ in range(3))
-    dy = torch.randn(B, N, D, device="cuda", dtype=dtype)
+    x, h = (torch.randn(B, N, D, device=device, dtype=dtype, requires_grad=True) for _ in range(2))
+    gate, shift, scale = ((0.5 * torch.randn(mod_shape, device=device, dtype=dtype)).requires_grad_() for _ in range(3))
+    dy = torch.randn(B, N, D, device=device, dtype=dtype)
     return common.bench_providers(
-        "gated_residual", f"B{B} N{N} D{D} {layout}", residual_providers(), (x, h, gate, shift, scale), dy, info, rep,
-        bytes_moved=residual_bytes_moved(B, N, D, x.element_size(), layout), copy_gbps=copy_gbps,
+        "gated_residual", f"B{B} N{N} D{D} {layout}", residual_providers(compile_backend), (x, h, gate, shift, scale),
+        dy, info, rep,
+        bytes_moved=residual_bytes_moved(B, N, D, x.element_size(), layout), copy_gbps=copy_gbps, timer=timer,
     )
 
 
-def providers():
+def providers(compile_backend: str = "inductor"):
     from opendit_lite.kernels import fused_adaln
     from tests.kernels.test_fused_adaln import reference_adaln
 
     torch._dynamo.reset()  # a fresh compile per shape; the recompile limit would fall back to eager
-    compiled = torch.compile(reference_adaln, dynamic=False)
+    compiled = torch.compile(reference_adaln, dynamic=False, backend=compile_backend)
     return {
         "eager": lambda x, s, c: reference_adaln(x, s, c, EPS),
         "compile": lambda x, s, c: compiled(x, s, c, EPS),
@@ -98,16 +104,17 @@ def providers():
     }
 
 
-def bench_shape(shape: Tuple[int, int, int], layout: str, dtype: torch.dtype, copy_gbps: float, rep: int, info):
+def bench_shape(shape: Tuple[int, int, int], layout: str, dtype: torch.dtype, copy_gbps: float, rep: int, info,
+                device: str = "cuda", compile_backend: str = "inductor", timer: str = "graph"):
     B, N, D = shape
     mod_shape = (B, N, D) if layout == "token" else (B, D)
-    x = torch.randn(B, N, D, device="cuda", dtype=dtype, requires_grad=True)
-    shift = (0.5 * torch.randn(mod_shape, device="cuda", dtype=dtype)).requires_grad_()
-    scale = (0.5 * torch.randn(mod_shape, device="cuda", dtype=dtype)).requires_grad_()
-    dy = torch.randn(B, N, D, device="cuda", dtype=dtype)
+    x = torch.randn(B, N, D, device=device, dtype=dtype, requires_grad=True)
+    shift = (0.5 * torch.randn(mod_shape, device=device, dtype=dtype)).requires_grad_()
+    scale = (0.5 * torch.randn(mod_shape, device=device, dtype=dtype)).requires_grad_()
+    dy = torch.randn(B, N, D, device=device, dtype=dtype)
     return common.bench_providers(
-        "fused_adaln", f"B{B} N{N} D{D} {layout}", providers(), (x, shift, scale), dy, info, rep,
-        bytes_moved=bytes_moved(B, N, D, x.element_size(), layout), copy_gbps=copy_gbps,
+        "fused_adaln", f"B{B} N{N} D{D} {layout}", providers(compile_backend), (x, shift, scale), dy, info, rep,
+        bytes_moved=bytes_moved(B, N, D, x.element_size(), layout), copy_gbps=copy_gbps, timer=timer,
     )
 
 
@@ -117,12 +124,14 @@ def main() -> None:
                         help="shift/scale per sample [B, D] (DiT) or per token [B, N, D]")
     parser.add_argument("--op", choices=("adaln", "residual"), default="adaln",
                         help="adaln: LayerNorm + modulate; residual: gated residual + the next LayerNorm + modulate")
+    parser.add_argument("--shapes", choices=sorted(SHAPE_SETS), default="all",
+                        help="all: every DiT and video shape; report: the five of gpu_report.py; quick: as --quick")
     args = parser.parse_args()
     dtype, rep, info, copy_gbps = common.setup(args)
     bench = bench_shape if args.op == "adaln" else bench_residual_shape
     rows = []
-    for shape in QUICK_SHAPES if args.quick else DIT_SHAPES + VIDEO_SHAPES:
-        rows += bench(shape, args.layout, dtype, copy_gbps, rep, info)
+    for shape in QUICK_SHAPES if args.quick else SHAPE_SETS[args.shapes]:
+        rows += bench(shape, args.layout, dtype, copy_gbps, rep, info, timer=args.timer)
     kernel = ("fused_adaln" if args.op == "adaln" else "gated_residual") + ("_token" if args.layout == "token" else "")
     common.finish(rows, kernel, args.quick, "gbps", "effective GB/s", "eager",
                   copy_gbps, "device copy bandwidth")

@@ -2,6 +2,7 @@
 
     python benchmarks/bench_layernorm.py            # every shape of the issue, bf16
     python benchmarks/bench_layernorm.py --quick    # two small shapes, a smoke run
+    python benchmarks/bench_layernorm.py --shapes report   # the five shapes of benchmarks/gpu_report.py
 
 Providers: ``eager`` (``reference_layer_norm`` from tests/kernels/test_layernorm.py, i.e. torch's
 LayerNorm), ``compile`` (``torch.compile`` of it), ``triton`` (``opendit_lite.kernels.triton_layer_norm``)
@@ -21,7 +22,7 @@ from typing import Tuple
 
 import common
 import torch
-from bench_fused_adaln import DIT_SHAPES, QUICK_SHAPES, VIDEO_SHAPES
+from bench_fused_adaln import QUICK_SHAPES, SHAPE_SETS
 
 EPS = 1e-5
 
@@ -32,13 +33,13 @@ def bytes_moved(M: int, D: int, elem: int) -> dict:
     return {"forward": forward, "backward": backward, "full": forward + backward}
 
 
-def providers():
+def providers(compile_backend: str = "inductor"):
     from opendit_lite.kernels import triton_layer_norm
     from opendit_lite.kernels.layernorm import _apex_fused_layernorm_cls
     from tests.kernels.test_layernorm import reference_layer_norm
 
     torch._dynamo.reset()  # a fresh compile per shape; the recompile limit would fall back to eager
-    compiled = torch.compile(reference_layer_norm, dynamic=False)
+    compiled = torch.compile(reference_layer_norm, dynamic=False, backend=compile_backend)
     found = {
         "eager": lambda x, w, b: reference_layer_norm(x, w, b, EPS),
         "compile": lambda x, w, b: compiled(x, w, b, EPS),
@@ -51,24 +52,28 @@ def providers():
     return found
 
 
-def bench_shape(shape: Tuple[int, int, int], dtype: torch.dtype, copy_gbps: float, rep: int, info):
+def bench_shape(shape: Tuple[int, int, int], dtype: torch.dtype, copy_gbps: float, rep: int, info,
+                device: str = "cuda", compile_backend: str = "inductor", timer: str = "graph"):
     B, N, D = shape
-    x = torch.randn(B, N, D, device="cuda", dtype=dtype, requires_grad=True)
-    weight = (1 + 0.5 * torch.randn(D, device="cuda", dtype=dtype)).requires_grad_()
-    bias = (0.5 * torch.randn(D, device="cuda", dtype=dtype)).requires_grad_()
-    dy = torch.randn(B, N, D, device="cuda", dtype=dtype)
+    x = torch.randn(B, N, D, device=device, dtype=dtype, requires_grad=True)
+    weight = (1 + 0.5 * torch.randn(D, device=device, dtype=dtype)).requires_grad_()
+    bias = (0.5 * torch.randn(D, device=device, dtype=dtype)).requires_grad_()
+    dy = torch.randn(B, N, D, device=device, dtype=dtype)
     return common.bench_providers(
-        "layernorm", f"B{B} N{N} D{D}", providers(), (x, weight, bias), dy, info, rep,
-        bytes_moved=bytes_moved(B * N, D, x.element_size()), copy_gbps=copy_gbps,
+        "layernorm", f"B{B} N{N} D{D}", providers(compile_backend), (x, weight, bias), dy, info, rep,
+        bytes_moved=bytes_moved(B * N, D, x.element_size()), copy_gbps=copy_gbps, timer=timer,
     )
 
 
 def main() -> None:
-    args = common.base_parser(__doc__).parse_args()
+    parser = common.base_parser(__doc__)
+    parser.add_argument("--shapes", choices=sorted(SHAPE_SETS), default="all",
+                        help="all: every DiT and video shape; report: the five of gpu_report.py; quick: as --quick")
+    args = parser.parse_args()
     dtype, rep, info, copy_gbps = common.setup(args)
     rows = []
-    for shape in QUICK_SHAPES if args.quick else DIT_SHAPES + VIDEO_SHAPES:
-        rows += bench_shape(shape, dtype, copy_gbps, rep, info)
+    for shape in QUICK_SHAPES if args.quick else SHAPE_SETS[args.shapes]:
+        rows += bench_shape(shape, dtype, copy_gbps, rep, info, timer=args.timer)
     common.finish(rows, "layernorm", args.quick, "gbps", "effective GB/s", "eager",
                   copy_gbps, "device copy bandwidth")
 

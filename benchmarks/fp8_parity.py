@@ -47,9 +47,10 @@ def train(args: argparse.Namespace, fp8: bool, device: torch.device) -> Dict[str
         for block in model.get_fsdp_wrap_module_list():
             block.compile()
     objective = build_scheduler("iddpm", noise_schedule="linear", learn_sigma=True, diffusion_steps=1000)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0, fused=True)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0, fused=device.type == "cuda")
     loader = torch.utils.data.DataLoader(dataset, batch_size=args.batch_size, shuffle=True, drop_last=True,
-                                         generator=torch.Generator().manual_seed(args.seed))
+                                         generator=torch.Generator().manual_seed(args.seed),
+                                         num_workers=args.workers)
     torch.manual_seed(args.seed + 1)  # timesteps and noise: the same draws in both runs
     losses, times, step = [], [], 0
     while step < args.steps:
@@ -58,14 +59,15 @@ def train(args: argparse.Namespace, fp8: bool, device: torch.device) -> Dict[str
                 break
             start = time.perf_counter()
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-            with torch.autocast("cuda", dtype=torch.bfloat16):
+            with torch.autocast(device.type, dtype=torch.bfloat16):
                 loss = objective_loss(objective, model, x, dict(y=y))
             loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             losses.append(loss.detach())
             if step >= 10:
-                torch.cuda.synchronize(device)
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
                 times.append((time.perf_counter() - start) * 1e3)
             step += 1
     return {"loss": torch.stack(losses).float().cpu().tolist(), "ms": times}
@@ -91,6 +93,7 @@ def main(argv) -> None:
     parser.add_argument("--num-samples", type=int, default=65536)
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--workers", type=int, default=4, help="data loader processes drawing the shapes")
     parser.add_argument("--compile", action="store_true", help="torch.compile each block in both runs")
     parser.add_argument("--out-dir", default=RESULTS_DIR)
     args = parser.parse_args(argv)

@@ -197,9 +197,15 @@ SEARCH_SHARE = 0.7
 
 
 def run(model_name: str, modes: Sequence[str], search: str, size_range: Tuple[int, int], size: int,
-        max_batch: int, timed_steps: int, device: torch.device, time_budget: Optional[float] = None) -> List[dict]:
+        max_batch: int, timed_steps: int, device: torch.device, time_budget: Optional[float] = None,
+        on_row: Optional[Callable[[dict], None]] = None) -> List[dict]:
     """Search each mode's maximum (``search``: "batch" at ``size``, or "size" in ``size_range`` at
-    batch 1), then time every mode at every maximum it fits, within ``time_budget`` seconds."""
+    batch 1), then time every mode at every maximum it fits, within ``time_budget`` seconds.
+
+    ``on_row``: called with each result as soon as it is known, a search's maximum first
+    (``kind`` "max": mode, size, batch, tokens, lower bound) then every timed row (``kind``
+    "timed", as returned), so that a caller cut short keeps what was found."""
+    on_row = on_row or (lambda row: None)
     builder = input_builder_for(model_name)
     grain = builder.granularity(model_name)
     gpu = torch.cuda.get_device_name(device)
@@ -215,19 +221,26 @@ def run(model_name: str, modes: Sequence[str], search: str, size_range: Tuple[in
     else:
         lo, hi = -(-size_range[0] // grain), size_range[1] // grain  # search k, size = k * grain
     maxima: Dict[str, Optional[Tuple[int, int]]] = {}
+    fitted_tokens: Dict[Tuple[int, int], int] = {}  # (size, batch) -> tokens of each probe that fitted
     lower_bound: Dict[str, bool] = {}
     for index, mode in enumerate(modes):
         share = Deadline(None if not time_budget else searching.remaining() / (len(modes) - index))
 
         def fits(k: int, mode=mode) -> bool:
             s, b = point(k)
-            ok = measure(builder, model_name, s, b, mode, device, timed_steps=0) is not None
+            m = measure(builder, model_name, s, b, mode, device, timed_steps=0)
+            ok = m is not None
+            if ok:
+                fitted_tokens[(s, b)] = m.tokens
             print(f"  {mode:8s} {builder.unit} {s} batch {b}: {'fits' if ok else 'out of memory'}", flush=True)
             return ok
 
         k = largest_fitting(fits, lo, hi, out_of_time=share.passed)
         maxima[mode] = None if k is None else point(k)
         lower_bound[mode] = k is not None and share.passed()
+        s_max, b_max = maxima[mode] or (None, None)
+        on_row(dict(kind="max", model=model_name, mode=mode, unit=builder.unit, size=s_max, batch=b_max,
+                    tokens=fitted_tokens.get(maxima[mode]), max_is_lower_bound=lower_bound[mode]))
         note = " (time budget spent: a lower bound)" if lower_bound[mode] else ""
         print(f"{mode}: largest {search} {None if k is None else (k if search == 'batch' else k * grain)}{note}",
               flush=True)
@@ -246,11 +259,13 @@ def run(model_name: str, modes: Sequence[str], search: str, size_range: Tuple[in
                 print(f"  {mode} at {builder.unit} {s} batch {b}: out of memory when timed", flush=True)
                 continue
             tflops = m.flops / (m.step_ms * 1e-3) / 1e12
-            rows.append(dict(model=model_name, mode=mode, unit=builder.unit, size=s, batch=b, tokens=m.tokens,
+            rows.append(dict(kind="timed", model=model_name, mode=mode, unit=builder.unit, size=s, batch=b,
+                             tokens=m.tokens,
                              is_max=(s, b) == maxima[mode], max_is_lower_bound=lower_bound[mode],
                              step_ms=round(m.step_ms, 2), tflops=round(tflops, 1),
                              mfu=round(tflops / peak, 4) if peak else "",
                              peak_gib=round(m.peak_bytes / 2 ** 30, 2), device=gpu, torch=torch.__version__))
+            on_row(rows[-1])
             print(f"  {mode:8s} {builder.unit} {s} batch {b} ({m.tokens} tokens): {m.step_ms:.1f} ms/step, "
                   f"{tflops:.0f} TFLOP/s, peak {m.peak_bytes / 2 ** 30:.1f} GiB", flush=True)
     return rows

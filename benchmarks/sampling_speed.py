@@ -80,12 +80,16 @@ def random_checkpoint(demo: str, overrides: List[str], folder: str) -> str:
 
     cfg = demo_config(demo, overrides)
     if demo == "image":
-        from opendit_lite.build.image import build_dataset_from_config, build_model_from_config, resolve_model_geometry
+        from opendit_lite.builders.image import (
+            build_dataset_from_config,
+            build_model_from_config,
+            resolve_model_geometry,
+        )
 
         resolve_model_geometry(cfg, build_dataset_from_config(cfg))
         model = build_model_from_config(cfg)
     else:
-        from opendit_lite.build.video import build_video_model
+        from opendit_lite.builders.video import build_video_model
         from opendit_lite.training.video import prepare_video_data, validate_video_config
 
         validate_video_config(cfg)
@@ -183,7 +187,7 @@ def _measure(rank: int, world_size: int, plans, repeats: int) -> Optional[Dict]:
     import torch.distributed as dist
 
     from opendit_lite.sampling import sampling_ranks
-    from opendit_lite.sampling.ranks import _single_process
+    from opendit_lite.sampling.sharding import _single_process
 
     rows = {}
     for key, (demo, overrides, ranks, threads) in plans.items():
@@ -214,7 +218,7 @@ def fid_scores(demo_overrides: List[str], sets: Dict[str, torch.Tensor], incepti
     """FID of each set of images [N, 3, H, W] in [-1, 1] against the image demo's classes (its shapes data)."""
     import numpy as np
 
-    from opendit_lite.build.image import build_dataset_from_config
+    from opendit_lite.builders.image import build_dataset_from_config
     from opendit_lite.evaluate import load_inception, score_images
     from opendit_lite.evaluate.generate import to_uint8
     from opendit_lite.evaluate.reference import Reference, statistics

@@ -1,11 +1,12 @@
 """End-to-end training-step benchmark: throughput, MFU and peak memory of opendit_lite's
 configurations against plain PyTorch baselines, all measured in the same run.
 
-One GPU, from the project root (DiT-XL/2 at 256 px, every default configuration, each at the
-largest batch that fits):
+One GPU, from the project root (DiT-XL/2 at 256 px):
 
-    python benchmarks/train_step.py --batch-search
-    python benchmarks/train_step.py --batch-size 256 --configs torch-fp32 torch-bf16-compile zero0+kernels+compile
+    python benchmarks/train_step.py --batch-size 128                # every default configuration, ~10 min
+    python benchmarks/train_step.py --batch-search --configs torch-bf16-compile zero0+kernels+compile \
+        --search-budget 240                                          # each at its largest batch, < 10 min
+    python benchmarks/train_step.py --batch-size 128 --precision fp8 --configs torch-bf16-compile zero0+kernels+compile
     python benchmarks/train_step.py --profile zero0+kernels+compile --batch-size 256
 
 Several GPUs of one node (throughput is summed over ranks; MFU is per GPU; no --batch-search):
@@ -24,8 +25,10 @@ Configurations (``--configs``):
                         updated parameter by parameter after every step, DDP
     torch-bf16-compile  the same loop under bf16 autocast with the DDP model torch.compile'd
     zero<D>[+kernels][+compile][+ac[<ratio>]][+offload]
-                        OpenDiTPlugin at zero_degree D (0 DDP, 1/2 ZeRO, 3 Gemini) in --precision,
-                        with its sharded EMA, set up by ``opendit_lite.transforms.parallelize``: +kernels: the
+                        OpenDiTPlugin at zero_degree D (0 DDP, 1/2 ZeRO, 3 Gemini) in --precision
+                        (fp8: bf16 with the blocks' Linear layers in float8 through torchao, on GPUs
+                        of compute capability >= 8.9; refused elsewhere with exit code 2),
+                        with its sharded EMA, set up by ``opendit_lite.parallelization.parallelize``: +kernels: the
                         fused AdaLN Triton kernel and flash attention when installed (DiT has no
                         affine LayerNorm for the fused LayerNorm); +compile: torch.compile per
                         block; +ac: activation checkpointing leaving a fraction <ratio> of blocks out
@@ -42,12 +45,16 @@ Reported per configuration: samples/s and tokens/s (all ranks), model TFLOP/s an
 peak allocated memory, and speed-ups over both baselines. ``--batch-search`` finds, per
 configuration, the largest per-GPU batch (a multiple of ``--batch-multiple``) whose step fits in
 memory: doubling until it runs out of memory, then bisecting, within ``--search-budget`` seconds
-for all configurations together (default 7 minutes, so that searching and timing the default
-configurations of DiT-XL/2 on one H100 is meant to finish in about 10; a search cut short keeps
-the largest batch known to fit and says so).
+for all configurations together (a search cut short keeps the largest batch known to fit and says
+so). A configuration is built and compiled once and stepped at every batch it is probed and timed
+at (``ConfigRun``): torch.compile's automatic dynamic shapes make the batch dimension symbolic at
+the second batch size seen, so a search costs at most two compilations per graph, the rebuild after
+an out-of-memory probe included. Compiling DiT-XL/2 takes a minute or two per configuration on an
+H100, so search two or three configurations per 10-minute run.
 
-Writes under ``--out-dir`` (default benchmarks/results/): train_step_<model>_<device>.csv, .png
-(bar chart) and .md (a table for the README), each stamped with device, date and commit;
+Writes under ``--out-dir`` (default benchmarks/results/): train_step_<model>_<device>.csv and .md
+(a table for the README), rewritten after every configuration so that a run cut short keeps the
+rows measured so far, and at the end a .png bar chart, each stamped with device, date and commit;
 ``--profile CONFIG`` also writes train_step_profile_<config>_<model>_<device>.md, the kernels that
 took the most device time in a few profiled steps of that configuration.
 
@@ -64,7 +71,6 @@ import os
 import platform
 import re
 import statistics
-import subprocess
 import sys
 import time
 import traceback
@@ -166,7 +172,7 @@ class BenchConfig:
 
     name: str
     baseline: bool                       # the plain PyTorch loop instead of the plugin
-    precision: str                       # "fp32", "bf16" or "fp16"
+    precision: str                       # "fp32", "bf16", "fp16" or "fp8"
     zero_degree: Optional[int] = None    # plugin only
     kernels: bool = False
     compile: bool = False
@@ -229,7 +235,8 @@ def update_ema_per_parameter(ema: nn.Module, model: nn.Module, decay: float) -> 
 
 def build_baseline(config: BenchConfig, workload: Workload, device: torch.device, compile_backend: str) -> Trainer:
     """The plain PyTorch loop of DiT's train.py (see the module docstring), optionally bf16 + compiled."""
-    model = workload.build_model().to(device)
+    with device:  # initialised where it trains: no host-side init of a large model, no copy
+        model = workload.build_model()
     ema = copy.deepcopy(model).requires_grad_(False)
     wrapped = model
     if dist.is_initialized():
@@ -256,12 +263,17 @@ def build_plugin_config(config: BenchConfig, workload: Workload, device: torch.d
     """Our stack: OpenDiTPlugin + Booster, with kernels, checkpointing and compile as asked."""
     from colossalai.booster import Booster
 
+    from opendit_lite.parallelization import parallelize
     from opendit_lite.plugins import OpenDiTPlugin
-    from opendit_lite.transforms import parallelize
 
     plugin = OpenDiTPlugin(zero_degree=config.zero_degree, precision=config.precision, grad_clip=grad_clip)
     booster = Booster(plugin=plugin)
-    model = workload.build_model()
+    with device:  # initialised where it trains: no host-side init of a large model, no copy
+        model = workload.build_model()
+    if config.precision == "fp8":  # before the kernels and compile, as train.py does
+        from opendit_lite.precision import apply_fp8_training
+
+        apply_fp8_training(model)
     kernels = KERNELS_ON if config.kernels else {}
     ratio = 1.0 if config.selective_ratio is None else config.selective_ratio
     print(parallelize(model, **kernels, selective_ratio=ratio, ac_offload=config.offload, compile=config.compile,
@@ -354,44 +366,95 @@ def is_out_of_memory(error: BaseException) -> bool:
 
 def release_memory() -> None:
     """Free the previous configuration's model, optimizer and compiled graphs before the next."""
-    gc.collect()
+    free_memory()
     torch._dynamo.reset()
+
+
+def free_memory() -> None:
+    """Free what is no longer referenced (an out-of-memory step's activations) and hand the cached
+    blocks back, keeping the compiled graphs."""
+    gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
+
+
+class ConfigRun:
+    """One configuration, built once and stepped at whatever batch size it is asked to measure.
+
+    The compiled graphs are reused across batch sizes: torch.compile's automatic dynamic shapes
+    recompile once with a symbolic batch dimension at the second batch size seen, and every later
+    size reuses that graph, so a batch search costs at most two compilations per graph. After an
+    out-of-memory step the trainer is rebuilt for the next batch (a DDP backward cut short leaves
+    its reducer unable to step again) while the compiled code is kept: dynamo's cache belongs to
+    the blocks' code, not to the model instance. ``close`` frees everything, graphs included."""
+
+    def __init__(self, config: BenchConfig, workload: Workload, device: torch.device, args: argparse.Namespace):
+        self.config, self.workload, self.device, self.args = config, workload, device, args
+        self.trainer: Optional[Trainer] = None
+        self.builds = 0  # how many times the trainer was built (1 + rebuilds after out-of-memory steps)
+
+    def measure(self, batch_size: int, warmup_steps: int, steps: int) -> Optional[Measurement]:
+        """``warmup_steps`` then ``steps`` timed steps at ``batch_size``; None when they do not fit in
+        memory. Errors other than out-of-memory propagate."""
+        out_of_memory = False
+        try:
+            if self.trainer is None:
+                self.builds += 1
+                self.trainer = build_trainer(self.config, self.workload, self.device, self.args)
+            batch = self.workload.make_batch(batch_size, self.device)
+            return measure(self.trainer, self.workload, batch, warmup_steps, steps, self.device)
+        except Exception as error:  # noqa: BLE001  (only OOM is handled; everything else re-raised)
+            if not is_out_of_memory(error):
+                raise
+            out_of_memory = True
+        finally:
+            if out_of_memory:
+                self.trainer = None
+                free_memory()  # after the except block, once the traceback's frames are gone
+        return None
+
+    def close(self) -> None:
+        self.trainer = None
+        release_memory()
 
 
 def try_measure(config: BenchConfig, workload: Workload, batch_size: int, warmup_steps: int, steps: int,
                 device: torch.device, args: argparse.Namespace) -> Optional[Measurement]:
     """Build the configuration and measure it; None when the batch does not fit in memory. Nothing
     of the configuration outlives the call, so the next one starts from an empty device."""
-    trainer = None
+    run = ConfigRun(config, workload, device, args)
     try:
-        trainer = build_trainer(config, workload, device, args)
-        batch = workload.make_batch(batch_size, device)
-        return measure(trainer, workload, batch, warmup_steps, steps, device)
-    except Exception as error:  # noqa: BLE001  (only OOM is handled; everything else re-raised)
-        if not is_out_of_memory(error):
-            raise
-        return None
+        return run.measure(batch_size, warmup_steps, steps)
     finally:
-        del trainer
-        release_memory()
+        run.close()
 
 
 def search_batch(config: BenchConfig, workload: Workload, device: torch.device, args: argparse.Namespace,
-                 deadline: Optional[common.Deadline] = None) -> Optional[int]:
+                 deadline: Optional[common.Deadline] = None, run: Optional[ConfigRun] = None,
+                 start: Optional[int] = None) -> Optional[int]:
     """Largest per-GPU batch (a multiple of --batch-multiple, at most --max-batch) whose steps fit;
-    once ``deadline`` has passed the search stops at the largest batch known to fit."""
+    once ``deadline`` has passed the search stops at the largest batch known to fit.
+
+    ``run``: the configuration's ``ConfigRun`` to probe with (its compiled graphs reused; default:
+    a new one, closed at the end). ``start``: a batch known to fit (e.g. one just timed), from
+    which the search doubles; default --batch-multiple."""
     multiple = args.batch_multiple
     deadline = deadline or common.Deadline(None)
+    own = run is None
+    run = run or ConfigRun(config, workload, device, args)
 
     def fits(k: int) -> bool:
         # Two steps: the first allocates the optimizer state, the second runs with it in place.
-        result = try_measure(config, workload, k * multiple, warmup_steps=1, steps=1, device=device, args=args)
+        result = run.measure(k * multiple, warmup_steps=1, steps=1)
         print(f"  {config.name}: batch {k * multiple} {'out of memory' if result is None else 'fits'}", flush=True)
         return result is not None
 
-    k = largest_fitting(fits, 1, max(1, args.max_batch // multiple), out_of_time=deadline.passed)
+    try:
+        first = max(1, (start or multiple) // multiple)
+        k = largest_fitting(fits, first, max(first, args.max_batch // multiple), out_of_time=deadline.passed)
+    finally:
+        if own:
+            run.close()
     if k is not None and deadline.passed():
         print(f"  {config.name}: --search-budget spent; batch {k * multiple} is a lower bound", flush=True)
     return None if k is None else k * multiple
@@ -454,6 +517,31 @@ def fill_speedups(rows: List[dict]) -> None:
         for r in rows:
             if ref and r["samples_per_s"] != "":
                 r[column] = round(r["samples_per_s"] / ref, 3)
+
+
+def timed_row(run: ConfigRun, info: RunInfo, batch: Optional[int], warmup_steps: int, steps: int) -> dict:
+    """The row of ``run`` timed at ``batch`` (None: nothing fitted in the search), out-of-memory included."""
+    if batch is None:
+        return row_for(run.config, info, None, "oom at the smallest batch")
+    result = run.measure(batch, warmup_steps, steps)
+    return row_for(run.config, info, batch, "oom" if result is None else "ok", result)
+
+
+def describe(row: dict) -> str:
+    """One line of progress for a row."""
+    if row["status"] != "ok":
+        return f"{row['config']}: batch {row['batch_per_gpu'] or '-'}: {row['status']}"
+    return (f"{row['config']}: batch {row['batch_per_gpu']}, {row['step_ms_median']} ms/step, {row['samples_per_s']} "
+            f"samples/s, {row['tflops_per_gpu']} TFLOP/s/GPU, MFU {row['mfu'] or '-'}, "
+            f"peak {row['peak_alloc_gib'] or '-'} GiB")
+
+
+def write_tables(rows: List[dict], info: RunInfo, stem: str) -> None:
+    """The CSV and the Markdown table of the rows so far (rewritten whole, so always complete files)."""
+    os.makedirs(os.path.dirname(stem) or ".", exist_ok=True)
+    write_csv(rows, stem + ".csv")
+    with open(stem + ".md", "w") as f:
+        f.write(markdown_table(rows, info))
 
 
 def result_stem(prefix: str, info: RunInfo, config: str = "") -> str:
@@ -595,18 +683,6 @@ def profile_table(trainer: Trainer, batch: dict, steps: int, device: torch.devic
 # Main
 # ----------------------------------------------------------------------------------------------
 
-def git_commit() -> str:
-    """Short commit of the checkout, with "+dirty" when tracked files differ from it; "unknown" outside git."""
-    root = common.ROOT
-    try:
-        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
-                             check=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "diff-index", "--quiet", "HEAD", "--"], cwd=root, timeout=10).returncode != 0
-        return sha + ("+dirty" if dirty else "")
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
@@ -620,8 +696,9 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument("--num-classes", type=int, default=1000)
     parser.add_argument("--configs", nargs="+", default=list(DEFAULT_CONFIGS),
                         help="configurations to measure, in order")
-    parser.add_argument("--precision", choices=("bf16", "fp16", "fp32"), default="bf16",
-                        help="precision of the zero<D> configurations (the baselines fix their own)")
+    parser.add_argument("--precision", choices=("bf16", "fp16", "fp32", "fp8"), default="bf16",
+                        help="precision of the zero<D> configurations (the baselines fix their own); fp8: bf16 "
+                             "with the blocks' Linear layers in float8 (torchao; compute capability >= 8.9)")
     parser.add_argument("--batch-size", type=int, default=32, help="per-GPU batch when not searching")
     parser.add_argument("--batch-search", action="store_true",
                         help="per configuration, the largest per-GPU batch that fits")
@@ -650,6 +727,13 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
         parser.error("--warmup-steps must be >= 1: the first step compiles and allocates the optimizer state")
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is visible; pass --device cpu for a smoke run")
+    if args.precision == "fp8":
+        from opendit_lite.precision import check_fp8_supported
+
+        try:
+            check_fp8_supported(torch.device(args.device))
+        except ValueError as error:  # ConfigError: no FP8 tensor cores here, or no torchao
+            parser.error(f"--precision fp8: {error}")
     return args
 
 
@@ -682,7 +766,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     name = device_name(device)
     info = RunInfo(model=args.model, device=name, world_size=dist_info.world_size,
                    peak_tflops=args.peak_tflops or device_peak_tflops(name),
-                   date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"), commit=git_commit(),
+                   date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"), commit=common.git_commit(),
                    torch_version=torch.__version__)
     say = print if dist_info.is_main else (lambda *a, **k: None)
     say(f"{info.model} on {info.world_size} x {info.device} (dense bf16 peak "
@@ -691,47 +775,33 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     workload = build_workload(args.model, args.image_size, args.num_classes)
 
     rows, batches, failed = [], {}, False
+    stem = os.path.join(args.out_dir, result_stem("train_step", info))
     search_deadline = common.Deadline(args.search_budget)
     for index, config in enumerate(configs):
+        run = ConfigRun(config, workload, device, args)
         try:
             batch = args.batch_size
             if args.batch_search:  # each configuration gets an equal share of what is left of the budget
                 share = common.Deadline(search_deadline.remaining() / (len(configs) - index))
-                batch = search_batch(config, workload, device, args, share)
+                batch = search_batch(config, workload, device, args, share, run=run)
             batches[config.name] = batch
-            if batch is None:
-                rows.append(row_for(config, info, None, "oom at the smallest batch"))
-                say(f"{config.name}: out of memory at batch {args.batch_multiple}", flush=True)
-                continue
-            result = try_measure(config, workload, batch, args.warmup_steps, args.steps, device, args)
-            if result is None:
-                rows.append(row_for(config, info, batch, "oom"))
-                say(f"{config.name}: out of memory at batch {batch}", flush=True)
-                continue
-            row = row_for(config, info, batch, "ok", result)
+            row = timed_row(run, info, batch, args.warmup_steps, args.steps)
         except Exception as error:  # noqa: BLE001  (one broken configuration must not lose the others)
             failed = True
             traceback.print_exc()
-            status = f"error: {type(error).__name__}: {error}"[:200]
-            rows.append(row_for(config, info, batches.get(config.name), status))
-            release_memory()
-            continue
+            row = row_for(config, info, batches.get(config.name), f"error: {type(error).__name__}: {error}"[:200])
+        finally:
+            run.close()
         rows.append(row)
-        say(f"{config.name}: batch {batch}, {row['step_ms_median']} ms/step, {row['samples_per_s']} samples/s, "
-            f"{row['tflops_per_gpu']} TFLOP/s/GPU, MFU {row['mfu'] or '-'}, peak {row['peak_alloc_gib'] or '-'} GiB",
-            flush=True)
-    fill_speedups(rows)
+        say(describe(row), flush=True)
+        fill_speedups(rows)
+        if dist_info.is_main:  # after every configuration: a run cut short keeps what it measured
+            write_tables(rows, info, stem)
 
     if dist_info.is_main:
-        os.makedirs(args.out_dir, exist_ok=True)
-        stem = os.path.join(args.out_dir, result_stem("train_step", info))
-        write_csv(rows, stem + ".csv")
-        table = markdown_table(rows, info)
-        with open(stem + ".md", "w") as f:
-            f.write(table)
         plot(rows, info, stem + ".png")
-        print(table)
-        for ext in (".csv", ".png", ".md"):
+        print(markdown_table(rows, info))
+        for ext in (".csv", ".md", ".png"):
             print("wrote", stem + ext)
 
     if profile_config is not None:

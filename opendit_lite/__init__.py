@@ -16,9 +16,9 @@ __version__ = "0.1.0"
 quiet_third_party_startup()  # before any submodule imports colossalai (--debug keeps its warnings)
 
 _LAZY = {
-    "parallelize": "opendit_lite.transforms",
-    "ParallelizeReport": "opendit_lite.transforms",
-    "parallelize_from_config": "opendit_lite.build.parallelize",
+    "parallelize": "opendit_lite.parallelization",
+    "ParallelizeReport": "opendit_lite.parallelization",
+    "parallelize_from_config": "opendit_lite.builders.parallelize",
     "ModuleConverter": "opendit_lite.converter",
     "OpenDiTPlugin": "opendit_lite.plugins",
     "LiteGen": "opendit_lite.litegen",

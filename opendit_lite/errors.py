@@ -2,7 +2,7 @@
 
 This is the bottom of the package: it imports nothing of ``opendit_lite``, so any layer may raise
 these. Other modules re-export them where users already import them (``opendit_lite.config.ConfigError``,
-``opendit_lite.checkpoint.CheckpointError``, ``opendit_lite.transforms.SequenceParallelError``, ...);
+``opendit_lite.checkpoint.CheckpointError``, ``opendit_lite.parallelization.SequenceParallelError``, ...);
 each class is defined here only.
 
     0    done

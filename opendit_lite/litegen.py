@@ -5,7 +5,7 @@
         model, optimizer, text_encoder, dataset, vae.encode)
     for step, batch in ...:
         ...
-        gen.update_ema(model)                   # decay: ema.decay of the config (or decay=...)
+        gen.update_ema(model)                   # decay: ema.decay of the config, warmed up (or decay=...)
         if step % every == 0:
             gen.save_model(step=step); gen.save_optimizer(step=step); gen.save_ema(step=step)
             # or everything at once (LR scheduler, RNG, epoch/sampler position, config):
@@ -17,7 +17,7 @@ an unknown key is a ConfigError naming the nearest field, or with ``LiteGen(conf
 strict=False)`` a warning listing the keys it ignores); the plugin and booster come from
 ``training.loop.build_booster`` (the precision resolved once, ``gen.plugin.precision``: ``auto`` is
 bf16 on CUDA, fp32 on CPU; tf32; ``grad_precision`` check); the model is prepared by
-``opendit_lite.build.parallelize.parallelize_from_config`` as in train.py, whose report
+``opendit_lite.builders.parallelize.parallelize_from_config`` as in train.py, whose report
 (``gen.parallelize_report``) is printed on rank 0; checkpoints follow ``checkpoint.layout`` and
 resuming is ``checkpoint.resume.restore_run``, as in train.py. Without ``torchrun`` the one-rank
 process group is created here (``distributed.launch.init_distributed``).
@@ -28,16 +28,18 @@ process group is created here (``distributed.launch.init_distributed``).
   error): ``parallelize_from_config`` with the config's settings (fused kernels, attention
   backend, Ulysses/ring/USP/DSP sequence parallelism when ``sp_size > 1``, activation checkpointing/offload
   from ``selective_ratio``, the fraction of blocks NOT checkpointed, and ``ac_offload``, per-block
-  ``compile`` with ``cuda_graphs``, in that order; see ``opendit_lite/transforms.py`` for why), then
-  boosted with its optimizer and
-  LR scheduler. Then the weights are loaded (see below) and the EMA is created from them
-  (``ema.enable``), so it starts from the loaded weights;
+  ``compile`` with ``cuda_graphs``, in that order; see ``opendit_lite/parallelization.py`` for why), then
+  boosted with its optimizer and LR scheduler (with ``lora.rank``, an optimizer built on the
+  model's weights before the adapters were added is pointed at the adapters:
+  ``adapt_optimizer_to_lora``). Then the weights are loaded (see below) and the EMA is created from
+  them (``ema.enable``), so it starts from the loaded weights; ``update_ema`` warms its decay up for
+  LoRA (``ema.warmup``);
 - its ``torch.optim.Optimizer`` and optional ``LRScheduler``: boosted with it;
 - frozen modules (no trainable parameter): moved to this rank's device; with ``encoder.fsdp``
   sharded by torch FSDP (FULL_SHARD, for inference) over the world or, with ``encoder.group``,
   within each node;
 - a ``Dataset``: a DataLoader sharded over the data-parallel ranks, ``global_batch_size //
-  (dp_size * grad_accum_steps)`` samples per rank and micro-batch (``build.batch.micro_batch_size``);
+  (dp_size * grad_accum_steps)`` samples per rank and micro-batch (``builders.batch.micro_batch_size``);
 - any other callable (e.g. ``vae.encode``): wrapped by ``torch.compile``, falling back to the eager
   callable when compilation is unavailable or fails on the first call. A method stays bound to
   its original module: pass ``vae.encode`` or ``vae``, not both with ``encoder.fsdp`` (the FSDP
@@ -75,17 +77,18 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 from torch.utils.data import Dataset
 
-from .build.batch import micro_batch_size
-from .build.parallelize import parallelize_from_config
+from .builders.batch import micro_batch_size
+from .builders.parallelize import parallelize_from_config
 from .checkpoint.files import atomic_path
 from .checkpoint.layout import checkpoint_root, companion_path, litegen_path, pick_resume_checkpoint
 from .checkpoint.resume import restore_run
-from .checkpoint.state import load_model_weights, save_checkpoint
+from .checkpoint.save_restore import load_model_weights, save_checkpoint
 from .config import from_object, to_dict, validate_world
 from .distributed.launch import init_distributed
 from .distributed.mesh import node_group
+from .ema import ema_decay, ema_horizon_note, ema_warmup_on
+from .parallelization import ParallelizeReport
 from .training.loop import build_booster
-from .transforms import ParallelizeReport
 
 __all__ = ["LiteGen", "CompiledFunction", "classify_components", "companion_path", "litegen_path"]
 
@@ -113,6 +116,23 @@ def apply_frozen_fsdp(module: nn.Module, group, device: torch.device) -> nn.Modu
         module, process_group=group, sharding_strategy=ShardingStrategy.FULL_SHARD, device_id=device,
         auto_wrap_policy=partial(size_based_auto_wrap_policy, min_num_params=FSDP_MIN_UNIT_PARAMS),
     )
+
+
+def adapt_optimizer_to_lora(optimizer: Optimizer, model: nn.Module) -> None:
+    """Point an optimizer built on ``model``'s parameters before ``lora.rank`` added adapters (and froze
+    the rest) at the adapters: it would otherwise step only frozen weights, which get no gradient, and
+    the run would train nothing. One parameter group keeps its settings; several are refused (which
+    group an adapter belongs to is the user's choice)."""
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    if {id(p) for g in optimizer.param_groups for p in g["params"]} == {id(p) for p in trainable}:
+        return  # already built on the adapters
+    if len(optimizer.param_groups) != 1:
+        raise ValueError(f"lora.rank is set: initialize added LoRA adapters and froze the other weights, but the "
+                         f"optimizer has {len(optimizer.param_groups)} parameter groups, so which "
+                         f"group each adapter joins is not known; build it with one group, or on the adapters "
+                         f"after opendit_lite.parallelize(model, lora_rank=...)")
+    optimizer.param_groups[0]["params"] = trainable
+    optimizer.state.clear()
 
 
 class CompiledFunction:
@@ -205,6 +225,7 @@ class LiteGen:
         self.ema_enabled = self.config.ema.enable
         self.model = self.optimizer = self.lr_scheduler = None
         self.resume_state: Dict[str, Any] = {}
+        self._ema_updates = 0  # update_ema calls (plus a resumed run's step): what the EMA's warm-up counts
         self.parallelize_report: Optional[ParallelizeReport] = None  # what initialize did to the trainable model
         self._encoder_group = None
 
@@ -231,6 +252,8 @@ class LiteGen:
                 raise ValueError("the optimizer updates parameters that are not the trainable module's")
 
         self._prepare_trainable(model)
+        if optimizer is not None and self.config.lora.rank:
+            adapt_optimizer_to_lora(optimizer, model)
         self.model, self.optimizer, _, _, self.lr_scheduler = self.booster.boost(
             model, optimizer, lr_scheduler=pick.get("lr_scheduler"))
         self._load_initial_state()
@@ -285,6 +308,11 @@ class LiteGen:
         self.resume_state = restore_run(
             self.booster, self.model, self.optimizer, self.lr_scheduler, ema=ema, resume=resume,
             auto=not cfg.resume_from, ema_resume_from=cfg.ema.resume_from)
+        self._ema_updates = self.resume_state.get("step", 0)  # the warm-up continues where the run was saved
+        if self.ema_enabled and cfg.lora.rank:  # adapters start at zero: a long horizon would erase them
+            note = ema_horizon_note(cfg.ema.decay, cfg.max_steps, ema_warmup_on(cfg.ema.warmup, cfg.lora.rank))
+            if note.startswith("warning:") and self.info.is_main:
+                print(note, file=sys.stderr)
 
     # ------------------------------------------------------------------ training-time API
 
@@ -298,9 +326,16 @@ class LiteGen:
 
     def update_ema(self, model, decay: Optional[float] = None) -> None:
         """``ema = decay * ema + (1 - decay) * weights`` on this rank's EMA shard (after optimizer.step());
-        ``decay`` defaults to the config's ``ema.decay``."""
+        ``decay`` defaults to the config's ``ema.decay``, warmed up where ``ema.warmup`` resolves on (LoRA
+        runs by default: ``opendit_lite.ema.decay``) over the updates made so far (a resumed run counts
+        from its checkpoint's ``step``)."""
         self._require("update_ema", ema=True)
-        self.plugin.update_ema(model, self.optimizer, decay=self.config.ema.decay if decay is None else decay)
+        next_decay = None
+        if decay is None:
+            ema, warmup = self.config.ema, ema_warmup_on(self.config.ema.warmup, self.config.lora.rank)
+            decay, next_decay = (ema_decay(ema.decay, self._ema_updates + i, warmup) for i in (0, 1))
+        self.plugin.update_ema(model, self.optimizer, decay=decay, next_decay=next_decay)
+        self._ema_updates += 1
 
     def _target(self, kind: str, output_folder: Optional[str], filename: Optional[str], step: Optional[int]) -> str:
         return litegen_path(kind, output_folder or self.checkpoint_folder, self.exp_name, filename, step)
@@ -339,7 +374,7 @@ class LiteGen:
                         output_folder: Optional[str] = None, keep_last: Optional[int] = None) -> str:
         """Collective: everything needed to continue (model, optimizer, EMA, LR scheduler, RNG, the resolved
         config and ``extra_state``) as ``[exp_name]_step[N]/``, the folder train.py writes and sample.py
-        reads; see ``opendit_lite.checkpoint.state``."""
+        reads; see ``opendit_lite.checkpoint.save_restore``."""
         self._require("save_checkpoint")
         keep_last = self.config.keep_last if keep_last is None else keep_last
         return save_checkpoint(

@@ -7,8 +7,10 @@
     # the reverse: a diffusers DiT (pipeline or transformer folder) -> one .safetensors that
     # train.py's init_from and sample.py read:
     python scripts/export_diffusers.py --from-diffusers /models/DiT-XL-2-256 --output dit.safetensors
-    # a diffusers-family run (Wan, Flux, SD3, CogVideoX, HunyuanVideo, LTX-Video): the transformer
-    # folder its own class and pipeline load; LoRA merged, or --lora adapter for a LoRA file beside it:
+    # a diffusers-family run (Wan, Flux, SD3, CogVideoX, HunyuanVideo, LTX-Video): what train_video.py
+    # writes to <run dir>/diffusers/ (opendit_lite/interop/family_checkpoint.py): a LoRA run's adapters
+    # alone (pipe.load_lora_weights(OUTPUT); --lora merged: merged into a whole copy), a run from
+    # model.pipeline as a pipeline folder (untouched components linked), else the transformer folder:
     python scripts/export_diffusers.py --checkpoint outputs/wan/checkpoints/wan_step1500 --output out/wan-transformer
 
 Load the export with ``DiTTransformer2DModel.from_pretrained(OUTPUT)`` (or ``subfolder="transformer"``
@@ -30,7 +32,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from opendit_lite.config import ConfigError, resolve_aliases  # noqa: E402
-from opendit_lite.interop import check_pretrained_folder  # noqa: E402
+from opendit_lite.interop import LORA_WEIGHT_NAME, check_pretrained_folder  # noqa: E402
 from opendit_lite.utils.exit_codes import script_main  # noqa: E402
 
 # Largest output difference between the model and a plain from_pretrained of its export that counts
@@ -58,9 +60,9 @@ def _saved_config(checkpoint: str) -> dict:
 
 
 def _is_diffusers_family(saved: dict) -> bool:
-    from opendit_lite.models.diffusers_families import FAMILIES
+    from opendit_lite.families import is_family
 
-    return saved["model"].get("name") in {path.rsplit(".", 1)[1] for path in FAMILIES}
+    return is_family(saved["model"].get("name"))
 
 
 def _model_from_checkpoint(checkpoint: str, use_ema: bool, saved: dict):
@@ -99,12 +101,13 @@ def _scheduler(diffusion: dict):
 
 
 def _check_output(output: str) -> None:
-    """--output must be a new path or an earlier export (a folder with a config or model index)."""
+    """--output must be a new path or an earlier export (a folder with a config, a model index or a LoRA file)."""
     if os.path.isfile(output) or (os.path.lexists(output) and not os.path.isdir(output)):
         raise ConfigError(f"--output {output!r} is an existing file; give a folder path for the export (a new one, "
                           f"or an earlier export to replace).")
     if os.path.isdir(output) and os.listdir(output) and not any(
-            os.path.isfile(os.path.join(output, name)) for name in ("config.json", "model_index.json")):
+            os.path.isfile(os.path.join(output, name))
+            for name in ("config.json", "model_index.json", LORA_WEIGHT_NAME, f"transformer_2/{LORA_WEIGHT_NAME}")):
         raise ConfigError(f"--output {output!r} is a folder that holds other files, not an earlier diffusers export; "
                           f"give a new folder path (an earlier export is replaced).")
 
@@ -142,7 +145,7 @@ def _publish(output: str, write) -> str:
 
 def export_family(checkpoint: str, output: str, saved: dict, use_ema: bool = True, lora: str = "merged") -> str:
     """A diffusers-family run's checkpoint -> a folder its diffusers class loads."""
-    from opendit_lite.build.diffusers_export import export_family_checkpoint
+    from opendit_lite.interop.family_checkpoint import export_family_checkpoint
 
     return export_family_checkpoint(saved["model"], saved.get("lora"), checkpoint, output, use_ema=use_ema,
                                     lora_mode=lora)
@@ -158,7 +161,8 @@ def export(checkpoint: str, output: str, vae: str = None, use_ema: bool = True, 
         if vae or allow_inexact:
             raise ConfigError(f"--vae and --allow-inexact apply to DiT exports; {checkpoint!r} holds a "
                               f"{saved['model']['name']}, which is written as the transformer its own pipeline loads.")
-        return export_family(checkpoint, output, saved, use_ema=use_ema, lora=lora or "merged")
+        default = "adapter" if (saved.get("lora") or {}).get("rank") else "merged"
+        return export_family(checkpoint, output, saved, use_ema=use_ema, lora=lora or default)
     if lora:
         raise ConfigError("--lora applies to diffusers-family runs (Wan, Flux, ...); a DiT run's adapters are always "
                           "merged into the exported weights.")
@@ -223,7 +227,8 @@ def main(argv) -> str:
     p.add_argument("--allow-inexact", action="store_true",
                    help="export a DiT with Meta's timestep spacing anyway (warns with the measured difference)")
     p.add_argument("--lora", choices=("merged", "adapter"),
-                   help="a diffusers-family LoRA run: merge the adapters (default) or write them as a LoRA file")
+                   help="a diffusers-family LoRA run: the adapters alone as the pipeline's LoRA file (default), or "
+                        "merged into a whole copy of the transformer")
     args = p.parse_args(argv)
     if args.from_diffusers:
         if args.vae or args.no_ema or args.allow_inexact or args.lora:
@@ -234,10 +239,17 @@ def main(argv) -> str:
         return out
     out = export(args.checkpoint, args.output, vae=args.vae, use_ema=not args.no_ema, allow_inexact=args.allow_inexact,
                  lora=args.lora)
-    with open(os.path.join(out, "model_index.json" if args.vae else "config.json")) as f:
-        kind = json.load(f)["_class_name"]
-    print(f"wrote a diffusers {kind} ({'trained' if args.no_ema else 'EMA'} weights) from {args.checkpoint} to {out}")
+    print(f"wrote {_written(out)} ({'trained' if args.no_ema else 'EMA'} weights) from {args.checkpoint} to {out}")
     return out
+
+
+def _written(out: str) -> str:
+    """What an export folder holds: a pipeline, a model, or LoRA adapters alone."""
+    for name in ("model_index.json", "config.json"):
+        if os.path.isfile(os.path.join(out, name)):
+            with open(os.path.join(out, name)) as f:
+                return f"a diffusers {json.load(f)['_class_name']}"
+    return "the LoRA adapters (pipe.load_lora_weights(OUTPUT))"
 
 
 if __name__ == "__main__":

@@ -17,16 +17,16 @@ of the CSV; rank 0 writes meta.json when all are done); train_video.py reads the
         --pipeline-path /models/Wan2.1-T2V-1.3B-Diffusers --num-frames 17 --height 480 --width 832 \\
         --output /data/wan_latents
 
-``--family`` takes wan, cogvideox, hunyuanvideo, ltx, flux or sd3 (or the transformer class name);
-``--config`` takes it from a training config's ``model.name`` instead. ``--pipeline-path`` is a
-local diffusers pipeline folder: the VAE from its ``vae/`` and the text encoder the family's
-transformer reads (T5 / UMT5 / Llama; ``text_encoder_2/`` for Flux, ``text_encoder_3/`` for SD3)
-with its tokenizer; ``--vae-path``, ``--text-encoder-path`` and ``--tokenizer-path`` name the
-folders one by one. The CSV has ``path`` and ``text`` columns (videos or images; Flux and SD3 take
-the first frame). Each clip becomes ``<output>/<row>.pt`` with its latents [C, T, h, w] (normalised
-as the family's pipeline expects, see ``opendit_lite/encoders/families.py``), caption states
-[tokens, width] and mask. Nothing is downloaded; folders must hold .safetensors weights. Errors
-print one paragraph and exit with code 2.
+``--family`` takes wan, cogvideox, hunyuan_video (or hunyuanvideo), ltx_video (or ltx), flux or sd3
+(or the transformer class name); ``--config`` takes it from a training config's ``model.name``
+instead. ``--pipeline-path`` is a local diffusers pipeline folder: the VAE from its ``vae/`` and the
+text encoder the family's transformer reads (T5 / UMT5 / Llama; ``text_encoder_2/`` for Flux,
+``text_encoder_3/`` for SD3) with its tokenizer; ``--vae-path``, ``--text-encoder-path`` and
+``--tokenizer-path`` name the folders one by one. The CSV has ``path`` and ``text`` columns (videos
+or images; Flux and SD3 take the first frame). Each clip becomes ``<output>/<row>.pt`` with its
+latents [C, T, h, w] (normalised as the family's pipeline expects, see
+``opendit_lite/families/<family>/encoding.py``), caption states [tokens, width] and mask. Nothing is
+downloaded; folders must hold .safetensors weights. Errors print one paragraph and exit with code 2.
 """
 
 import argparse
@@ -148,9 +148,10 @@ def extract_family(args) -> int:
 
     from opendit_lite.data.video_csv import VideoCSVDataset
     from opendit_lite.distributed.launch import init_distributed
-    from opendit_lite.encoders.families import family_encoders
+    from opendit_lite.families import find_family
 
-    family, spec = family_encoders(_family_name(args))
+    found = find_family(_family_name(args))
+    family, spec = found.name, found.encoding
     if not args.csv or not os.path.isfile(args.csv):
         raise ConfigError(f"--csv {args.csv!r} is not a file; give a CSV with 'path' and 'text' columns.")
     for name in ("num_frames", "height", "width", "batch_size", "frame_interval"):
@@ -181,7 +182,7 @@ def _extract_rows(args, family, spec, csv, frames, rank, world, device, folders)
     import torch.distributed as dist
 
     from opendit_lite.data.video_latents import save_video_latents, write_video_latent_meta
-    from opendit_lite.encoders.families import encode_family_latents, load_family_text_encoder, load_family_vae
+    from opendit_lite.encoders.family_encoders import encode_family_latents, load_family_text_encoder, load_family_vae
 
     vae_path, encoder_path, tokenizer_path = folders
     torch.manual_seed(args.seed + rank)
@@ -232,7 +233,8 @@ def main(argv=None):
     p.add_argument("--num-workers", type=int, default=4)
     p.add_argument("--seed", type=int, default=0)
     family = p.add_argument_group("diffusers families")
-    family.add_argument("--family", help="wan, cogvideox, hunyuanvideo, ltx, flux or sd3 (or a transformer class)")
+    family.add_argument("--family", help="wan, cogvideox, hunyuan_video, ltx_video, flux or sd3 (or a transformer "
+                                                "class)")
     family.add_argument("--config", help="a training config whose model.name gives the family")
     family.add_argument("--csv", help="CSV with 'path' and 'text' columns (videos or images)")
     family.add_argument("--pipeline-path", help="local diffusers pipeline folder (vae/, text encoder, tokenizer)")

@@ -1,3 +1,4 @@
+import functools
 import os
 import sys
 
@@ -30,3 +31,15 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+@pytest.fixture(scope="session")
+def tiny_pipeline(tmp_path_factory):
+    """family -> the folder of its tiny random diffusers pipeline (``opendit_lite.families.tiny_pipelines``),
+    built and saved once per test run, shared by the xdist workers. Tests read it, never write it."""
+    from tests.families.pipeline_capture import tiny_pipeline_folder
+
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # the workers' base folders share a parent
+        root = root.parent
+    return functools.partial(tiny_pipeline_folder, str(root / "tiny_pipelines"))

@@ -16,6 +16,8 @@ from typing import Dict
 import torch
 import torch.nn as nn
 
+import opendit_lite.families  # noqa: F401  (registers the families with the mechanisms the tests call directly)
+
 FAMILIES = (
     "WanTransformer3DModel",
     "FluxTransformer2DModel",

@@ -77,9 +77,9 @@ def save_tokenizer(path) -> str:
 def save_tiny_pipeline(root, family: str) -> str:
     """``root`` laid out as the family's diffusers pipeline: its VAE and the text encoder (with its
     tokenizer) the family's transformer reads."""
-    from opendit_lite.encoders.families import FAMILY_ENCODERS
+    from opendit_lite.families import find_family
 
-    text, tokenizer = FAMILY_ENCODERS[family].text_folders
+    text, tokenizer = find_family(family).encoding.text_folders
     tiny_vae(family).save_pretrained(os.path.join(root, "vae"))
     tiny_text_model(TEXT_MODELS.get(family, "t5")).save_pretrained(os.path.join(root, text))
     save_tokenizer(os.path.join(root, tokenizer))

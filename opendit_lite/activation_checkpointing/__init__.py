@@ -2,7 +2,7 @@
 the checkpointed blocks' inputs. Applied from outside the model, like the other training strategies.
 """
 
-from .blocks import find_checkpoint_blocks, select_blocks
+from .block_selection import find_checkpoint_blocks, select_blocks
 from .offload import ActivationOffloader
 from .wrap import CheckpointReport, apply_activation_checkpointing
 

@@ -16,6 +16,9 @@ Why this composes with the rest of the stack:
 * Sequence parallelism puts all-to-all collectives inside the blocks. Recomputation runs them
   again, in backward order, which is the same on every rank because every rank checkpoints the
   same blocks (the choice depends only on the model structure and the ratio).
+* Block swapping (``opendit_lite.memory.block_swap``) replaces a block's ``forward`` before this
+  wraps it, so that recomputation fetches the block's weights again; a wrapped forward that has a
+  ``recomputed_in_backward`` attribute is told so (it then keeps no weights for backward itself).
 * Conversions that swap submodules inside a block (attention backends, the Ulysses op) may run
   before or after this: the original forward looks its submodules up when it runs.
 * diffusers' transformers checkpoint their blocks themselves once ``enable_gradient_checkpointing()``
@@ -26,6 +29,8 @@ Why this composes with the rest of the stack:
 """
 
 import contextlib
+import copy
+import weakref
 from dataclasses import dataclass
 from typing import Callable, Optional, Tuple
 
@@ -35,7 +40,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 
 from ..models.blocks import blocks_source
-from .blocks import find_checkpoint_blocks, select_blocks
+from .block_selection import find_checkpoint_blocks, select_blocks
 from .offload import ActivationOffloader
 
 
@@ -81,9 +86,34 @@ class _CheckpointedForward:
     tensors, where the offloader sees them, instead of keeping them in a closure.
     """
 
-    def __init__(self, forward: Callable, offloader: Optional[ActivationOffloader]):
-        self.forward = forward
+    def __init__(self, block: nn.Module, forward: Callable, offloader: Optional[ActivationOffloader]):
+        # The block holds this object; holding the block back through its bound ``forward`` would be a
+        # reference cycle, which only the cyclic garbage collector frees (with the block's GPU memory,
+        # at some later moment). A bound method of the block is kept as its function and a weak
+        # reference to the block instead.
+        if getattr(forward, "__self__", None) is block:
+            self._func, self._block = forward.__func__, weakref.ref(block)
+        else:
+            self._func, self._block = forward, None
         self.offloader = offloader
+        if hasattr(forward, "recomputed_in_backward"):  # a swapped block's forward (opendit_lite.memory)
+            forward.recomputed_in_backward = True       # is recomputed in backward: it saves no weights
+
+    @property
+    def forward(self) -> Callable:
+        """The block's own forward, as it was before checkpointing."""
+        return self._func if self._block is None else self._func.__get__(self._block())
+
+    def __deepcopy__(self, memo) -> "_CheckpointedForward":
+        # A copy of the model (an EMA replica) checkpoints its own block: the weak reference would
+        # still point at the original one.
+        new = copy.copy(self)
+        if self._block is not None:
+            new._block = weakref.ref(copy.deepcopy(self._block(), memo))
+        else:
+            new._func = copy.deepcopy(self._func, memo)
+        new.offloader = copy.deepcopy(self.offloader, memo)
+        return new
 
     def __call__(self, *args, **kwargs):
         if not torch.is_grad_enabled():  # sampling, EMA evaluation: nothing to save or recompute
@@ -130,7 +160,7 @@ def apply_activation_checkpointing(model: nn.Module, selective_ratio: float,
         model.disable_gradient_checkpointing()
     offloader = ActivationOffloader() if offload else None
     for i in chosen:
-        blocks[i].forward = _CheckpointedForward(blocks[i].forward, offloader)
+        blocks[i].forward = _CheckpointedForward(blocks[i], blocks[i].forward, offloader)
 
     return CheckpointReport(source=blocks_source(model), blocks=tuple(names[id(b)] for b in blocks),
                             checkpointed=tuple(chosen), offload=offload, disabled_builtin=disabled_builtin)

@@ -1,4 +1,4 @@
-"""Run checkpoints: saving and restoring everything a run needs to continue (``state.py``), what a
+"""Run checkpoints: saving and restoring everything a run needs to continue (``save_restore.py``), what a
 checkpoint folder holds and whether it is intact (``catalog.py``), atomic publication and safe
 loading of files (``files.py``), where a run's checkpoints live and which one to load
 (``layout.py``, ``resume.py``), and loading model weights from any format users have

@@ -11,7 +11,7 @@ from typing import Any, Dict, Optional
 from ..errors import CheckpointError
 from .catalog import EMA_FILE, is_checkpoint_dir
 from .layout import companion_path, step_of
-from .state import EMAState, load_checkpoint, load_ema_file, load_model_weights, load_optimizer_state
+from .save_restore import EMAState, load_checkpoint, load_ema_file, load_model_weights, load_optimizer_state
 
 logger = logging.getLogger(__name__)
 

@@ -379,6 +379,19 @@ def validate(cfg: TrainConfig) -> None:
     if cfg.lora.targets is not None and not cfg.lora.targets:
         raise ConfigError("'lora.targets' is an empty list: name at least one layer, or remove the key for the "
                           "model's usual targets.")
+    if cfg.lora.base_precision != "none" and not cfg.lora.rank:
+        raise ConfigError(f"'lora.base_precision'={cfg.lora.base_precision} stores the frozen base of a LoRA run in "
+                          f"low precision, but lora.rank=0 trains every weight: set lora.rank > 0 or "
+                          f"lora.base_precision=none.")
+    if cfg.memory.blocks_to_swap and not cfg.lora.rank:
+        raise ConfigError(f"'memory.blocks_to_swap'={cfg.memory.blocks_to_swap} keeps frozen weights in host memory, "
+                          f"but lora.rank=0 trains every weight (a full fine-tune): set lora.rank > 0, or for a full "
+                          f"fine-tune use zero_degree=3 with memory.gemini_offload_optim_frac (python -m "
+                          f"opendit_lite.plan prints what fits).")
+    if cfg.memory.gemini_offload_optim_frac and cfg.zero_degree != 3:
+        raise ConfigError(f"'memory.gemini_offload_optim_frac'={cfg.memory.gemini_offload_optim_frac} offloads "
+                          f"Gemini's optimizer states, but zero_degree={cfg.zero_degree}: set zero_degree=3 or "
+                          f"remove the key.")
     if cfg.lora.rank > 0 and cfg.zero_degree == 3:
         raise ConfigError("LoRA (lora.rank > 0) trains with zero_degree 0, 1 or 2; Gemini (zero_degree=3) shards "
                           "whole parameter chunks and cannot freeze the base: use zero_degree=2.")

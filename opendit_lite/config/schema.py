@@ -95,6 +95,11 @@ class EMAConfig:
                              "the same values as an unsharded EMA); false is refused")
     resume_from: Optional[str] = _f(None, "EMA checkpoint to resume from (LiteGen's ema.resume_from)")
     decay: float = _f(0.9999, "EMA decay per optimizer step", at_least=0, at_most=1)
+    warmup: Optional[bool] = _f(None, "ramp the decay up as diffusers' EMAModel does, min(decay, (1 + step) / "
+                                      "(10 + step)), so that an EMA of weights starting at zero follows them from "
+                                      "the first steps (it keeps ~90% of what a run learns, where decay 0.9999 "
+                                      "alone keeps 1.5% of a 300-step run); null: on for LoRA runs (lora.rank > "
+                                      "0, adapters start at zero), off for full training")
 
 
 @dataclass
@@ -114,8 +119,24 @@ class LoRAConfig:
                                             "regular expressions over full names; None: the model's usual targets "
                                             "(zoo: attention qkv/proj, MLP fc1/fc2; diffusers families: to_q/to_k/"
                                             "to_v/to_out.0, the text stream's projections and the feed-forward)")
-    export_merged: bool = _f(True, "at the end of training also write <run dir>/merged.safetensors: the adapters "
-                                   "merged into the base (EMA weights where kept), for sample.ckpt or init_from")
+    export_merged: Optional[bool] = _f(None, "at the end of training also write <run dir>/merged.safetensors: the "
+                                             "adapters merged into the base (EMA weights where kept), for "
+                                             "sample.ckpt or init_from; null: on for the zoo's models, off for the "
+                                             "diffusers families (a whole copy of the base: their export is the "
+                                             "pipeline's LoRA file, diffusers/pytorch_lora_weights.safetensors)")
+    base_precision: str = _f("none", "storage of the frozen base's linear weights in the blocks: none (the run's "
+                                     "precision), fp8 (e4m3, a scale per row) or nf4 (bitsandbytes' 4-bit, QLoRA); "
+                                     "computed in the run's precision, adapters unchanged, checkpoints and merged "
+                                     "exports keep the original weights", choices=("none", "fp8", "nf4"))
+
+
+@dataclass
+class MemoryConfig:
+    blocks_to_swap: int = _f(0, "LoRA runs: blocks whose frozen weights stay in pinned host memory and are copied to "
+                                "the device ahead of each use, forward and backward (at most the model's blocks)",
+                             at_least=0)
+    gemini_offload_optim_frac: float = _f(0.0, "zero_degree 3 (Gemini): share of the fp32 optimizer states kept in "
+                                               "host memory and stepped on the CPU", at_least=0, at_most=1)
 
 
 # sample.cache.kind: what each reuses is in docs/sampling.md.
@@ -280,6 +301,8 @@ class TrainConfig:
     diffusion: DiffusionConfig = _section(DiffusionConfig, "diffusion objective")
     ema: EMAConfig = _section(EMAConfig, "exponential moving average")
     lora: LoRAConfig = _section(LoRAConfig, "low-rank adapter fine-tuning")
+    memory: MemoryConfig = _section(MemoryConfig, "weight memory: blocks swapped to host memory, Gemini's optimizer "
+                                                  "offload (python -m opendit_lite.plan chooses them)")
     encoder: EncoderConfig = _section(EncoderConfig, "frozen encoders")
     sample: SampleConfig = _section(SampleConfig, "sample.py settings")
     eval: EvalConfig = _section(EvalConfig, "python -m opendit_lite.evaluate settings (sampling settings: sample.*)")

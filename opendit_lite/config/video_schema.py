@@ -26,6 +26,13 @@ class VideoModelConfig:
                                    "nothing downloaded)")
     config: Optional[dict] = _f(None, "diffusers class: constructor arguments of a random initialisation, e.g. "
                                       "{num_layers: 2, num_attention_heads: 4, attention_head_dim: 16}")
+    pipeline: Optional[str] = _f(None, "a diffusers pipeline folder (model_index.json)")
+    expert: Optional[str] = _f(None, "a pipeline with two experts (Wan 2.2 A14B: transformer_2 and boundary_ratio): "
+                                     "'both' trains both, each sample going to the expert whose noise range holds "
+                                     "its time (transformer at or above boundary_ratio x 1000, transformer_2 "
+                                     "below, as WanPipeline runs them); 'high_noise' (transformer) or 'low_noise' "
+                                     "(transformer_2) trains that one on its own range; null: both",
+                               choices=("both", "high_noise", "low_noise", None))
     input_size: Optional[List[int]] = _f(None, "model input frame size [H, W] (latent or pixel); None: from data and "
                                                "VAE", at_least=1)
     num_frames: Optional[int] = _f(None, "model input frames; None: data.num_frames (or the latents')", at_least=1)
@@ -97,13 +104,18 @@ class VideoSampleConfig(BaseSampleConfig):
 
 @dataclass
 class ExportConfig:
-    diffusers: Optional[bool] = _f(None, "at the end of training write <run dir>/diffusers/: the transformer as its "
-                                         "diffusers class loads it (from_pretrained); null: on for a diffusers "
-                                         "family (model.name a diffusers class), off for the zoo's models")
+    diffusers: Optional[bool] = _f(None, "at the end of training write <run dir>/diffusers/: a LoRA run's "
+                                         "pytorch_lora_weights.safetensors (<Family>Pipeline.load_lora_weights "
+                                         "reads it), or the trained transformer(s) as a pipeline folder "
+                                         "(model.pipeline: DiffusionPipeline.from_pretrained, the untouched "
+                                         "components linked, not copied) or as the transformer's own folder "
+                                         "(from_pretrained); null: on for a diffusers family (model.name a "
+                                         "diffusers class), off for the zoo's models")
     ema: bool = _f(True, "export the EMA weights (where ema.enable keeps them); false: the trained weights")
-    lora: str = _f("merged", "a LoRA run: the adapters merged into the weights, or 'adapter': the base weights plus "
-                             "pytorch_lora_weights.safetensors (the pipelines' load_lora_weights reads it)",
-                   choices=("merged", "adapter"))
+    lora: Optional[str] = _f(None, "a LoRA run: 'adapter', the adapters alone in the pipeline's LoRA file, no copy "
+                                   "of the base weights; 'merged', the adapters merged into a whole copy of the "
+                                   "transformer (as a full fine-tune exports); null: adapter",
+                             choices=("merged", "adapter", None))
 
 
 @dataclass

@@ -26,9 +26,11 @@ LayerNorm, so other uses of the norm keep working.
 
 Blocks of other projects cannot declare anything, so each family registers a recogniser and a
 converter with ``register_adaln_block`` (``meta_dit.py``, ``diffusers_blocks.py``,
-``diffusers_families/``): the converter swaps the named norms as above and rebinds the block's
-forward to one that calls ``norm_modulate`` (and ``residual_norm_modulate`` where adaLN-Zero's
-gated residual feeds the next modulated norm) (``class_swap.py``). All families run as one
+``diffusers_norms.py``, and each diffusers family's ``opendit_lite/families/<family>/fused_norms.py``
+through ``diffusers_family_blocks.register_fused_norms``): the converter swaps the named norms as
+above and rebinds the block's forward to one that calls ``norm_modulate`` (and
+``residual_norm_modulate`` where adaLN-Zero's gated residual feeds the next modulated norm)
+(``class_swap.py``). All families run as one
 conversion named ``fused_adaln``, switched on by the ``fused_adaln`` key like the zoo's own
 ``LayerNormModulate`` conversion. A model class may also register what the conversion does and
 leaves in it, and why (``register_adaln_model``), which ``parallelize`` prints in its report and

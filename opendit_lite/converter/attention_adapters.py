@@ -17,7 +17,7 @@ with two things:
 
 The backend conversion then swaps ``SDPAAttentionOp`` for ``FlashAttentionOp`` and
 ``apply_sequence_parallel`` wraps the op in the sequence-parallel op of its role and mode
-(``opendit_lite.parallel.ops``: ``UlyssesAttentionOp``, ``RingAttentionOp``, ``USPAttentionOp``, their joint
+(``opendit_lite.parallel.sp_ops``: ``UlyssesAttentionOp``, ``RingAttentionOp``, ``USPAttentionOp``, their joint
 variants, ``SequenceParallelCrossAttentionOp``).
 
 Adapters for modules that cannot declare anything
@@ -48,7 +48,7 @@ from opendit_lite.models.layers.attention import AttentionOp, SDPAAttentionOp
 
 from .builtin import _attention_describe, _attention_enabled
 from .class_swap import swap_class
-from .foreign import is_exactly, loaded_class
+from .foreign_classes import is_exactly, loaded_class
 from .registry import CONVERSIONS, PRIORITY_ADAPTER, ConversionRegistry, ConverterOptions
 
 PROTOCOL = (

@@ -21,7 +21,7 @@ import torch.nn as nn
 
 from .adaln_protocol import fuse_norms, norm_modulate, register_adaln_block
 from .class_swap import swap_class
-from .foreign import is_exactly
+from .foreign_classes import is_exactly
 
 _NORM_TYPES = ("ada_norm_zero", "ada_norm_single")
 

@@ -26,7 +26,7 @@ foreign module the zoo's interfaces (an ``attn_op`` child) use ``PRIORITY_ADAPTE
 backend swaps that follow see their ops. Backend swaps use ``PRIORITY_BACKEND`` (0); a conversion
 that wraps whatever backend is in place uses ``PRIORITY_WRAPPER`` (100), so it wraps the final
 backend rather than one about to be replaced. Sequence parallelism is not a conversion:
-``opendit_lite.transforms.parallelize`` applies it after the converter, with
+``opendit_lite.parallelization.parallelize`` applies it after the converter, with
 ``opendit_lite.parallel``.
 
 Registering with the default registry is one call::

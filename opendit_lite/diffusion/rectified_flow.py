@@ -53,6 +53,9 @@ class RectifiedFlow:
             middle times where predicting the velocity is hardest.
         shift: time shift applied to training times and to the sampling grid (1 = none).
         logit_mean, logit_std: parameters of the logit-normal distribution.
+        time_range: (lo, hi): training times are drawn from the distribution above (shift included)
+            conditioned on ``lo <= t < hi``; one expert of a pair that splits the noise range (Wan
+            2.2's) trains on its own range only. (0, 1): unconditioned, the plain draw.
     """
 
     def __init__(
@@ -62,6 +65,7 @@ class RectifiedFlow:
         shift: float = 1.0,
         logit_mean: float = 0.0,
         logit_std: float = 1.0,
+        time_range: Sequence[float] = (0.0, 1.0),
     ):
         if sample_method not in SAMPLE_METHODS:
             raise ValueError(f"unknown sample_method {sample_method!r}; choose one of {', '.join(SAMPLE_METHODS)}")
@@ -74,6 +78,10 @@ class RectifiedFlow:
         self.shift = shift
         self.logit_mean = logit_mean
         self.logit_std = logit_std
+        lo, hi = (float(v) for v in time_range)
+        if not 0.0 <= lo < hi <= 1.0:
+            raise ValueError(f"time_range must satisfy 0 <= lo < hi <= 1, got {tuple(time_range)}")
+        self.time_range = (lo, hi)
 
     def shift_time(self, t: torch.Tensor) -> torch.Tensor:
         """``shift * t / (1 + (shift - 1) * t)``: keeps 0 and 1 fixed, bends the times in between."""
@@ -84,12 +92,32 @@ class RectifiedFlow:
     ) -> torch.Tensor:
         """Training times [batch_size] in [0, 1] drawn by ``sample_method`` and then shifted.
         ``generator`` may be a ``SampleGenerators`` (one time per sample from its own stream)."""
+        if self.time_range != (0.0, 1.0):
+            return self._sample_time_in_range(batch_size, device, generator)
         if self.sample_method == "uniform":
             t = standard_uniform((batch_size,), generator, device, torch.float32)
         else:
             normal = standard_normal((batch_size,), generator, device, torch.float32)
             t = torch.sigmoid(self.logit_mean + self.logit_std * normal)
         return self.shift_time(t)
+
+    def unshift_time(self, t: torch.Tensor) -> torch.Tensor:
+        """The inverse of ``shift_time``: ``t / (shift - (shift - 1) * t)``."""
+        return t / (self.shift - (self.shift - 1) * t)
+
+    def _sample_time_in_range(self, batch_size: int, device: Device, generator) -> torch.Tensor:
+        """``sample_time`` conditioned on ``time_range``, by inverting the distribution's CDF: a
+        uniform draw mapped into the CDF values of the range's ends (before the shift, which is
+        monotone), then back through the inverse CDF and the shift."""
+        u = standard_uniform((batch_size,), generator, device, torch.float64)                # [B] in [0, 1)
+        lo, hi = self.unshift_time(torch.tensor(self.time_range, dtype=torch.float64, device=u.device))
+        if self.sample_method == "uniform":  # CDF: the identity
+            t = lo + (hi - lo) * u
+        else:  # CDF of sigmoid(m + s N): Phi((logit(t) - m) / s)
+            a, b = torch.special.ndtr((torch.logit(torch.stack([lo, hi])) - self.logit_mean) / self.logit_std)
+            normal = torch.special.ndtri(a + (b - a) * u)
+            t = torch.sigmoid(self.logit_mean + self.logit_std * normal)
+        return self.shift_time(t).clamp(*self.time_range).float()                            # [B]
 
     def add_noise(self, x_start: torch.Tensor, noise: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         """``x_t = (1 - t) x_0 + t noise`` for x_start, noise [B, ...] and t [B] in [0, 1]."""

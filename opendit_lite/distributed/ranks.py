@@ -2,8 +2,9 @@
 step needs. All of them also work without an initialised group (a world of one)."""
 
 import re
-from typing import Any
+from typing import Any, Optional
 
+import torch
 import torch.distributed as dist
 
 # How a collective ends when a peer process has exited (gloo's words; NCCL aborts through DistError).
@@ -35,3 +36,11 @@ def from_rank0(value: Any) -> Any:
 def peer_lost(error: BaseException) -> bool:
     """Whether ``error`` is a collective that failed because another rank went away."""
     return isinstance(error, dist.DistError) or bool(_PEER_GONE.search(str(error)))
+
+
+def collective_device(group: Optional[dist.ProcessGroup] = None) -> torch.device:
+    """Where ``group``'s collectives take their tensors: the current CUDA device when its only backend
+    is NCCL (which has none for CPU tensors), else the CPU (gloo, or a "cpu:gloo,cuda:nccl" pair)."""
+    if dist.is_initialized() and dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")

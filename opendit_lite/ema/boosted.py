@@ -9,7 +9,7 @@ the fp32 master weights are sharded over), which ``OpenDiTPlugin`` provides; its
     ema = create_sharded_ema(model, optimizer, plugin)   # after booster.boost; equal to the weights
     for batch in loader:
         ...; optimizer.step()
-        update_sharded_ema(ema, optimizer, decay=0.9999)
+        update_sharded_ema(ema, optimizer, decay=0.9999)      # or ema_decay(0.9999, step, warmup=True)
     full = ema.state_dict(only_rank_0=True)               # a collective
 """
 
@@ -70,10 +70,12 @@ def create_sharded_ema(model: ModelWrapper, optimizer: Optional[OptimizerWrapper
     return ema
 
 
-def update_sharded_ema(ema: ShardedEMA, optimizer: Optional[OptimizerWrapper], decay: float) -> None:
+def update_sharded_ema(ema: ShardedEMA, optimizer: Optional[OptimizerWrapper], decay: float,
+                       next_decay: Optional[float] = None) -> None:
     """``ema = decay * ema + (1 - decay) * weights`` after ``optimizer.step()``, unless an ``AdamWEMA``
-    step already did exactly that."""
+    step already did exactly that; ``next_decay`` is the next update's decay when it changes (the
+    warm-up of ``decay.ema_decay``), which an ``AdamWEMA`` then applies in its next step."""
     fused = fused_ema_optimizer(optimizer)
-    if fused is not None and fused.take_ema_update(decay):
+    if fused is not None and fused.take_ema_update(decay, next_decay):
         return  # the optimizer's step already advanced the EMA with this decay
     ema.update(decay)

@@ -28,6 +28,8 @@ from colossalai.utils.common import is_ddp_ignored
 from colossalai.zero import GeminiDDP, LowLevelZeroOptimizer
 from torch.distributed import ProcessGroup
 
+from ..distributed.ranks import collective_device
+
 NamedParams = Sequence[Tuple[str, nn.Parameter]]
 
 # Elements gathered per all-gather when saving: bounds the temporary device buffer to 256 MiB.
@@ -208,11 +210,16 @@ class ShardedEMA:
         size = self.group_size
         fulls = [torch.empty(size, run.numel // size) if keep else None for run in self.layout.runs]
         total, step = self.shard.numel(), max(1, _GATHER_NUMEL // size)
+        # A shard kept in CPU memory (offloaded Gemini chunks) travels through the GPU when the group
+        # is NCCL-only: NCCL has no CPU backend.
+        device = self.shard.device
+        if device.type == "cpu":
+            device = collective_device(self.group)
         run_idx = 0
         for a in range(0, total, step):
             b = min(total, a + step)
-            out = torch.empty(size * (b - a), dtype=self.shard.dtype, device=self.shard.device)
-            dist.all_gather_into_tensor(out, self.shard[a:b].contiguous(), group=self.group)
+            out = torch.empty(size * (b - a), dtype=self.shard.dtype, device=device)
+            dist.all_gather_into_tensor(out, self.shard[a:b].to(device).contiguous(), group=self.group)
             if not keep:
                 continue
             out = out.view(size, b - a).cpu()  # row r: elements [a, b) of rank r's shard

@@ -21,7 +21,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 TEXT_ENCODER_KINDS = ("t5", "clip")
-# Kinds the diffusers families' encoders add (``families.py``): Wan's UMT5 and HunyuanVideo's Llama.
+# Kinds the diffusers families' encoders add (``family_encoders.py``): Wan's UMT5 and HunyuanVideo's Llama.
 FAMILY_TEXT_KINDS = ("umt5", "llama")
 
 

@@ -1,15 +1,45 @@
-"""The diffusers families trained today (Wan, Flux, SD3, CogVideoX, HunyuanVideo, LTX-Video), as the
-trainers and samplers see them: one adapter per diffusers class, declared in a registry keyed by
-the class name like the models' capabilities, giving the family's training recipe (objective,
-timestep sampling, shift) and its forward inputs from a clip batch; ``FamilyDenoiser`` wraps a
-model with its adapter into the ``(x, t, y, mask)`` denoiser every objective and sampler calls.
+"""The diffusers families trained today (Wan, HunyuanVideo, CogVideoX, LTX-Video, Flux, SD3): one
+folder per family (``opendit_lite/families/<family>/``) holding everything specific to it, found
+through one registry (``registry.py``). Importing this package registers the six families and fans
+their pieces out to the mechanisms that look them up (capabilities, sequence parallelism, fused
+AdaLN); every entry point that builds, parallelizes, plans or samples a model imports it.
 
-Nothing here imports diffusers: an adapter reads the model's config (a mapping) and calls the model.
+``FamilyDenoiser`` wraps a model with its family's adapter into the ``(x, t, y, mask)`` denoiser
+every objective and sampler calls. Adding a family: ``docs/adding_a_family.md``.
+
+Training recipes (objective, training-time distribution, shift), as each family's release trains
+and samples (each in its ``<family>/adapter.py``):
+
+| family | objective | times | shift |
+|---|---|---|---|
+| Wan 2.x | flow matching | uniform | 5 |
+| HunyuanVideo | flow matching | uniform | 7 |
+| LTX-Video | flow matching | logit-normal | by token count: e^0.95 at 1024 tokens .. e^2.05 at 4096 |
+| SD3 / SD3.5 | flow matching | logit-normal | 3 |
+| Flux | flow matching | logit-normal | by token count: e^0.5 at 256 tokens .. e^1.15 at 4096 |
+| CogVideoX | v-prediction, DDPM schedule | uniform steps | SNR shift 1 (the 5B and 1.5 models) |
+
+Nothing here imports diffusers at import time: an adapter reads the model's config (a mapping) and
+calls the model; the other pieces name diffusers' classes.
 """
 
-from . import adapters as _adapters  # noqa: F401  (registers the six families)
-from .denoiser import FamilyDenoiser
-from .registry import FAMILY_ADAPTERS, FamilyAdapter, Recipe, family_adapter, is_family, register_family
+from . import cogvideox, flux, hunyuan_video, ltx_video, sd3, wan  # noqa: F401  (registers the six families)
+from .adapter_base import FamilyAdapter, Recipe
+from .family_denoiser import FamilyDenoiser
+from .registry import (
+    FAMILIES,
+    Family,
+    Release,
+    family_adapter,
+    family_class_names,
+    family_of,
+    find_family,
+    is_family,
+    register_family,
+    unregistered_pieces,
+)
+from .step_cache_spec import StepCacheSpec
 
-__all__ = ["FAMILY_ADAPTERS", "FamilyAdapter", "FamilyDenoiser", "Recipe", "family_adapter", "is_family",
-           "register_family"]
+__all__ = ["FAMILIES", "Family", "FamilyAdapter", "FamilyDenoiser", "Recipe", "Release", "StepCacheSpec",
+           "family_adapter", "family_class_names", "family_of", "find_family", "is_family", "register_family",
+           "unregistered_pieces"]

@@ -1,107 +1,191 @@
-"""The family adapter protocol and its registry, keyed by the diffusers class name
-(``"WanTransformer3DModel"``): ``register_family`` adds one (a duplicate is an error),
-``family_adapter(name_or_model)`` finds it.
+"""The one registry of the diffusers families: one ``Family`` record per family, built and
+registered by its folder (``opendit_lite/families/<family>/__init__.py``), holding every piece
+specific to it:
 
-An adapter maps the project's clip batch (x [B, C, T, H, W], caption states [B, M, W] with their
-bool mask [B, M], pooled text [B, P], the objective's timestep [B]) onto the model's own forward
-keywords and its output back to [B, C, T, H, W]; it reads the model's diffusers config (a mapping:
-``model.config`` or the dict a model is built from), never the class.
+* ``block_lists`` and ``lora_targets``: the capabilities a diffusers class cannot declare itself
+  (``models.capabilities``): its block lists in the order the forward runs them (the unit of
+  activation checkpointing, offload and per-block compile; diffusers' own ``_repeated_blocks`` names
+  classes, HunyuanVideo's include the patch embedding and the token refiner, and SD3 has none) and
+  the linear layers LoRA adapts by default (``lora_targets.py``);
+* ``adapter`` (``<family>/adapter.py``): the training recipe and the forward inputs from a clip batch;
+* ``sp_spec`` (``<family>/sp_spec.py``): where sequence parallelism splits and gathers the image
+  tokens and what each attention module attends over;
+* ``fused_norms`` (``<family>/fused_norms.py``): the block swaps of the ``fused_adaln`` conversion
+  and what it leaves, and why;
+* ``encoding`` (``<family>/encoding.py``): the family's VAE, latent normalisation and text encoder,
+  for extracting latents (``scripts/extract_latents.py --family``);
+* ``step_cache`` (``<family>/step_cache.py``): what sampling's step caches need beyond diffusers'
+  hooks (TeaCache's signal, the first block's timestep-modulated input, or why there is none);
+* ``releases`` (in the record): the transformer configs of released checkpoints, so that the planner
+  (``python -m opendit_lite.plan``) plans a config naming one whose folder is not on this machine.
+
+Export needs one name per family, ``pipeline``: a trained model goes back to its diffusers class by
+that class's name (``interop.export_family``), its LoRA adapters through the pipeline class's own
+``save_lora_weights`` (``interop.export_lora``), which ``<pipeline>.load_lora_weights`` reads.
+
+``register_family`` checks the record (its pieces name the same class and family), then fans the
+pieces out to the mechanisms that look them up by class in their own tables, below this package in
+the layers: ``models.capabilities.declare_capabilities``, ``parallel.register_family_spec`` and
+``converter.diffusers_family_blocks.register_fused_norms``. A duplicate name, alias or class is an
+error. ``unregistered_pieces`` says which pieces a mechanism does not hold (tests check it is empty).
+
+Lookups: ``find_family`` (short name, alias or class name; a ConfigError naming the choices),
+``family_of`` (a model or class, None when not a family), ``family_adapter`` and ``is_family`` (by
+diffusers class name, as a config's ``model.name`` gives it, or a model).
 """
 
-from dataclasses import dataclass
-from typing import Dict, Mapping, Optional, Tuple, Union
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple, Union
 
-import torch
 import torch.nn as nn
+
+from ..converter.diffusers_family_blocks import FusedNorms, fused_norms_registered, register_fused_norms
+from ..encoders.family_encoders import FamilyEncoders
+from ..errors import ConfigError
+from ..models.capabilities import declare_capabilities, declared_capabilities
+from ..parallel.diffusers_sp import FAMILIES as SP_SPECS
+from ..parallel.diffusers_sp import register_family_spec
+from ..parallel.diffusers_sp.spec_types import FamilySpec
+from .adapter_base import FamilyAdapter
+from .step_cache_spec import StepCacheSpec
 
 
 @dataclass(frozen=True)
-class Recipe:
-    """A family's published training objective: ``objective`` "rflow" (flow matching, times shifted
-    by ``shift``) or "vpred" (v-prediction, SNR divided by ``shift``), with training times drawn by
-    ``timestep_sampling`` ("uniform" or "logit-normal")."""
+class Release:
+    """A released checkpoint of a family: its repository and the constructor arguments in its
+    ``transformer/config.json`` (the architecture's numbers; no weights)."""
 
-    objective: str
-    timestep_sampling: str
-    shift: float
+    repo: str                                   # "Wan-AI/Wan2.1-T2V-14B-Diffusers"
+    config: dict = field(hash=False)            # transformer/config.json, without its "_class_name" keys
 
-
-class FamilyAdapter:
-    """One diffusers family. Subclasses set the class attributes and implement ``forward``.
-
-    * ``class_name``: the diffusers class (``model.name`` in a config);
-    * ``text_width_key`` / ``pooled_width_key``: the config keys of the caption-state width and of
-      the pooled text vector's width (None: the model takes no pooled text);
-    * ``image_only``: an image model, trained on 1-frame clips;
-    * ``modulated_input``: None, or ``(block, args, kwargs) -> tensor``, the timestep-modulated input
-      of a block called with ``args``/``kwargs`` (TeaCache's signal when sampling with a step cache).
-    """
-
-    class_name: str = ""
-    text_width_key: str = ""
-    pooled_width_key: Optional[str] = None
-    image_only: bool = False
-    modulated_input = None
-
-    def guidance_distilled(self, config: Mapping) -> bool:
-        """True when a model of this config takes the guidance scale as an input (distilled from
-        classifier-free guidance): it has no unconditional branch of its own to run."""
-        return False
-
-    def recipe(self, config: Mapping, tokens: int) -> Recipe:
-        """The training recipe for clips of ``tokens`` patches (Flux and LTX-Video shift by it)."""
-        raise NotImplementedError
-
-    def patch_size(self, config: Mapping) -> Tuple[int, int, int]:
-        """(pt, ph, pw): latent frames, rows and columns per token."""
-        raise NotImplementedError
-
-    def latent_channels(self, config: Mapping) -> int:
-        """Channels of the clips the model denoises (before any packing)."""
-        return int(config["in_channels"])
-
-    def text_width(self, config: Mapping) -> int:
-        return int(config[self.text_width_key])
-
-    def pooled_width(self, config: Mapping) -> Optional[int]:
-        return int(config[self.pooled_width_key]) if self.pooled_width_key else None
-
-    def forward(self, model: nn.Module, config: Mapping, x: torch.Tensor, t: torch.Tensor, states: torch.Tensor,
-                mask: torch.Tensor, pooled: Optional[torch.Tensor]) -> torch.Tensor:
-        """x [B, C, T, H, W], t [B] (the objective's timestep: flow time x 1000, or the integer
-        DDPM step), states [B, M, W] (zero where masked), mask [B, M] bool, pooled [B, P] or None
-        -> the prediction [B, C, T, H, W]."""
-        raise NotImplementedError
+    @property
+    def name(self) -> str:
+        """The repository's name: the folder ``huggingface-cli download`` or ``git clone`` writes."""
+        return self.repo.rsplit("/", 1)[-1]
 
 
-FAMILY_ADAPTERS: Dict[str, FamilyAdapter] = {}
+@dataclass(frozen=True)
+class Family:
+    """One diffusers family: everything specific to it (see the module docstring)."""
+
+    name: str                          # its folder under opendit_lite/families/ ("wan", "hunyuan_video")
+    class_name: str                    # the diffusers transformer class (``model.name`` in a config)
+    pipeline: str                      # the diffusers pipeline class whose LoRA files and folders the export writes
+    module: str                        # the diffusers module defining that class
+    block_lists: Tuple[str, ...]       # capability: the block lists, in forward order
+    lora_targets: Tuple[str, ...]      # capability: the layers LoRA adapts by default
+    adapter: FamilyAdapter             # training recipe and forward inputs
+    sp_spec: FamilySpec                # sequence parallelism
+    fused_norms: FusedNorms            # fused_adaln's block swaps
+    encoding: FamilyEncoders           # VAE, latent normalisation, text encoder
+    step_cache: StepCacheSpec          # sampling's step caches: TeaCache's signal
+    aliases: Tuple[str, ...] = ()      # other short names ``find_family`` takes
+    releases: Tuple[Release, ...] = ()  # released checkpoints' transformer configs (for the planner)
+
+    @property
+    def class_path(self) -> str:
+        """"module.ClassName", as ``declare_capabilities`` names the class."""
+        return f"{self.module}.{self.class_name}"
 
 
-def register_family(adapter_cls: type) -> type:
-    """Class decorator: register an instance of ``adapter_cls`` under its ``class_name``."""
-    name = adapter_cls.class_name
-    if name in FAMILY_ADAPTERS:
-        raise ValueError(f"a family adapter for {name!r} is already registered "
-                         f"({type(FAMILY_ADAPTERS[name]).__name__})")
-    FAMILY_ADAPTERS[name] = adapter_cls()
-    return adapter_cls
+FAMILIES: Dict[str, Family] = {}
 
 
-def is_family(name_or_model: Union[str, nn.Module, None]) -> bool:
-    """True for a registered diffusers class name, or a model (or class) of one."""
-    return _name(name_or_model) in FAMILY_ADAPTERS
+def _check_record(family: Family) -> None:
+    """A ValueError when the record's pieces disagree on the class or the family, or clash with one registered."""
+    problems = []
+    if family.adapter.class_name != family.class_name:
+        problems.append(f"adapter is for {family.adapter.class_name!r}")
+    if family.sp_spec.cls_name != family.class_name or family.sp_spec.family != family.name:
+        problems.append(f"sp_spec is for {family.sp_spec.cls_name!r} ({family.sp_spec.family!r})")
+    if family.encoding.transformer != family.class_name:
+        problems.append(f"encoding is for {family.encoding.transformer!r}")
+    if family.encoding.image_only != family.adapter.image_only:
+        problems.append(f"encoding.image_only={family.encoding.image_only} but adapter.image_only="
+                        f"{family.adapter.image_only}")
+    if family.step_cache.family != family.name:
+        problems.append(f"step_cache is for {family.step_cache.family!r}")
+    if family.step_cache.teacache_signal is None and not family.step_cache.no_teacache:
+        problems.append("step_cache has no TeaCache signal and says no reason (no_teacache)")
+    if not family.block_lists or not family.lora_targets:
+        problems.append("block_lists and lora_targets must be non-empty")
+    if problems:
+        raise ValueError(f"family {family.name!r} ({family.class_name}): " + "; ".join(problems))
+    for other in FAMILIES.values():
+        names = {other.name, other.class_name, *other.aliases}
+        clash = names & {family.name, family.class_name, *family.aliases}
+        if clash:
+            raise ValueError(f"family {family.name!r}: {sorted(clash)} already registered by family {other.name!r}")
 
 
-def family_adapter(name_or_model: Union[str, nn.Module]) -> FamilyAdapter:
-    """The adapter of a diffusers class name, or of a model (or class) of that class."""
-    name = _name(name_or_model)
-    if name not in FAMILY_ADAPTERS:
-        raise KeyError(f"no family adapter for {name!r}; registered: {', '.join(sorted(FAMILY_ADAPTERS))}")
-    return FAMILY_ADAPTERS[name]
+def register_family(family: Family) -> Family:
+    """Register ``family`` and its pieces with their mechanisms (see the module docstring); returns it."""
+    _check_record(family)
+    declare_capabilities(family.class_path, block_lists=tuple(family.block_lists),
+                         lora_targets=tuple(family.lora_targets))
+    register_family_spec(family.sp_spec)
+    register_fused_norms(family.module, family.class_name, family.fused_norms)
+    FAMILIES[family.name] = family
+    return family
 
 
-def _name(name_or_model) -> Optional[str]:
+def unregistered_pieces(family: Family) -> List[str]:
+    """The pieces of ``family`` that the registry or a mechanism does not hold as given (empty: fully registered)."""
+    missing = []
+    if FAMILIES.get(family.name) is not family:
+        missing.append("the family registry")
+    declared = declared_capabilities(family.class_path)
+    if declared.get("block_lists") != tuple(family.block_lists) or declared.get("lora_targets") != tuple(
+            family.lora_targets):
+        missing.append("capabilities (models.capabilities.declare_capabilities)")
+    if SP_SPECS.get(family.class_name) is not family.sp_spec:
+        missing.append("sequence-parallel spec (parallel.register_family_spec)")
+    if not fused_norms_registered(family.module, family.class_name, family.fused_norms):
+        missing.append("fused norms (converter.diffusers_family_blocks.register_fused_norms)")
+    return missing
+
+
+def _class_name(name_or_model: Union[str, nn.Module, type, None]) -> Optional[str]:
     if name_or_model is None or isinstance(name_or_model, str):
         return name_or_model
     cls = name_or_model if isinstance(name_or_model, type) else type(name_or_model)
     return cls.__name__
+
+
+def _by_class(class_name: Optional[str]) -> Optional[Family]:
+    return next((f for f in FAMILIES.values() if f.class_name == class_name), None)
+
+
+def family_class_names() -> Tuple[str, ...]:
+    """The registered families' diffusers class names, sorted."""
+    return tuple(sorted(f.class_name for f in FAMILIES.values()))
+
+
+def is_family(name_or_model: Union[str, nn.Module, type, None]) -> bool:
+    """True for a registered diffusers class name, or a model (or class) of one."""
+    return _by_class(_class_name(name_or_model)) is not None
+
+
+def family_of(name_or_model: Union[str, nn.Module, type, None]) -> Optional[Family]:
+    """The family of a diffusers class name, or of a model (or class) of that class; None if none."""
+    return _by_class(_class_name(name_or_model))
+
+
+def family_adapter(name_or_model: Union[str, nn.Module, type]) -> FamilyAdapter:
+    """The adapter of a diffusers class name, or of a model (or class) of that class."""
+    family = family_of(name_or_model)
+    if family is None:
+        raise KeyError(f"no family adapter for {_class_name(name_or_model)!r}; registered: "
+                       f"{', '.join(family_class_names())}")
+    return family.adapter
+
+
+def find_family(name: str) -> Family:
+    """The family of a short name (``wan``), an alias or a diffusers class name; a ConfigError naming
+    the choices otherwise."""
+    key = name.lower()
+    for family in FAMILIES.values():
+        if key == family.name or key in family.aliases or name == family.class_name:
+            return family
+    raise ConfigError(f"unknown family {name!r}; choose one of {', '.join(FAMILIES)} (or a transformer class: "
+                      f"{', '.join(f.class_name for f in FAMILIES.values())}).")

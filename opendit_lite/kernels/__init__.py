@@ -1,7 +1,7 @@
 """Fused kernels and the attention backends, each behind a small interface of its own; the module
 converter (``opendit_lite.converter``) maps the models' modules onto them.
 
-* ``AttentionOp`` / ``SDPAAttentionOp`` (``attention.py``): the attention op interface the models
+* ``AttentionOp`` / ``SDPAAttentionOp`` (``attention_op.py``): the attention op interface the models
   call their attention core through, and torch's SDPA behind it;
 * ``FlashAttentionOp``: flash-attn (replaces ``SDPAAttentionOp``);
 * ``fused_adaln`` / ``FusedLayerNormModulate``: Triton LayerNorm + adaLN modulation (replaces the
@@ -12,9 +12,9 @@ converter (``opendit_lite.converter``) maps the models' modules onto them.
   ``nn.LayerNorm``; apex's ``FusedLayerNorm`` is preferred when installed, see
   ``to_fused_layernorm``).
 
-The norm kernels are torch custom ops (``ops.py``, namespace ``opendit_lite``) so that
+The norm kernels are torch custom ops (``custom_ops.py``, namespace ``opendit_lite``) so that
 ``torch.compile(fullgraph=True)`` traces through them. The names below load on first use: the
-models import ``attention.py`` (torch only), while the first use of a norm kernel imports Triton and
+models import ``attention_op.py`` (torch only), while the first use of a norm kernel imports Triton and
 decorates the kernels; set ``TRITON_INTERPRET=1`` before that to run them on CPU tensors.
 """
 

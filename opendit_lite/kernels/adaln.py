@@ -19,7 +19,7 @@ writes ``y`` once, and keeps for the backward only ``x`` and two fp32 numbers pe
   summed in fp32 and rounded once to its own dtype). The output dtype is the promotion of all five
   inputs with ``x``.
 
-The kernels are the torch custom op ``opendit_lite::norm_affine_fwd`` (``ops.py``), so
+The kernels are the torch custom op ``opendit_lite::norm_affine_fwd`` (``custom_ops.py``), so
 ``torch.compile`` keeps them in its graph. Dispatch: the Triton kernels run on CUDA tensors, and on
 any tensor when Triton's interpreter is on (``TRITON_INTERPRET=1`` set before this module is
 imported). Otherwise (CPU tensors, or Triton not installed) the torch path below computes the same
@@ -32,7 +32,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from . import ops
+from . import custom_ops
 from .triton_dispatch import triton_runs_on
 
 
@@ -123,11 +123,11 @@ def fused_adaln(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: 
         shift3 = _as_modulation(x, shift, "shift")            # [B, 1|N, D]
         scale3 = _as_modulation(x, scale, "scale")            # [B, 1|N, D]
         if weight is None and bias is None:
-            y, _, _ = ops.norm_affine_fwd(x, shift3, scale3, eps, True, _output_dtype(x, shift, scale))
+            y, _, _ = custom_ops.norm_affine_fwd(x, shift3, scale3, eps, True, _output_dtype(x, shift, scale))
             return y                                           # [B, N, D]
         offset, multiplier = fold_affine(shift3, scale3, weight, bias)     # fp32 [B, 1|N, D] each
-        y, _, _ = ops.norm_affine_fwd(x, offset, multiplier, eps, False,
-                                      _affine_output_dtype(x.dtype, shift, scale, weight, bias))
+        y, _, _ = custom_ops.norm_affine_fwd(x, offset, multiplier, eps, False,
+                                             _affine_output_dtype(x.dtype, shift, scale, weight, bias))
         return y                                               # [B, N, D]
     return adaln_torch(x, shift, scale, eps, weight, bias)
 

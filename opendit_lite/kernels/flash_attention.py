@@ -12,7 +12,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from .attention import SDPAAttentionOp
+from .attention_op import SDPAAttentionOp
 
 ATTENTION_BACKENDS = ("sdpa", "flash", "auto")
 

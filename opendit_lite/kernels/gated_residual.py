@@ -25,7 +25,7 @@ from typing import Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from . import ops
+from . import custom_ops
 from .adaln import FusedNormModule, _affine_output_dtype, _as_modulation, _check_affine, _check_inputs, fold_affine
 from .triton_dispatch import triton_runs_on
 
@@ -80,10 +80,10 @@ def gated_residual_adaln(x: torch.Tensor, h: torch.Tensor, gate: torch.Tensor, s
         xn_dtype = _residual_dtype(x, h, gate)
         out_dtype = _affine_output_dtype(xn_dtype, shift, scale, weight, bias)
         if weight is None and bias is None:
-            x_new, y, _, _ = ops.gated_residual_norm_fwd(x, h, gate3, shift3, scale3, eps, True, out_dtype)
+            x_new, y, _, _ = custom_ops.gated_residual_norm_fwd(x, h, gate3, shift3, scale3, eps, True, out_dtype)
         else:
             offset, multiplier = fold_affine(shift3, scale3, weight, bias)  # fp32 [B, 1|N, D] each
-            x_new, y, _, _ = ops.gated_residual_norm_fwd(x, h, gate3, offset, multiplier, eps, False, out_dtype)
+            x_new, y, _, _ = custom_ops.gated_residual_norm_fwd(x, h, gate3, offset, multiplier, eps, False, out_dtype)
         return x_new, y
     return gated_residual_adaln_torch(x, h, gate, shift, scale, eps, weight, bias)
 

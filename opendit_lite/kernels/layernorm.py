@@ -1,7 +1,7 @@
 """LayerNorm with affine parameters on the Triton norm kernels, and the choice of a fused LayerNorm.
 
 ``TritonLayerNorm`` is an ``nn.LayerNorm`` (same constructor, parameters and state-dict keys) whose
-forward runs the custom op ``opendit_lite::norm_affine_fwd`` (``ops.py``) with ``a = weight`` and
+forward runs the custom op ``opendit_lite::norm_affine_fwd`` (``custom_ops.py``) with ``a = weight`` and
 ``shift = bias`` over the input viewed as ``[1, rows, D]``; its backward gives dx and, from
 deterministic fp32 partial sums, dweight and dbias. Numerics: fp32 statistics and arithmetic, output
 rounded once to the input's dtype (as torch's LayerNorm does with fp32 weights and a bf16 input);
@@ -18,7 +18,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from . import ops
+from . import custom_ops
 from .triton_dispatch import triton_runs_on, triton_unavailable_reason
 
 
@@ -39,7 +39,7 @@ def triton_layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
     if triton_runs_on(x):
         x3 = x.reshape(1, -1, D)                                       # [1, M, D]
         w3, b3 = weight.view(1, 1, D), bias.view(1, 1, D)              # [1, 1, D]: broadcast to every row
-        y, _, _ = ops.norm_affine_fwd(x3, b3, w3, eps, False, x.dtype)  # [1, M, D]
+        y, _, _ = custom_ops.norm_affine_fwd(x3, b3, w3, eps, False, x.dtype)  # [1, M, D]
         return y.view(x.shape)
     return layer_norm_torch(x, weight, bias, eps)
 

@@ -1,5 +1,3 @@
-# Importing diffusers_families declares the diffusers families' capabilities (by class name).
-from . import diffusers_families as _diffusers_families  # noqa: F401
 from .dit import DiT, DiT_models, DiTBlock, FinalLayer
 from .registry import MODELS, build_model, register_model, registered_class
 from .stdit import STDiT

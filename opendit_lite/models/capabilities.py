@@ -32,7 +32,8 @@ below for models that do not declare them (a model we did not write):
 
 A class of another library (diffusers' transformers) cannot carry these attributes, so they are
 declared for it by name with ``declare_capabilities("module.ClassName", ...)`` (the diffusers
-families trained today: ``diffusers_families.py``), which imports nothing. A reader takes the
+families trained today declare theirs when ``opendit_lite.families`` registers them), which imports
+nothing. A reader takes the
 class's own attribute first, then a declaration for the class or one of its bases, then the default.
 
 Each reader takes a model instance or its class, so a capability can be checked from the
@@ -75,6 +76,11 @@ def declare_capabilities(class_path: str, **capabilities: Any) -> None:
         raise ValueError(f"declare_capabilities({class_path!r}): {again} already declared as "
                          f"{ {k: declared[k] for k in again} }")
     declared.update(capabilities)
+
+
+def declared_capabilities(class_path: str) -> Dict[str, Any]:
+    """What ``declare_capabilities`` holds for ``class_path`` (a copy; empty when nothing is declared)."""
+    return dict(_DECLARED.get(class_path, {}))
 
 
 def _cls(model: ModelOrClass) -> type:

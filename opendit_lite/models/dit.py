@@ -25,7 +25,7 @@ import torch
 import torch.nn as nn
 from timm.layers import Mlp
 
-from .guidance import concat_guided
+from .cfg_layouts import concat_guided
 from .layers.attention import Attention
 from .layers.embeddings import (
     LabelEmbedder,

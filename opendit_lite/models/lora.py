@@ -11,7 +11,7 @@ still holds the whole model (base weights under ``<layer>.base_layer.*``, adapte
 plain ``nn.Linear`` back: the result has the original model's keys and computes what the adapted
 model computes. Reading a checkpoint into an adapted model and merging it (``load_merged``), and
 writing the merged weights as one ``.safetensors`` file (``export_merged``), are in
-``opendit_lite.build.lora``.
+``opendit_lite.builders.lora_checkpoint``.
 
     model = build_model_from_config(cfg)
     load_weights(model, "pretrained.pt")
@@ -28,6 +28,7 @@ import torch.nn as nn
 
 from ..errors import ConfigError
 from .capabilities import lora_targets
+from .experts import NoiseExperts
 
 
 def lora_target_names(model: nn.Module, targets: Sequence[str]) -> List[str]:
@@ -70,9 +71,16 @@ def apply_lora(model: nn.Module, *, rank: int, alpha: float, dropout: float,
     """Add rank-``rank`` adapters (scale ``alpha / rank``, input dropout ``dropout``) to the linear
     layers named by ``targets`` and freeze everything else, in place. ``targets`` None: the model's
     declared ``lora_targets`` (the zoo's ``qkv``/``proj``/``fc1``/``fc2``; for a diffusers family
-    the layers diffusers' LoRA scripts adapt, see ``diffusers_families.py``). A ConfigError says so
-    when no linear layer matches. Adapters start as an exact no-op (peft initialises B to zero)."""
+    the layers diffusers' LoRA scripts adapt, declared in ``opendit_lite/families/<family>/``). A
+    ConfigError says so when no linear layer matches. Adapters start as an exact no-op (peft initialises B to zero).
+    ``NoiseExperts`` (two experts) gets adapters on each expert, as if each were the model."""
     from peft import LoraConfig, inject_adapter_in_model
+
+    if isinstance(model, NoiseExperts):
+        reports = [apply_lora(expert, rank=rank, alpha=alpha, dropout=dropout, targets=targets)
+                   for _, expert in model.experts()]
+        return LoRAReport(layers=sum(r.layers for r in reports), trainable=sum(r.trainable for r in reports),
+                          total=sum(r.total for r in reports), targets=reports[0].targets)
 
     targets = lora_targets(model) if targets is None else tuple(targets)
     names = lora_target_names(model, targets)

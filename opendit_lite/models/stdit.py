@@ -33,7 +33,7 @@ import torch
 import torch.nn as nn
 from timm.layers import Mlp
 
-from .guidance import paired_guided
+from .cfg_layouts import paired_guided
 from .layers.axis_attention import SpatialAttention, TemporalAttention
 from .layers.cross_attention import CrossAttention
 from .layers.embeddings import (

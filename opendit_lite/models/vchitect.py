@@ -33,7 +33,7 @@ import torch
 import torch.nn as nn
 from timm.layers import Mlp
 
-from .guidance import paired_guided
+from .cfg_layouts import paired_guided
 from .layers.axis_attention import TemporalAttention
 from .layers.embeddings import TimestepEmbedder
 from .layers.init import init_linears_xavier, init_patch_embed

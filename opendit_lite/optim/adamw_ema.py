@@ -24,7 +24,9 @@ The EMA: ``attach_ema(targets, sources)`` gives the EMA tensors and the tensors 
 the one ``take_ema_update(decay)`` named after the previous step; until then (the first step)
 ``step`` leaves the EMA alone and ``take_ema_update`` tells the caller to update it itself, so the
 sequence of EMA updates is exactly that of calling the EMA after every step (see
-``OpenDiTPlugin.update_ema``). The decay is therefore fixed once training runs.
+``OpenDiTPlugin.update_ema``). A decay that changes from step to step (the EMA's warm-up) is named
+one step ahead: ``take_ema_update(decay, next_decay)`` checks the step just taken used ``decay`` and
+sets ``next_decay`` for the next one.
 """
 
 import math
@@ -65,21 +67,23 @@ class AdamWEMA(Optimizer):
         self._ema_targets, self._ema_sources = list(targets), list(sources)
         self.ema_decay, self._ema_done = None, False
 
-    def take_ema_update(self, decay: float) -> bool:
+    def take_ema_update(self, decay: float, next_decay: Optional[float] = None) -> bool:
         """Called after each ``step``: True when that step already advanced the EMA with ``decay``;
         False when it did not (the first step, or a step skipped by a loss scaler), after which the
-        caller updates the EMA itself and the following steps use ``decay``. The decay must stay
-        the same once the steps apply it."""
-        if not 0.0 <= decay <= 1.0:
-            raise ValueError(f"EMA decay must be in [0, 1], got {decay}")
+        caller updates the EMA itself. The next step uses ``next_decay`` (None: ``decay`` again); a
+        step that applied another decay than ``decay`` is an error (name changes one step ahead)."""
+        next_decay = decay if next_decay is None else next_decay
+        for d in (decay, next_decay):
+            if not 0.0 <= d <= 1.0:
+                raise ValueError(f"EMA decay must be in [0, 1], got {d}")
         done = self._ema_done
         if done and decay != self.ema_decay:
             raise ValueError(
-                f"AdamWEMA already advanced the EMA with decay {self.ema_decay} in this step; a decay that "
-                f"changes from step to step ({decay} now) needs the separate EMA update (fused_ema off)"
+                f"AdamWEMA already advanced the EMA with decay {self.ema_decay} in this step, not {decay}; "
+                f"name a decay that changes one step ahead (take_ema_update(decay, next_decay))"
             )
         self._ema_done = False
-        self.ema_decay = decay
+        self.ema_decay = next_decay
         return done
 
     # ------------------------------------------------------------------ update

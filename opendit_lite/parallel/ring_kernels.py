@@ -1,7 +1,7 @@
 """The two primitives a ring needs, per (query block, key block) pair: attention that also returns the
 log-sum-exp of each row, and its backward given the row's *final* output and log-sum-exp.
 
-The attention ops of ``opendit_lite.kernels.attention`` return only the output, so the ring cannot
+The attention ops of ``opendit_lite.kernels.attention_op`` return only the output, so the ring cannot
 merge their results; these are the same backends one level down (aten's kernels behind SDPA).
 
 Layout: q ``[B, H, nq, Dh]``, k/v ``[B, H, nk, Dh]``; ``bias``: None or an additive float mask
@@ -114,8 +114,12 @@ class CudaEfficientKernel:
         rows = -(-q.size(2) // 32) * 32
         lse = F.pad(lse.float(), (0, rows - q.size(2))).contiguous()
         zero = torch.zeros((), dtype=torch.int64, device=q.device)       # philox seed/offset: no dropout
+        # The half-precision kernels compute rowsum(dout * out) themselves and take out's token stride
+        # to be heads x head_dim: out must be laid out as the forward writes it, [B, nq, H, Dh] in
+        # memory (a [B, H, nq, Dh] view of that), not [B, H, nq, Dh]-contiguous.
+        out = out.to(q.dtype).transpose(1, 2).contiguous().transpose(1, 2)
         dq, dk, dv, _ = aten._scaled_dot_product_efficient_attention_backward(
-            dout.to(q.dtype).contiguous(), q, k, v, b, out.to(q.dtype).contiguous(), lse, zero, zero, 0.0,
+            dout.to(q.dtype).contiguous(), q, k, v, b, out, lse, zero, zero, 0.0,
             [True, True, True, False], False, scale=scale)
         return dq, dk, dv
 
@@ -132,10 +136,12 @@ class CudaFlashKernel:
         return out, lse.float()
 
     def backward(self, dout, q, k, v, out, lse, bias, scale):
-        empty = torch.empty(0, dtype=torch.int64, device=q.device)
+        empty = torch.empty(0, dtype=torch.int64, device=q.device)     # philox seed/offset: no dropout
+        # No cumulative sequence lengths (None, an undefined tensor): the dense kernel. A defined one,
+        # even empty, selects the variable-length kernel, which wants int32 offsets.
         return aten._scaled_dot_product_flash_attention_backward(
             dout.to(q.dtype).contiguous(), q, k, v, out.to(q.dtype).contiguous(), lse.float().contiguous(),
-            empty, empty, q.size(2), k.size(2), 0.0, False, empty, empty, scale=scale)
+            None, None, q.size(2), k.size(2), 0.0, False, empty, empty, scale=scale)
 
 
 KERNELS = {k.name: k for k in (MathKernel(), CpuFlashKernel(), CudaEfficientKernel(), CudaFlashKernel())}

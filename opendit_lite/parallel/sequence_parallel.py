@@ -2,13 +2,13 @@
 modes: ``apply_sequence_parallel(model, group, mode="ulysses" | "ring" | "usp" | "auto", ring_size=None)``.
 
 A diffusers model of a known family (Wan, Flux, CogVideoX, HunyuanVideo, LTX-Video, SD3) goes through
-its declared spec (``families/``). Every other model goes through three swaps, all around one
+its declared spec (``diffusers_sp/``). Every other model goes through three swaps, all around one
 ``SequenceParallelState``, and no change to model code:
 
 * ``SequenceSplit`` markers -> ``SequenceParallelSplit`` (keep this rank's shard, pad if needed);
 * ``SequenceGather`` markers -> ``SequenceParallelGather`` (all-gather, drop the padding);
 * the ``attn_op`` of every attention module -> the sequence-parallel op of its *role* and the mode
-  (the table in ``ops.py``). The role is keyed by the owning module's type rather than by the op's
+  (the table in ``sp_ops.py``). The role is keyed by the owning module's type rather than by the op's
   class because the op's class names the backend (SDPA, flash-attn, ...), which the backend conversion
   may already have changed, while the module says what the op attends over:
 
@@ -24,7 +24,7 @@ its declared spec (``families/``). Every other model goes through three swaps, a
 
 An attention op whose module type has no role is an error rather than a silent serial op that would
 attend to a shard. Models written outside the zoo: timm's and diffusers' attention modules first get an
-``attn_op`` (``foreign.py``); a module that declares ``sequence_parallel_attention`` (one of the roles)
+``attn_op`` (``foreign_attention.py``); a module that declares ``sequence_parallel_attention`` (one of the roles)
 needs no registration; a model without markers is split at its first block's input and gathered at
 its last block's output (``boundaries.py``), and then every block must hold an attention op this module
 can run.
@@ -32,7 +32,7 @@ can run.
 Modes: ``modes.py`` (head rules, ``auto``); USP's process groups are built once per conversion,
 collectively, before any module is converted (``ops.build_groups``). Run it after the backend
 conversion (the ops wrap whatever op they find) and before activation checkpointing and data-parallel
-wrapping. ``opendit_lite.transforms.parallelize`` calls ``make_sequence_parallel`` in that place of its
+wrapping. ``opendit_lite.parallelization.parallelize`` calls ``make_sequence_parallel`` in that place of its
 order and prints its rows. See ``comm.py`` for the gradient convention (DDP/ZeRO's world mean of
 gradients is exact); docs/sequence_parallel.md for usage, padding, masks and the ring's overlap.
 """
@@ -54,11 +54,11 @@ from opendit_lite.models.layers.sequence import SequenceGather, SequenceSplit
 
 from .boundaries import place_sequence_boundaries
 from .comm_volume import SPWorkload
-from .families import apply_family, family_attention, family_spec
-from .foreign import PROTOCOL, SEQUENCE_PARALLEL_ROLES, adapt_foreign_attention, declared_role
+from .diffusers_sp import apply_family, family_attention, family_spec
+from .foreign_attention import PROTOCOL, SEQUENCE_PARALLEL_ROLES, adapt_foreign_attention, declared_role
 from .modes import AutoInputs, ModeChoice, choose_mode
-from .ops import build_groups, effective_mode, op_factory
 from .sequence import SequenceParallelGather, SequenceParallelSplit, SequenceParallelState
+from .sp_ops import build_groups, effective_mode, op_factory
 from .ulysses import (
     SequenceParallelCrossAttentionOp,
     SequenceParallelOp,

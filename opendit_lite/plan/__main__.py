@@ -2,19 +2,27 @@
 
 Prints, per bucket of the config (or its one image/clip shape), the recommended batch per
 data-parallel rank and the predicted memory, and for the run the zero_degree, sp_size, the
-sequence-parallel mode (what ``sp_mode: auto`` takes, and why), selective_ratio and offload, with the
-assumptions behind them. ``key=value`` overrides after the
-options change the config as on the trainers' command lines, e.g. ``precision=fp32``.
+sequence-parallel mode (what ``sp_mode: auto`` takes, and why), selective_ratio and offload, blocks to
+swap and the base weights' precision (LoRA runs) or Gemini's optimizer offload (full fine-tunes), with
+the assumptions behind them; then the config fragment that sets them, each key with what it saves at
+the predicted peak and what it costs in step time. Settings that put weights, optimizer states or
+activations in host memory must fit the node's host memory too (``--host-memory``, default: this
+machine's RAM; plan on the training machine or give its size). When nothing fits it exits with 2 and
+names the smallest device that would. ``key=value`` overrides after the options change the config as
+on the trainers' command lines, e.g. ``precision=fp32``.
 """
 
 import argparse
 import math
+import os
 import sys
+from typing import Optional
 
-from ..build.family import config_schema
+from ..builders.family import config_schema
 from ..config import ConfigError, from_dict, parse_overrides, read_yaml
 from ..utils.exit_codes import script_main
-from . import plan_config, plan_precision
+from . import Speed, plan_config, plan_precision
+from .fragment import config_fragment
 
 
 class _Parser(argparse.ArgumentParser):
@@ -25,6 +33,22 @@ class _Parser(argparse.ArgumentParser):
         raise ConfigError(f"{message}. Run python -m opendit_lite.plan --help for the options.")
 
 
+def machine_host_gib() -> Optional[float]:
+    """This machine's RAM in GiB (the smaller of the physical memory and a container's cgroup limit);
+    None where the system does not say."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+    for limit_file in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(limit_file) as f:
+                limit = f.read().strip()
+        except OSError:
+            continue
+        if limit.isdigit():
+            total = min(total, int(limit))
+    return total / 2 ** 30
 
 
 def _number(text: str, kind, what: str, low: float, inclusive: bool):
@@ -64,8 +88,16 @@ def main(argv) -> int:
                    help="GiB kept free besides 10%% of the memory")
     p.add_argument("--gpus-per-node", type=lambda t: _number(t, int, "GPUs per node", 1, True), default=8,
                    help="an SP group larger than a node spans nodes (sp_mode=auto times it on the slower links)")
+    p.add_argument("--host-memory", type=lambda t: _number(t, float, "the host memory per node (GiB)", 0, False),
+                   default=None, help="host memory (RAM) per node in GiB, for swapped blocks and offloaded states "
+                                      "and activations (default: this machine's)")
     p.add_argument("--keep-settings", action="store_true",
-                   help="keep the config's zero_degree/sp_size/selective_ratio/ac_offload; only size the buckets")
+                   help="keep the config's zero_degree/sp_size/selective_ratio/ac_offload, memory.blocks_to_swap and "
+                        "lora.base_precision; only size the buckets")
+    p.add_argument("--tflops", type=lambda t: _number(t, float, "the achieved TFLOP/s", 0, False),
+                   default=Speed.tflops, help="achieved bf16 matmul TFLOP/s of the device (step-time costs)")
+    p.add_argument("--h2d-gbps", type=lambda t: _number(t, float, "the host-to-device GB/s", 0, False),
+                   default=Speed.h2d_gbps, help="pinned host-to-device copy GB/s (cost of swapping, offload)")
     p.add_argument("overrides", nargs="*", help="key=value config overrides")
     args = p.parse_args(argv)
     if args.min_batch > args.max_batch:
@@ -74,13 +106,21 @@ def main(argv) -> int:
     # Built without load_config's checks of data paths: planning needs no data.
     cfg = from_dict(config_schema(tree), tree)
     precision = plan_precision(cfg)
+    host_gib = args.host_memory if args.host_memory is not None else machine_host_gib()
     result, buckets, shape = plan_config(cfg, args.gpu_memory, args.world_size, max_batch=args.max_batch,
                                          min_batch=args.min_batch, reserve_gib=args.reserve,
                                          fixed=args.keep_settings, precision=precision,
-                                         ranks_per_node=args.gpus_per_node)
-    print(f"plan for {args.config}: {args.world_size} device(s) of {args.gpu_memory:g} GiB, precision "
+                                         ranks_per_node=args.gpus_per_node,
+                                         speed=Speed(tflops=args.tflops, h2d_gbps=args.h2d_gbps), host_gib=host_gib)
+    host = ("host memory not checked (this machine does not report its RAM: --host-memory)" if host_gib is None
+            else f"{host_gib:.1f} GiB host memory per node" + ("" if args.host_memory is not None
+                                                               else " (this machine's; --host-memory)"))
+    print(f"plan for {args.config}: {args.world_size} device(s) of {args.gpu_memory:g} GiB, {host}, precision "
           f"{precision.name}" + (" (auto on a GPU)" if cfg.precision == "auto" else ""))
     print(result.table(buckets, shape))
+    print()
+    raw = [dict(b) for b in cfg.data.buckets] if getattr(cfg.data, "buckets", None) else []
+    print(config_fragment(cfg, result, result.costs.per_sample, raw, args.world_size, args.gpu_memory))
     return 0
 
 

@@ -7,6 +7,11 @@ head), so two shapes give, per block, bytes per token (the slope) and bytes that
 clip (the caption stream, pooled text, modulation): the model's ``ActivationProfile`` in widths of D,
 scaled by the planner to any clip, batch, SP size and checkpointing.
 
+The count runs in the training dtype (the model cast to it on the meta device): what a layer saves in
+its own precision (diffusers' FP32LayerNorm keeps an fp32 copy of its input, rotary embeddings work in
+fp32 or fp64) is a larger share of a bf16 step than of an fp32 one, so counting in fp32 and halving
+would miss it (about 9% of a Wan-1.3B-like step on an H200).
+
 On the meta device torch's SDPA takes its math path, which would save the N x N scores a GPU run never
 keeps; while counting, SDPA calls on meta tensors go to the flash kernel's meta function (what CPU and
 GPU runs save: q, k, v, the output and the log-sum-exp).
@@ -22,7 +27,7 @@ import torch.nn.functional as F
 from ..models.blocks import find_blocks
 from .memory_model import ActivationProfile
 
-COUNT_BYTES = 4  # counted in fp32
+COUNT_BYTES = 4  # counted in fp32 unless asked for another dtype
 
 
 @contextlib.contextmanager
@@ -87,15 +92,18 @@ def saved_bytes_by_block(model: nn.Module, blocks: List[nn.Module], run: Callabl
 
 
 def counted_profile(model: nn.Module, hidden: int, step: Callable[[int], Callable[[], torch.Tensor]],
-                    token_counts: Tuple[int, int], caption_tokens: int) -> ActivationProfile:
+                    token_counts: Tuple[int, int], caption_tokens: int,
+                    element_bytes: int = COUNT_BYTES) -> ActivationProfile:
     """The model's ``ActivationProfile`` from two runs: ``step(i)`` returns the run at the i-th clip
     shape, of ``token_counts[i]`` video tokens per sample (one sample) and ``caption_tokens`` text tokens.
-    Widths are per block (the blocks' mean) in units of ``hidden`` elements."""
+    Widths are per block (the blocks' mean) in units of ``hidden`` elements of ``element_bytes`` bytes,
+    the size of the dtype the runs compute in (their saved tensors' own dtypes are counted as they are:
+    a bf16 model's norms that save fp32 copies count double)."""
     blocks = find_blocks(model)
     counts = [saved_bytes_by_block(model, blocks, step(i)) for i in range(2)]
     (b1, o1), (b2, o2) = counts
     n1, n2 = token_counts
-    unit = hidden * COUNT_BYTES
+    unit = hidden * element_bytes
     per_token = sum(y - x for x, y in zip(b1, b2)) / len(blocks) / (n2 - n1)        # bytes per token per block
     fixed = sum(b1) / len(blocks) - per_token * n1                                  # per block, per sample
     outside_per_token = (o2 - o1) / (n2 - n1)

@@ -157,6 +157,18 @@ def activation_bytes(shape: ModelShape, frames: int, height: int, width: int, ba
     return widths * shape.hidden_size * element_bytes
 
 
+def offloaded_activation_bytes(shape: ModelShape, frames: int, height: int, width: int, batch: int,
+                               element_bytes: int, sp_size: int = 1, selective_ratio: float = 1.0,
+                               offload: bool = False) -> float:
+    """Host bytes of the checkpointed blocks' inputs that offload moves there (what ``activation_bytes``
+    leaves out of the device's count under ``offload``): one width per token per checkpointed block."""
+    if not offload:
+        return 0.0
+    tokens = batch * -(-sample_tokens(shape, frames, height, width) // sp_size)
+    checkpointed = shape.depth - round(shape.depth * selective_ratio)
+    return checkpointed * tokens * shape.hidden_size * element_bytes
+
+
 def step_bytes(shape: ModelShape, zero_degree: int, world_size: int) -> float:
     """Model states plus the EMA shard, per device."""
     return model_state_bytes(zero_degree, shape.params, world_size) + ema_bytes(shape.params, world_size)

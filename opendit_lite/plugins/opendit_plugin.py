@@ -89,6 +89,7 @@ from ..precision import (
     has_fp8_linears,
     resolve_precision,
 )
+from . import gemini as _gemini
 from . import zero as _zero
 from .ddp import apply_ddp
 from .ddp_checkpoint_io import DDPCheckpointIO
@@ -374,16 +375,22 @@ class OpenDiTPlugin(DPPluginBase):
     def master_weight_shards(self, model: ModelWrapper,
                              optimizer: OptimizerWrapper) -> Optional[Dict[str, torch.Tensor]]:
         """This rank's fp32 master shards by parameter name when they are kept apart from the working
-        weights (ZeRO-1/2 in bf16/fp16), for checkpoints; None for DDP (fp32 weights) and fp32 ZeRO
-        (the masters equal the working weights). Gemini's chunks are not covered yet."""
+        weights (ZeRO-1/2 and Gemini in bf16/fp16), for checkpoints; None for DDP (fp32 weights) and
+        fp32 ZeRO (the masters equal the working weights)."""
+        if self.zero_degree == 3:
+            return _gemini.master_shards(model)
         if self.zero_degree not in (1, 2) or self.dtype is None:
             return None
         return _zero.master_shards(model.unwrap(), optimizer)
 
     def load_master_weight_shards(self, model: ModelWrapper, optimizer: OptimizerWrapper,
                                   shards: Dict[str, torch.Tensor]) -> None:
-        """Put shards from :meth:`master_weight_shards` of the same world size back into ``optimizer``."""
-        _zero.load_master_shards(model.unwrap(), optimizer, shards)
+        """Put shards from :meth:`master_weight_shards` of the same world size back (after the model
+        weights and the optimizer state of the same checkpoint)."""
+        if self.zero_degree == 3:
+            _gemini.load_master_shards(model, shards)
+        else:
+            _zero.load_master_shards(model.unwrap(), optimizer, shards)
 
     # ------------------------------------------------------------------ EMA
 
@@ -401,14 +408,15 @@ class OpenDiTPlugin(DPPluginBase):
         return self._ema
 
     def update_ema(self, model: ModelWrapper, optimizer: Optional[OptimizerWrapper] = None,
-                   decay: float = 0.9999) -> None:
+                   decay: float = 0.9999, next_decay: Optional[float] = None) -> None:
         """``ema = decay * ema + (1 - decay) * weights`` after ``optimizer.step()``; creates the EMA on
-        first use (``opendit_lite.ema.update_sharded_ema``)."""
+        first use (``opendit_lite.ema.update_sharded_ema``; ``next_decay``: the next update's decay
+        when it changes, as under warm-up)."""
         if self._ema is None:
             self.create_ema(model, optimizer)
         elif self._ema.module is not model.unwrap():
             raise ValueError("update_ema got a different model from the one the EMA was created for")
-        update_sharded_ema(self._ema, optimizer if optimizer is not None else self._optimizer, decay)
+        update_sharded_ema(self._ema, optimizer if optimizer is not None else self._optimizer, decay, next_decay)
 
     @property
     def ema(self) -> ShardedEMA:

@@ -24,6 +24,8 @@ def broadcast_module_states(module: nn.Module, device: torch.device) -> None:
         return
     for tensor in itertools.chain(module.parameters(), module.buffers()):
         staged = tensor.data.to(device)
-        dist.broadcast(staged, src=0)
+        # float8 tensors (a frozen FP8 base) travel as their bytes: not every backend knows the dtype.
+        wire = staged.view(torch.uint8) if staged.is_floating_point() and staged.element_size() == 1 else staged
+        dist.broadcast(wire, src=0)
         if staged is not tensor.data:
             tensor.data.copy_(staged)

@@ -13,7 +13,6 @@ splits the collective in two levels, the first of which reduce-scatters full gra
 across nodes.
 """
 
-import inspect
 from types import MethodType
 from typing import Dict, Optional, Tuple
 
@@ -37,6 +36,7 @@ from torch.optim import Optimizer
 from torch.utils._pytree import tree_map
 
 from .devices import zero_degree_hint
+from .fp32_inputs import kept_arguments, with_arguments
 from .sync import broadcast_module_states
 
 
@@ -147,15 +147,12 @@ class TimestepSafeZeroModel(LowLevelZeroModel):
     Colossal-AI does. The module's timestep embedder then computes its frequencies in fp32."""
 
     def forward(self, *args, **kwargs):
-        keep = getattr(self.module, "fp32_inputs", ())
-        if self.convert_fn is None or not keep:
+        kept = kept_arguments(self.module, args, kwargs)
+        if self.convert_fn is None or not kept:
             return super().forward(*args, **kwargs)
-        bound = inspect.signature(self.module.forward).bind(*args, **kwargs)
-        for name, value in bound.arguments.items():
-            if name not in keep:
-                bound.arguments[name] = tree_map(self.convert_fn, value)
+        args, kwargs = with_arguments(self.module, args, kwargs, kept, lambda v: tree_map(self.convert_fn, v))
         with self._hook_context():
-            return self.module(*bound.args, **bound.kwargs)
+            return self.module(*args, **kwargs)
 
 
 def apply_low_level_zero(

@@ -1,7 +1,7 @@
 """Sampling shared by sample.py, sample_video.py and ``python -m opendit_lite.evaluate``: one path
 for images and videos.
 
-* ``ranks.py``: where each process samples. The requested samples are split into contiguous
+* ``sharding.py``: where each process samples. The requested samples are split into contiguous
   blocks over the data-parallel ranks (``SamplingRanks.batches``); with ``sp_size > 1`` the ranks
   of one sequence-parallel group sample the same block and shard each sample's tokens (the
   training machinery: Ulysses or DSP). ``gather_on_main``: the finished samples, in index order,
@@ -19,6 +19,6 @@ for images and videos.
 * ``outputs.py``: the files: a labelled PNG grid; MP4s (or GIFs) and a contact sheet.
 """
 
-from .ranks import SamplingRanks, gather_on_main, sampling_ranks
+from .sharding import SamplingRanks, gather_on_main, sampling_ranks
 
 __all__ = ["SamplingRanks", "gather_on_main", "sampling_ranks"]

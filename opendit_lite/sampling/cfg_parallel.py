@@ -2,7 +2,7 @@
 computed by two groups of ranks.
 
 Guidance runs the model once per step on a doubled batch of 2B rows, conditional first
-(``models/guidance.py``). Here the ranks of ``cfg_rank`` 0 run the model on the first B rows and
+(``models/cfg_layouts.py``). Here the ranks of ``cfg_rank`` 0 run the model on the first B rows and
 their twins of ``cfg_rank`` 1 on the last B (each group may itself be sequence-parallel), and one
 all-gather per step over each pair of twins puts the 2B predictions back together on both: the
 guidance arithmetic and the sampler's update then see the values one process computes, so both

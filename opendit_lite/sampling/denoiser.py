@@ -6,13 +6,13 @@ import os
 
 import torch.nn as nn
 
-from ..build.family import SCRIPTS, check_model_family
-from ..build.lora import load_merged
-from ..build.parallelize import parallelize_from_config
+from ..builders.family import SCRIPTS, check_model_family
+from ..builders.lora_checkpoint import load_merged
+from ..builders.parallelize import parallelize_from_config
 from ..checkpoint.layout import check_saved_model, resolve_sample_checkpoint, saved_config
 from ..config import from_dict
 from ..models import MODELS
-from .ranks import SamplingRanks
+from .sharding import SamplingRanks
 
 
 def find_sample_checkpoint(cfg, family: str) -> str:

@@ -15,7 +15,7 @@ from ..errors import ConfigError
 from ..families import FamilyDenoiser
 from .cache import StepCache, apply_step_cache, resolve_cache
 from .cfg_parallel import BranchSplit, check_cfg_parallel
-from .ranks import SamplingRanks
+from .sharding import SamplingRanks
 
 
 @dataclass

@@ -9,7 +9,7 @@ from typing import Iterator, List, Optional, Sequence, Tuple
 import torch
 import torch.nn as nn
 
-from ..build.image import (
+from ..builders.image import (
     build_dataset_from_config,
     build_model_from_config,
     load_vae_from_config,
@@ -22,8 +22,8 @@ from ..diffusion.sampling_utils import SampleGenerators
 from ..encoders import vae_decode
 from .denoiser import adopt_trained_sections, find_sample_checkpoint, load_denoiser
 from .fast import PLAIN, FastSampling
-from .ranks import SamplingRanks
 from .sampler import check_sampler, denoise
+from .sharding import SamplingRanks
 
 
 def load_image_model(cfg, ranks: SamplingRanks) -> Tuple[nn.Module, str, Optional[nn.Module], object]:

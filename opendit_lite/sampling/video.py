@@ -10,8 +10,8 @@ from typing import Iterator, List, Optional, Tuple, Union
 import torch
 import torch.nn as nn
 
-from ..build.diffusers_model import family_denoiser, is_family
-from ..build.video import (
+from ..builders.diffusers_model import family_denoiser, is_family
+from ..builders.video import (
     CaptionEncoder,
     build_video_model,
     load_caption_encoder,
@@ -25,8 +25,8 @@ from ..encoders.video_vae import VideoVAE
 from ..families import FamilyDenoiser
 from .denoiser import adopt_trained_sections, find_sample_checkpoint, load_denoiser
 from .fast import PLAIN, FastSampling
-from .ranks import SamplingRanks
 from .sampler import check_sampler, denoise
+from .sharding import SamplingRanks
 
 # Captions of the embedded moving-shapes data, used when no prompts are given for it.
 SHAPES_PROMPTS = ["a red square moving right", "a blue disc moving down", "a green disc moving left",
@@ -88,7 +88,7 @@ def load_video_model(cfg, ckpt: str, ranks: SamplingRanks
     eval mode on ``ranks.device``; a diffusers family's model is returned through its adapter
     (``FamilyDenoiser``), the denoiser the samplers call."""
     model = load_denoiser(build_video_model(cfg), cfg, ckpt, ranks)
-    denoiser = family_denoiser(cfg, model) if is_family(model) else model
+    denoiser = family_denoiser(cfg, model) if is_family(cfg.model.name) else model
     return denoiser, load_caption_encoder(cfg, ranks.device), load_video_vae(cfg, ranks.device)
 
 

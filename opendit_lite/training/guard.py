@@ -10,7 +10,7 @@ before ``optimizer.step()``, so it costs one small all-reduce and host sync per 
 import torch
 import torch.distributed as dist
 
-from ..checkpoint.state import all_finite
+from ..checkpoint.save_restore import all_finite
 from ..errors import NonFiniteError
 
 MAX_CONSECUTIVE_SKIPS = 10  # skip_step gives up when the weights themselves have gone bad

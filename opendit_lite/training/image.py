@@ -1,8 +1,8 @@
 """The image trainer's declarations (``IMAGE_TRAINER``): class-conditional image data, optionally
 encoded by a VAE, and a DiT-style model; train.py runs it with the shared loop."""
 
-from ..build.family import check_model_family
-from ..build.image import (
+from ..builders.family import check_model_family
+from ..builders.image import (
     build_dataset_from_config,
     build_model_from_config,
     load_vae_from_config,

@@ -14,16 +14,16 @@ import yaml
 from colossalai.booster import Booster
 
 from ..config import ConfigError, to_dict
-from ..ema import update_sharded_ema
+from ..ema import ema_decay, ema_warmup_on, update_sharded_ema
 from ..errors import RunInterrupted
 from ..plugins import OpenDiTPlugin
 from ..precision import check_fp8_supported, resolve_precision
 from .cuda_graphs import check_cuda_graphs
 from .guard import NonFiniteGuard
-from .metrics import MetricsLogger, peak_memory_gib
 from .mfu import counted_flops, current_device_peak_tflops
 from .state import TrainState, save_train_state
 from .stop import StopRequest
+from .telemetry import MetricsLogger, peak_memory_gib
 
 
 def build_booster(cfg, info) -> Tuple[OpenDiTPlugin, Booster]:
@@ -44,7 +44,8 @@ def build_booster(cfg, info) -> Tuple[OpenDiTPlugin, Booster]:
                           f"{precision.dtype_name}.")
     try:
         plugin = OpenDiTPlugin(zero_degree=cfg.zero_degree, sp_size=cfg.sp_size, precision=precision,
-                               grad_clip=cfg.grad_clip, group_zero=cfg.group_zero, node_size=info.local_world_size)
+                               grad_clip=cfg.grad_clip, group_zero=cfg.group_zero, node_size=info.local_world_size,
+                               gemini_offload_optim_frac=cfg.memory.gemini_offload_optim_frac)
     except ValueError as e:  # a strategy this launch cannot run (e.g. Gemini without CUDA)
         raise ConfigError(str(e)) from None
     return plugin, Booster(plugin=plugin)
@@ -66,8 +67,10 @@ def run_steps(state: TrainState, cfg, booster: Booster, log: MetricsLogger,
     ``batch_loss(batch, step)`` maps one micro-batch of optimizer step ``step`` (0-based) to its mean
     loss (the trainer's only own part; the step keys the samples' random draws). Each
     optimizer step accumulates ``grad_accum_steps`` micro-batches of ``state.batches``, steps,
-    advances the LR schedule and updates the EMA. Losses stay on ``device`` and are averaged over
-    ranks only every ``log_every`` steps (the one host sync); checkpoints (``save_train_state``) every
+    advances the LR schedule and updates the EMA (its decay warmed up where ``ema.warmup`` resolves
+    on, ``opendit_lite.ema.decay``, keyed by the step count, so a resumed run continues it). Losses
+    stay on ``device`` and are averaged over ranks only every ``log_every`` steps (the one host
+    sync); checkpoints (``save_train_state``) every
     ``ckpt_every`` steps and at the end record the data position so a resumed run continues with the
     next batch. A non-finite loss stops the run before any later checkpoint (``guard.py``). A first
     Ctrl-C or SIGTERM stops the run at a step boundary with a checkpoint and raises
@@ -77,6 +80,7 @@ def run_steps(state: TrainState, cfg, booster: Booster, log: MetricsLogger,
     which may change its rounding, so only the first step of a run is ever counted)."""
     model, optimizer = state.model, state.optimizer
     guard = NonFiniteGuard(device, cfg.nan_policy)
+    warmup = ema_warmup_on(cfg.ema.warmup, cfg.lora.rank)  # the decay of the update after s steps: ema_decay(.., s, ..)
 
     def save() -> str:
         guard.check_before_save(state.step, model)
@@ -124,7 +128,8 @@ def run_steps(state: TrainState, cfg, booster: Booster, log: MetricsLogger,
                 last_lr = state.lr_scheduler.get_last_lr()[0]  # the LR this step used
                 state.lr_scheduler.step()
                 if state.ema is not None:
-                    update_sharded_ema(state.ema, optimizer, cfg.ema.decay)
+                    update_sharded_ema(state.ema, optimizer, ema_decay(cfg.ema.decay, state.step, warmup),
+                                       next_decay=ema_decay(cfg.ema.decay, state.step + 1, warmup))
                 state.step += 1
                 since_log += 1
                 log.advance()

@@ -14,7 +14,7 @@ import shutil
 import sys
 import uuid
 
-from ..build.family import check_model_family
+from ..builders.family import check_model_family
 from ..checkpoint.catalog import META_FILE, list_checkpoints
 from ..checkpoint.layout import check_saved_model, checkpoint_root, wants_resume
 from ..config import ConfigError

@@ -41,7 +41,9 @@ class TrainerSpec:
     calls (None: the wrapped model; a diffusers family's model through its adapter);
     ``evaluator(cfg, log)`` builds the hook run after each saved checkpoint for ``eval_every``
     (None: the family has no evaluation); ``finish(cfg, checkpoint, run_dir)`` runs on every rank
-    after the last step with the final checkpoint (a diffusers family's export).
+    after the last step with the final checkpoint (a diffusers family's export); ``objective(cfg)``
+    builds the training objective (None: ``builders.objective.build_training_objective``; the video
+    trainer's restricts the times of one trained expert to its noise range).
     """
 
     name: str
@@ -54,3 +56,4 @@ class TrainerSpec:
     denoiser: Optional[Callable[[Any, nn.Module, nn.Module], Callable]] = None
     evaluator: Optional[Callable[[Any, Any], Optional[Callable[[int, str], None]]]] = None
     finish: Optional[Callable[[Any, str, str], None]] = None
+    objective: Optional[Callable[[Any], Any]] = None

@@ -14,20 +14,20 @@ from typing import Any, Optional, Protocol
 import torch
 from colossalai.booster import Booster
 
-from ..build.batch import micro_batch_size
+from ..builders.batch import micro_batch_size
 from ..checkpoint.layout import checkpoint_root, pick_resume_checkpoint
 from ..checkpoint.resume import restore_run
-from ..checkpoint.state import save_checkpoint
+from ..checkpoint.save_restore import save_checkpoint
 from ..config import ConfigError, to_dict
 from ..data.buckets import BucketBatches
-from ..data.sampler import ResumableBatches, ResumableDistributedSampler
+from ..data.resumable_sampler import ResumableBatches, ResumableDistributedSampler
 from ..distributed.ranks import from_rank0
 from ..ema import ShardedEMA
 from ..optim.lr_schedule import build_lr_scheduler
 from ..plugins import OpenDiTPlugin
 from ..precision import apply_fp8_training
 from .hyperparams import apply_configured_hyperparams
-from .metrics import MetricsLogger
+from .telemetry import MetricsLogger
 
 # Keys of a checkpoint's extra state that are not the batch stream's position.
 _NOT_POSITION = ("step", "config", "run_id", "flops_per_step")

@@ -15,9 +15,9 @@ from typing import Optional, Sequence
 
 import torch
 
-from ..build.lora import export_merged
-from ..build.objective import build_training_objective
-from ..build.parallelize import parallelize_from_config
+from ..builders.lora_checkpoint import export_merged
+from ..builders.objective import build_training_objective
+from ..builders.parallelize import parallelize_from_config
 from ..checkpoint.layout import checkpoint_root, wants_resume
 from ..checkpoint.litter import remove_orphaned_tmp
 from ..checkpoint.weights import load_weights
@@ -27,15 +27,17 @@ from ..diffusion.loss import objective_loss
 from ..diffusion.sampling_utils import SampleGenerators
 from ..distributed.launch import cleanup_distributed, init_distributed
 from ..distributed.seed import seed_everything
+from ..ema import ema_horizon_note, ema_warmup_on
+from ..families import is_family
 from ..models import MODELS, registered_class
 from ..models.capabilities import check_sp_mode, condition_dropout_kwarg
 from ..utils.exit_codes import ignore_stop_signals, script_main
 from .loop import build_booster, run_steps, write_run_config
-from .metrics import MetricsLogger
 from .preflight import check_disk_space, check_training_inputs, check_writable
 from .run_lock import RunLock, experiment_lock_name
 from .spec import TrainerSpec
 from .state import build_train_state, restore_train_state
+from .telemetry import MetricsLogger
 
 
 def train(spec: TrainerSpec, cfg, info) -> str:
@@ -56,12 +58,15 @@ def train(spec: TrainerSpec, cfg, info) -> str:
     # Every transformation of the serial model (LoRA adapters first), in parallelize's order, before
     # the plugin wraps it.
     log.write(str(parallelize_from_config(model, cfg, plugin.sp_group)))
-    objective = build_training_objective(cfg)
+    objective = spec.objective(cfg) if spec.objective is not None else build_training_objective(cfg)
     model.to(info.device)
     num_params = sum(p.numel() for p in model.parameters())
     check_disk_space(checkpoint_root(cfg), num_params)
     log.write(f"model {cfg.model.name}: {num_params / 1e6:.2f}M parameters, {spec.describe(cfg)}, "
               f"{cfg.diffusion.objective}, precision {plugin.precision.name}")
+    if cfg.lora.rank and cfg.ema.enable:  # adapters start at zero: say what the EMA keeps of them
+        note = ema_horizon_note(cfg.ema.decay, cfg.max_steps, ema_warmup_on(cfg.ema.warmup, cfg.lora.rank))
+        (_say if note.startswith("warning:") and info.is_main else log.write)(note)
 
     batch_sampler = None
     if data.batch_sampler is not None:  # e.g. buckets of clip shapes
@@ -101,7 +106,8 @@ def train(spec: TrainerSpec, cfg, info) -> str:
     path = run_steps(state, cfg, booster, log, batch_loss, device=info.device, after_save=after_save)
     if spec.finish is not None:
         spec.finish(cfg, path, run_dir)
-    if cfg.lora.rank and cfg.lora.export_merged and info.is_main:
+    merge = cfg.lora.export_merged if cfg.lora.export_merged is not None else not is_family(cfg.model.name)
+    if cfg.lora.rank and merge and info.is_main:
         merged = export_merged(spec.build_model(cfg), path, os.path.join(run_dir, "merged.safetensors"),
                                use_ema=cfg.ema.enable, lora=to_dict(cfg.lora))
         print(f"wrote the merged LoRA weights to {merged} (sample.ckpt={merged} or init_from={merged})")

@@ -1,5 +1,5 @@
 """The video trainer's declarations (``VIDEO_TRAINER``), which train_video.py runs with the shared
-loop: the cross-section checks of the video schema, the data (built by ``opendit_lite.build.video``)
+loop: the cross-section checks of the video schema, the data (built by ``opendit_lite.builders.video``)
 and how one loader batch becomes the model's input; ``bucket_batch: auto`` sizes the buckets with
 the planner here, above the builders.
 """
@@ -7,8 +7,7 @@ the planner here, above the builders.
 import os
 from typing import Optional
 
-from ..build.diffusers_export import export_family_checkpoint
-from ..build.diffusers_model import (
+from ..builders.diffusers_model import (
     check_family_inputs,
     diffusers_config,
     family_denoiser,
@@ -16,8 +15,10 @@ from ..build.diffusers_model import (
     is_family,
     resolve_family_text,
 )
-from ..build.family import check_model_family
-from ..build.video import (
+from ..builders.family import check_model_family
+from ..builders.objective import build_training_objective
+from ..builders.pipeline_experts import expert_objective_range, resolve_expert
+from ..builders.video import (
     CaptionEncoder,
     bucket_loss_weights,
     build_bucket_sampler,
@@ -37,6 +38,7 @@ from ..data.buckets import BucketBatchSampler
 from ..distributed.ranks import global_rank
 from ..encoders.video_vae import VideoVAE
 from ..errors import ConfigError
+from ..interop.family_checkpoint import export_family_checkpoint
 from ..parallel.modes import ulysses_heads_error
 from ..precision import Precision
 from .spec import TrainerSpec, TrainingData
@@ -57,6 +59,7 @@ def validate_video_config(cfg) -> None:
         raise ConfigError(f"'model.path' and 'model.config' are for the diffusers classes; {m.name} is a model of the "
                           f"zoo (built from model.name and the data): remove them.")
     if is_family(m.name):  # model.path / model.config and the heads checked before anything starts
+        resolve_expert(cfg)  # Wan 2.2's two experts: model.expert filled, so the saved config says what trains
         heads = diffusers_config(cfg)["num_attention_heads"]
         if cfg.sp_size > 1 and cfg.sp_mode == "ulysses" and heads % cfg.sp_size:
             raise ulysses_heads_error(heads, cfg.sp_size, f"{m.name}'s attention")
@@ -78,26 +81,47 @@ def check_export(cfg) -> None:
     if e.diffusers and not is_family(name):
         raise ConfigError(f"export.diffusers=true writes a diffusers family's transformer, but {name} is a model of "
                           f"the zoo, which has no diffusers class: remove export.diffusers.")
-    if not exports_diffusers(cfg) and (e.lora != "merged" or not e.ema):
+    if not exports_diffusers(cfg) and (e.lora is not None or not e.ema):
         raise ConfigError("export.lora and export.ema shape the diffusers export, which this run does not write "
                           "(export.diffusers is off): remove them, or set export.diffusers=true.")
-    if exports_diffusers(cfg) and e.lora == "adapter" and not cfg.lora.rank:
-        raise ConfigError("export.lora=adapter writes the LoRA adapters beside the base weights, but this run trains "
-                          "every weight (lora.rank=0): remove export.lora, or set lora.rank.")
+    if exports_diffusers(cfg) and e.lora is not None and not cfg.lora.rank:
+        raise ConfigError(f"export.lora={e.lora} says how a LoRA run exports its adapters, but this run trains every "
+                          f"weight (lora.rank=0) and exports the whole model: remove export.lora, or set lora.rank.")
+
+
+def export_lora_mode(cfg) -> str:
+    """How the run exports: a LoRA run's ``export.lora`` (null: the adapters alone); "merged" (the whole
+    model) otherwise."""
+    return (cfg.export.lora or "adapter") if cfg.lora.rank else "merged"
 
 
 def export_at_end(cfg, checkpoint: str, run_dir: str) -> None:
-    """``<run dir>/diffusers/``: the final checkpoint as its diffusers class loads it (every rank calls;
-    rank 0 writes)."""
+    """``<run dir>/diffusers/``: the final checkpoint as the family's pipeline loads it (every rank calls;
+    rank 0 writes; the layouts: ``interop.family_checkpoint``)."""
     if not exports_diffusers(cfg):
         return
+    mode = export_lora_mode(cfg)
     out = export_family_checkpoint(to_dict(cfg.model), to_dict(cfg.lora), checkpoint,
                                    os.path.join(run_dir, "diffusers"), use_ema=cfg.export.ema and cfg.ema.enable,
-                                   lora_mode=cfg.export.lora)
+                                   lora_mode=mode)
     if global_rank() == 0:
         weights = "EMA" if cfg.export.ema and cfg.ema.enable else "trained"
-        print(f"wrote the diffusers {cfg.model.name} ({weights} weights) to {out}: "
-              f"{cfg.model.name}.from_pretrained({out!r})")
+        print(f"wrote {export_description(cfg, mode, out)} ({weights} weights)")
+
+
+def export_description(cfg, mode: str, out: str) -> str:
+    """What the export at ``out`` holds and how to load it, for the end-of-run line."""
+    m = cfg.model
+    source = repr(m.pipeline) if m.pipeline else "<its pipeline>"
+    if mode == "adapter":
+        loads = [] if m.expert == "low_noise" else [f"pipe.load_lora_weights({out!r})"]
+        if m.expert in ("both", "low_noise"):  # the low-noise expert's adapters go to transformer_2
+            loads.append(f"pipe.load_lora_weights({os.path.join(out, 'transformer_2')!r}, "
+                         f"load_into_transformer_2=True)")
+        return f"the LoRA adapters to {out}: pipe = DiffusionPipeline.from_pretrained({source}); " + "; ".join(loads)
+    if m.pipeline:
+        return f"the fine-tuned pipeline to {out}: DiffusionPipeline.from_pretrained({out!r})"
+    return f"the diffusers {m.name} to {out}: {m.name}.from_pretrained({out!r})"
 
 
 def resolve_family_objective(cfg) -> None:
@@ -171,11 +195,17 @@ def describe_video_input(cfg) -> str:
     return f"clips {C}x{T}x{H}x{W}, captions {cfg.text_encoder.max_length}x{cfg.model.caption_channels}"
 
 
+def video_objective(cfg):
+    """The training objective; one expert of Wan 2.2's pair trains on its own noise range only."""
+    return build_training_objective(cfg, time_range=expert_objective_range(cfg))
+
+
 def video_denoiser(cfg, model, call):
     """What the objective calls: a diffusers family's model through its adapter, else ``call``."""
-    return family_denoiser(cfg, model, call) if is_family(model) else call
+    return family_denoiser(cfg, model, call) if is_family(cfg.model.name) else call
 
 
 VIDEO_TRAINER = TrainerSpec(name="video", schema=VideoTrainConfig, prepare_data=prepare_video_data,
                             build_model=build_video_model, describe=describe_video_input,
-                            validate=validate_video_config, denoiser=video_denoiser, finish=export_at_end)
+                            validate=validate_video_config, denoiser=video_denoiser, finish=export_at_end,
+                            objective=video_objective)

@@ -11,9 +11,9 @@ import torch
 
 from opendit_lite.activation_checkpointing import apply_activation_checkpointing
 from opendit_lite.activation_checkpointing import offload as offload_module
+from opendit_lite.families import FAMILIES as REGISTERED
 from opendit_lite.models.blocks import find_blocks
-from opendit_lite.models.diffusers_families import FAMILIES as DECLARED
-from opendit_lite.transforms import parallelize
+from opendit_lite.parallelization import parallelize
 from tests import diffusers_families as families
 from tests.activation_checkpointing.test_offload import RecordingCopier
 
@@ -30,11 +30,12 @@ BLOCKS = {
 def test_declarations_name_the_installed_diffusers_classes():
     from diffusers import ModelMixin
 
-    for path in DECLARED:
+    declared = [family.class_path for family in REGISTERED.values()]
+    for path in declared:
         module, _, name = path.rpartition(".")
         cls = getattr(importlib.import_module(module), name, None)
         assert isinstance(cls, type) and issubclass(cls, ModelMixin), f"{path} is not a diffusers model class"
-    assert {path.rpartition(".")[2] for path in DECLARED} == set(families.FAMILIES)
+    assert {path.rpartition(".")[2] for path in declared} == set(families.FAMILIES)
 
 
 @pytest.mark.parametrize("name", families.FAMILIES)

@@ -2,8 +2,12 @@
 
 Memory readings go through ``settled_memory``: a tensor used on two streams is released by the
 caching allocator only at its next allocation after the other stream's work has finished, so
-the reading synchronises and allocates once before asking.
+the reading synchronises and allocates once before asking; and it collects garbage first, so that
+objects of earlier tests in the same process (freed whenever the cycle collector happens to run)
+cannot be released in the middle of a measurement.
 """
+
+import gc
 
 import pytest
 import torch
@@ -18,6 +22,7 @@ BLOCK_INPUT_BYTES = BATCH * TOKENS * DIM * 4  # one fp32 hidden state [B, N, D]
 
 
 def settled_memory() -> int:
+    gc.collect()
     torch.cuda.synchronize()
     torch.empty(1, device="cuda")  # lets the allocator release blocks whose other-stream uses are done
     return torch.cuda.memory_allocated()
@@ -68,6 +73,6 @@ def test_memory_returns_to_baseline_and_pinned_memory_is_reused():
     step()             # by now the pinned (host) allocator has cached every buffer it needs
     host_allocs = torch.cuda.host_memory_stats()["num_host_alloc"]
     for _ in range(3):
-        assert step() == baseline, "GPU memory grew across steps"
+        assert step() == baseline, "GPU memory changed across steps"
     assert torch.cuda.host_memory_stats()["num_host_alloc"] == host_allocs, \
         "new pinned memory was allocated in later steps: host copies were leaked instead of reused"

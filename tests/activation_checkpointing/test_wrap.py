@@ -147,3 +147,37 @@ def test_each_parameter_gradient_accumulates_once():
     assert all(c == [1, 1] for c in expected.values())
     wrapped, _ = checkpointed_copy(model, 0.0, offload=True)
     assert hook_counts(wrapped) == expected
+
+
+def test_a_checkpointed_model_is_freed_without_the_cycle_collector():
+    """The installed forward holds its block weakly: dropping the model frees it (and its device memory)
+    at once, not at the cyclic garbage collector's next pass."""
+    import gc
+    import weakref
+
+    model = ToyDiT(depth=4)
+    apply_activation_checkpointing(model, 0.0, offload=True)
+    gone = weakref.ref(model.blocks[0])
+    gc.disable()
+    try:
+        del model
+        assert gone() is None
+    finally:
+        gc.enable()
+
+
+def test_a_copy_of_a_checkpointed_model_runs_its_own_blocks():
+    """deepcopy (EMA replicas) rebinds each checkpointed forward to the copy's block, with a fresh offloader."""
+    torch.manual_seed(0)
+    model = ToyDiT(depth=4).train()
+    apply_activation_checkpointing(model, 0.0, offload=True)
+    replica = copy.deepcopy(model)
+    assert replica.blocks[1].forward.forward.__self__ is replica.blocks[1]
+    assert replica.blocks[1].forward.offloader is not model.blocks[1].forward.offloader
+    with torch.no_grad():
+        for p in replica.parameters():
+            p.mul_(0.5)
+    x, y = toy_inputs(model)
+    _, grads = grads_of(replica, x, y)
+    assert replica.blocks[0].ada.weight.grad is not None and model.blocks[0].ada.weight.grad is None
+    assert not torch.equal(replica(x, y), model(x, y))

@@ -194,3 +194,64 @@ def test_smoke_run(tmp_path):
         assert r["batch_per_gpu"] == "2" and r["world_size"] == "1" and r["commit"] and r["date"]
     assert float(rows[0]["speedup_vs_torch_fp32"]) == 1.0
     assert rows[1]["speedup_vs_torch_fp32"] != "" and rows[1]["speedup_vs_torch_bf16_compile"] == ""
+
+
+def test_config_run_reuses_compiled_graphs_across_batch_sizes(bench):
+    """A batch search compiles each graph at most twice (static, then a symbolic batch dimension),
+    and the rebuild after an out-of-memory step compiles nothing new."""
+    from torch._dynamo.utils import counters
+
+    train_step, _ = bench
+    torch._dynamo.reset()
+    counters.clear()
+    workload = train_step.build_workload("DiT-T/2", 16, 10)
+    args = train_step.parse_args(["--device", "cpu", "--compile-backend", "eager"])
+    config = train_step.BenchConfig("fp32-compile", baseline=True, precision="fp32", compile=True)
+    run = train_step.ConfigRun(config, workload, torch.device("cpu"), args)
+    try:
+        run.measure(2, warmup_steps=1, steps=1)
+        first = counters["stats"]["unique_graphs"]
+        for batch in (4, 6):
+            run.measure(batch, warmup_steps=1, steps=1)
+        after = counters["stats"]["unique_graphs"]
+        assert 1 <= first and after <= 2 * first
+        run.trainer = None  # what an out-of-memory step leaves: the next batch rebuilds the trainer
+        assert run.measure(8, warmup_steps=1, steps=1) is not None
+        assert counters["stats"]["unique_graphs"] == after and run.builds == 2
+    finally:
+        run.close()
+
+
+def test_rows_are_written_after_every_configuration(bench, tmp_path, monkeypatch):
+    """A run cut while measuring its second configuration keeps the first one's row on disk."""
+    import opendit_lite.distributed.launch as launch
+
+    train_step, _ = bench
+    monkeypatch.setattr(launch, "init_distributed", lambda: launch.DistInfo(0, 1, 0, 1, torch.device("cpu")))
+    monkeypatch.setattr(launch, "cleanup_distributed", lambda: None)
+    measured = []
+
+    def timed_row(run, info, batch, warmup_steps, steps):
+        measured.append(run.config.name)
+        if len(measured) == 2:
+            raise KeyboardInterrupt  # the run is cut here
+        return train_step.row_for(run.config, info, batch, "ok", train_step.Measurement([10.0], 4, 1e6, None, None))
+
+    monkeypatch.setattr(train_step, "timed_row", timed_row)
+    with pytest.raises(KeyboardInterrupt):
+        train_step.main(["--model", "DiT-T/2", "--image-size", "32", "--num-classes", "10", "--device", "cpu",
+                         "--configs", "torch-fp32", "zero0", "--peak-tflops", "1", "--out-dir", str(tmp_path)])
+    with open(next(tmp_path.glob("train_step_DiT_T_2_*.csv"))) as f:
+        rows = list(csv.DictReader(f))
+    assert [r["config"] for r in rows] == ["torch-fp32"] and rows[0]["samples_per_s"] == "3200.0"  # batch 32 in 10 ms
+    assert "| torch-fp32 | 32 |" in next(tmp_path.glob("train_step_DiT_T_2_*.md")).read_text()
+
+
+def test_fp8_precision_is_refused_on_the_cpu_with_exit_code_2(bench, capsys):
+    train_step, _ = bench
+    with pytest.raises(SystemExit) as exit:
+        train_step.parse_args(["--device", "cpu", "--precision", "fp8"])
+    assert exit.value.code == 2
+    err = capsys.readouterr().err
+    assert "--precision fp8" in err and "needs a CUDA GPU with FP8 tensor cores" in err
+    assert train_step.parse_config("zero0+kernels+compile", "fp8").precision == "fp8"

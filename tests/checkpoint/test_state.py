@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from opendit_lite.checkpoint import CheckpointError
 from opendit_lite.checkpoint.catalog import find_latest_checkpoint, list_checkpoints, verify_checkpoint
 from opendit_lite.checkpoint.files import atomic_path, load_torch_file
-from opendit_lite.checkpoint.state import load_checkpoint, save_checkpoint
+from opendit_lite.checkpoint.save_restore import load_checkpoint, save_checkpoint
 from opendit_lite.distributed.rng import get_rng_state, set_rng_state
 from tests.distributed import run_distributed
 from tests.zero_cpu_shim import install as install_zero_cpu_shim

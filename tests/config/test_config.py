@@ -148,7 +148,7 @@ def test_repository_configs_load():
                 data = yaml.safe_load(f)
             data.get("data", {}).pop("path", None)  # real data folders are not on the test machine
             data.get("data", {})["type"] = "shapes"
-            from opendit_lite.build.family import config_schema  # a diffusers family's config is a video one
+            from opendit_lite.builders.family import config_schema  # a diffusers family's config is a video one
 
             schema = config_schema(data)
             assert isinstance(from_dict(schema, data), schema), name

@@ -14,7 +14,7 @@ import torch
 import opendit_lite.kernels.adaln as adaln_kernel
 import opendit_lite.kernels.gated_residual as residual_kernel
 from opendit_lite.converter import AdaLNLayerNorm, ModuleConverter, adaln_model_notes
-from opendit_lite.transforms import parallelize
+from opendit_lite.parallelization import parallelize
 from tests import diffusers_families as families
 
 TOL = 1e-5

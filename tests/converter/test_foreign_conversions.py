@@ -15,7 +15,7 @@ from opendit_lite.converter import AdaLNLayerNorm, ModuleConverter
 from opendit_lite.converter.attention_adapters import OpAttnProcessor, OpCrossAttnProcessor
 from opendit_lite.kernels import flash_attn_version
 from opendit_lite.models.layers.attention import SDPAAttentionOp
-from opendit_lite.parallel.foreign import adapt_foreign_attention
+from opendit_lite.parallel.foreign_attention import adapt_foreign_attention
 from tests import foreign_models as fm
 
 TOL = 1e-5
@@ -162,7 +162,7 @@ def test_attention_adapters_run_as_a_conversion_when_flash_is_swapped_in(capsys)
 def test_parallelize_converts_meta_dit_without_warnings():
     import warnings
 
-    from opendit_lite.transforms import parallelize
+    from opendit_lite.parallelization import parallelize
 
     model = fm.meta_dit()
     converted = copy.deepcopy(model)

@@ -9,7 +9,7 @@ from PIL import Image
 
 from opendit_lite.data import LatentDataset, ShapesDataset, build_dataset, center_crop_arr
 from opendit_lite.data.latents import write_latent_meta, write_latent_shard
-from opendit_lite.data.sampler import ResumableDistributedSampler
+from opendit_lite.data.resumable_sampler import ResumableDistributedSampler
 from tests.tiny_assets import save_tiny_vae, write_image_folder
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

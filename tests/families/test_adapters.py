@@ -6,10 +6,10 @@ sample sees the null caption."""
 import pytest
 import torch
 
-from opendit_lite.build.objective import objective_for_recipe
+from opendit_lite.builders.objective import objective_for_recipe
 from opendit_lite.diffusion.loss import objective_loss
 from opendit_lite.families import FamilyDenoiser, family_adapter
-from opendit_lite.families.adapters import _pack, _unpack
+from opendit_lite.families.adapter_base import pack_patches, unpack_patches
 from tests import diffusers_families as families
 
 # name -> clip [C, T, H, W] the tiny model takes (Flux and SD3: images as 1-frame clips).
@@ -59,9 +59,9 @@ def test_adapter_forward_shape_and_loss_backprops(name):
 @pytest.mark.parametrize("pt,p", [(1, 2), (2, 1), (1, 1)])
 def test_pack_unpack_are_inverse_and_pack_is_patch_major(pt, p):
     x = torch.randn(2, 3, 4, 4, 6)
-    tokens = _pack(x, pt, p)
+    tokens = pack_patches(x, pt, p)
     assert tokens.shape == (2, (4 // pt) * (4 // p) * (6 // p), 3 * pt * p * p)
-    assert torch.equal(_unpack(tokens, x.shape, pt, p), x)
+    assert torch.equal(unpack_patches(tokens, x.shape, pt, p), x)
     # reference: token (f, r, c) holds x[:, :, f*pt:(f+1)*pt, r*p:(r+1)*p, c*p:(c+1)*p] flattened channel-first
     f, r, c = 1, 1, 2
     index = (f * (4 // p) + r) * (6 // p) + c

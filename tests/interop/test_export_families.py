@@ -1,10 +1,13 @@
 """opendit_lite.interop.export_family: each diffusers family, trained here (fused AdaLN, selective
 checkpointing, LoRA), written with save_pretrained and loaded by its plain diffusers class gives
-the trained model's outputs (fp32, 1e-5); merged LoRA equals the adapted model, the adapter file
-loads with the family pipeline's LoRA loader and with ``load_lora_adapter``; an EMA state dict is what gets written."""
+the trained model's outputs (fp32, 1e-5); merged LoRA equals the adapted model; the adapters alone
+(``export_lora``, the pipeline's own save_lora_weights, no base weights beside them) load into the
+base model with the family pipeline's LoRA loader and with ``load_lora_adapter``; an EMA state dict
+is what gets written."""
 
 import inspect
 import json
+import os
 
 import diffusers
 import pytest
@@ -12,8 +15,9 @@ import torch
 from safetensors import safe_open
 
 from opendit_lite.errors import ConfigError
+from opendit_lite.families import family_of
 from opendit_lite.interop import LORA_WEIGHT_NAME, export_family
-from opendit_lite.transforms import parallelize
+from opendit_lite.parallelization import parallelize
 from tests.diffusers_families import FAMILIES, build, forward_inputs, output, randomize_adapters
 
 TOL = 1e-5
@@ -51,11 +55,15 @@ def _max_diff(a: torch.nn.Module, b: torch.nn.Module, family: str) -> float:
 def test_the_plain_diffusers_class_loads_the_export_with_the_same_outputs(family, lora, tmp_path):
     model = _trained(family, lora_rank=0 if lora == "none" else 4)
     out = export_family(model, str(tmp_path / "transformer"), lora="merged" if lora == "none" else lora)
-    loaded = getattr(diffusers, family).from_pretrained(out)
-    assert type(loaded).__name__ == family
     if lora == "adapter":
+        assert family_of(family).pipeline == PIPELINES[family]  # whose save_lora_weights wrote the file
+        assert os.listdir(out) == [LORA_WEIGHT_NAME]  # the adapters alone: no copy of the base weights
+        loaded = build(family)                          # the base the adapters were trained on
         assert _max_diff(loaded, model, family) > 1e-4  # the base alone is not the adapted model
         _load_like_the_pipeline(out, family, loaded)
+    else:
+        loaded = getattr(diffusers, family).from_pretrained(out)
+        assert type(loaded).__name__ == family
     assert _max_diff(loaded, model, family) < TOL
 
 
@@ -83,7 +91,7 @@ def test_wrapper_keys_are_dropped_and_the_adapter_file_has_the_pipeline_layout(t
         keys, meta = list(f.keys()), json.loads(f.metadata()["lora_adapter_metadata"])
     assert keys and all(k.startswith("transformer.") and ".default." not in k for k in keys)
     assert meta["transformer.r"] == 2 and meta["transformer.lora_alpha"] == 8.0
-    loaded = diffusers.FluxTransformer2DModel.from_pretrained(out)
+    loaded = build(family)
     loaded.load_lora_adapter(out, weight_name=LORA_WEIGHT_NAME)
     assert _max_diff(loaded, model, family) < TOL
 
@@ -101,7 +109,9 @@ def test_bad_inputs_are_config_errors(tmp_path):
 
 
 def test_every_exported_file_has_the_mode_of_the_config(tmp_path):
-    export_family(_trained("SD3Transformer2DModel", lora_rank=2), str(tmp_path / "sd3"), lora="adapter")
+    model = _trained("SD3Transformer2DModel", lora_rank=2)
+    export_family(model, str(tmp_path / "sd3"))
+    export_family(model, str(tmp_path / "sd3"), lora="adapter")
     modes = {p.name: p.stat().st_mode & 0o777 for p in tmp_path.glob("sd3/*")}
     assert len(modes) == 3 and set(modes.values()) == {modes["config.json"]} == {0o644}, modes
 

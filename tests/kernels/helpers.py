@@ -9,6 +9,7 @@ arithmetic:
 * bf16: atol = rtol = 1e-2, about 2.5 times bf16's unit roundoff (2**-8 ~ 3.9e-3).
 """
 
+import pytest
 import torch
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -28,3 +29,10 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, what: str) -> Non
         actual.double(), expected.double(), **TOLERANCES[actual.dtype],
         msg=lambda m: f"{what} ({actual.dtype}): {m}",
     )
+
+
+def force_column_chunks(monkeypatch) -> None:
+    """Send every width to the column-chunked kernels (rows too wide for registers take them anyway)."""
+    triton_kernels = pytest.importorskip("opendit_lite.kernels.norm_affine_triton")
+    monkeypatch.setattr(triton_kernels, "ROW_MAX_FWD", 0)
+    monkeypatch.setattr(triton_kernels, "ROW_MAX_BWD", 0)

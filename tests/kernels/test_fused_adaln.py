@@ -15,7 +15,7 @@ import torch.nn.functional as F
 import opendit_lite.kernels.adaln as adaln_module
 from opendit_lite.kernels import FusedLayerNormModulate, fused_adaln, triton_runs_on
 from opendit_lite.models.layers import LayerNormModulate
-from tests.kernels.helpers import DEVICE, assert_close
+from tests.kernels.helpers import DEVICE, assert_close, force_column_chunks
 
 EPS = 1e-6
 
@@ -171,10 +171,27 @@ def test_integer_input_raises():
         fused_adaln(torch.zeros(1, 2, 8, dtype=torch.int32), torch.zeros(1, 8), torch.zeros(1, 8))
 
 
+@pytest.mark.parametrize("layout", ["sample", "token"])
 @pytest.mark.parametrize("D", [72, 216, 4099])
-def test_widths_walked_in_column_chunks(D):
+def test_widths_walked_in_column_chunks(monkeypatch, D, layout):
     # 72 * k (head_dim-72 models) and a prime wider than the widest chunk: several chunks per row.
-    check_against_reference(*make_inputs(3, 5, D, "sample", torch.float32))
+    force_column_chunks(monkeypatch)
+    check_against_reference(*make_inputs(3, 5, D, layout, torch.float32))
+
+
+def test_kernel_choice_by_width():
+    triton_kernels = pytest.importorskip("opendit_lite.kernels.norm_affine_triton")
+    assert triton_kernels.uses_row_kernels(1152, backward=False) and triton_kernels.uses_row_kernels(1152, True)
+    assert triton_kernels.uses_row_kernels(4099, backward=False) and not triton_kernels.uses_row_kernels(4099, True)
+    assert triton_kernels.row_settings(32768, 1152, backward=False)[:2] == (2, 2048)   # 2 rows of 2048 lanes
+    assert triton_kernels.row_settings(32768, 1152, backward=True)[:2] == (1, 2048)
+    assert triton_kernels.row_settings(3, 24, backward=False)[0] == 4                 # no more rows than there are
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dit_xl_width_in_column_chunks(monkeypatch, dtype):
+    force_column_chunks(monkeypatch)
+    check_against_reference(*make_inputs(2, 3, 1152, "sample", dtype))
 
 
 def test_column_block_leaves_no_idle_lanes_at_dit_widths():

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 import opendit_lite.kernels.gated_residual as residual_module
 from opendit_lite.kernels import FusedGatedResidualNorm, gated_residual_adaln
 from opendit_lite.models.layers import GatedResidualNorm
-from tests.kernels.helpers import DEVICE, assert_close
+from tests.kernels.helpers import DEVICE, assert_close, force_column_chunks
 
 EPS = 1e-6
 
@@ -62,6 +62,15 @@ def check(inputs, upstream, fn=None, use=(True, True)):
 @pytest.mark.parametrize("B,N,D", list(itertools.product([1, 3], [1, 7], [24, 72])) + [(2, 5, 1152)])
 def test_fp32_shapes(B, N, D, layout):
     check(*make_inputs(B, N, D, layout, torch.float32))
+
+
+@pytest.mark.parametrize("layout", ["sample", "token"])
+@pytest.mark.parametrize("D", [40, 1152])
+def test_column_chunked_kernels(monkeypatch, D, layout):
+    """The kernels for rows too wide for registers, at widths that would take the one-pass ones."""
+    force_column_chunks(monkeypatch)
+    check(*make_inputs(2, 5, D, layout, torch.float32))
+    check(*make_inputs(2, 5, D, layout, torch.float32), use=(True, False))
 
 
 @pytest.mark.parametrize("layout", ["sample", "token"])

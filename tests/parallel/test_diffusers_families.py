@@ -76,7 +76,7 @@ def _errors(out, ref_out, grads, ref_grads, after, ref_after, before) -> dict:
 def compare(family: str, sp_size: int, mode: str, variant: str = "uneven", ring_size=None, lr: float = 10.0) -> dict:
     """parallelize(model, sp_mode=mode) over SP groups of ``sp_size`` vs serial: one forward, backward
     (world-mean gradients) and SGD step. lr 10 keeps fp32's rounding of ``p - lr g`` below 1e-4 of the update."""
-    from opendit_lite.transforms import parallelize
+    from opendit_lite.parallelization import parallelize
 
     sp_group, dp_rank, dp_size = _mesh(sp_size)
     serial, ref_outs, ref_grads, before = _serial_step(family, variant, dp_size, lr)
@@ -100,8 +100,8 @@ def train_through_plugin(family: str, zero_degree: int, lr: float = 10.0) -> dic
     """One step of OpenDiTPlugin (sp_size 2 over both ranks) after parallelize (Ulysses), against serial."""
     from colossalai.booster import Booster
 
+    from opendit_lite.parallelization import parallelize
     from opendit_lite.plugins import OpenDiTPlugin
-    from opendit_lite.transforms import parallelize
     from tests.zero_cpu_shim import install as install_zero_cpu_shim
 
     install_zero_cpu_shim()
@@ -122,7 +122,7 @@ def train_through_plugin(family: str, zero_degree: int, lr: float = 10.0) -> dic
 
 def refusals() -> dict:
     """Attention that does not end in SDPA, unknown processors and heads Ulysses cannot split."""
-    from opendit_lite.transforms import parallelize
+    from opendit_lite.parallelization import parallelize
 
     group = dist.group.WORLD
     out = {}
@@ -240,7 +240,7 @@ def test_attention_that_bypasses_sdpa_is_refused():
 
 def test_unsupported_configuration_is_refused_before_any_change():
     from opendit_lite.errors import SequenceParallelError
-    from opendit_lite.parallel.families import apply_family, family_spec
+    from opendit_lite.parallel.diffusers_sp import apply_family, family_spec
 
     model = fam.build("hunyuan_video", in_channels=2, image_condition_type="token_replace")
     with pytest.raises(SequenceParallelError, match="token_replace"):

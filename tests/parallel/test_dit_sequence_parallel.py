@@ -105,7 +105,7 @@ def compare_with_serial(mesh, input_size, convert, block_wrapper=None, num_heads
 
 
 def via_parallelize(model, sp_group, sp_mode="ulysses", sp_ring_size=None):
-    from opendit_lite.transforms import parallelize
+    from opendit_lite.parallelization import parallelize
 
     parallelize(model, sp_group=sp_group, sp_mode=sp_mode, sp_ring_size=sp_ring_size)
     return model
@@ -377,7 +377,7 @@ def test_duplicate_registration_is_an_error():
 def test_dit_xl2_step_with_sp_size_1_on_gpu():
     """A group of one rank converts nothing for SP: a DiT-XL/2 bf16 training step runs as before."""
     from opendit_lite.parallel import SequenceParallelOp
-    from opendit_lite.transforms import parallelize
+    from opendit_lite.parallelization import parallelize
 
     model = build_model("DiT-XL/2", input_size=32).cuda()
     parallelize(model, sp_group=None, attention_backend="auto")

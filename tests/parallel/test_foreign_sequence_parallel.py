@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from opendit_lite.config import ConfigError
 from opendit_lite.parallel import SequenceParallelOp, UlyssesAttentionOp, apply_sequence_parallel
 from opendit_lite.parallel.ulysses import SequenceParallelCrossAttentionOp
-from opendit_lite.transforms import parallelize
+from opendit_lite.parallelization import parallelize
 from tests import foreign_models as fm
 from tests.parallel.spawn import rank_checks
 from tests.parallel.spawn import results as spawn_results

@@ -51,7 +51,7 @@ def _stdit():
 
 @rank_checks("parallelize", world_size=2)
 def _rank_world2(rank, world_size):
-    from opendit_lite.transforms import parallelize
+    from opendit_lite.parallelization import parallelize
 
     group = dist.group.WORLD
     model = MyModel()

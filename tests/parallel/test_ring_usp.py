@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from opendit_lite.kernels.attention import SDPAAttentionOp
+from opendit_lite.kernels.attention_op import SDPAAttentionOp
 from opendit_lite.parallel.comm import gather_sequence, split_sequence
 from opendit_lite.parallel.ring import LseMerge
 from opendit_lite.parallel.ring_kernels import KERNELS

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 import torch.distributed as dist
 
-from opendit_lite.build.family import config_schema
+from opendit_lite.builders.family import config_schema
 from opendit_lite.config import from_dict, read_yaml
 from opendit_lite.models import build_model
 from opendit_lite.parallel import Links, SPWorkload, decide_sp_mode, sp_workload
@@ -89,7 +89,7 @@ def _config(path):
 
 
 def _run_side(rank, world_size):
-    from opendit_lite.build.parallelize import parallelize_from_config
+    from opendit_lite.builders.parallelize import parallelize_from_config
 
     out = {}
     for path in CONFIGS:
@@ -121,7 +121,7 @@ def test_a_model_without_token_geometry_is_decided_by_its_heads():
     """A user's own model (LiteGen) with no ``patch_size``: auto decides from the heads alone."""
     import torch.nn as nn
 
-    from opendit_lite.build.geometry import sp_auto_inputs
+    from opendit_lite.builders.geometry import sp_auto_inputs
     from opendit_lite.config import TrainConfig
 
     cfg = TrainConfig()

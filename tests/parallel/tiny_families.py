@@ -11,6 +11,8 @@ mask); the masks change the serial output by about 1e-2, so they are really exer
 
 import torch
 
+import opendit_lite.families  # noqa: F401  (registers the families' sequence-parallel specs)
+
 WAN = dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=4, out_channels=4,
            text_dim=16, freq_dim=256, ffn_dim=32, num_layers=2, cross_attn_norm=True,
            qk_norm="rms_norm_across_heads", rope_max_seq_len=32)

@@ -44,7 +44,7 @@ def modules():
 
 def test_every_subpackage_imports_alone():
     names = modules()
-    assert {"opendit_lite.converter", "opendit_lite.parallel", "opendit_lite.transforms",
+    assert {"opendit_lite.converter", "opendit_lite.parallel", "opendit_lite.parallelization",
             "opendit_lite.models", "opendit_lite.training"} <= set(names)
     env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "-c", SCRIPT, *names], capture_output=True, text=True, timeout=300,

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from opendit_lite.config import ConfigError
 from opendit_lite.models import DiT, build_model
 from opendit_lite.models.capabilities import guidance_layout, is_video_model, supported_sp_modes
-from opendit_lite.transforms import ParallelizeReport, apply_compile, parallelize
+from opendit_lite.parallelization import ParallelizeReport, apply_compile, parallelize
 
 
 def tiny_dit() -> nn.Module:
@@ -48,7 +48,8 @@ def test_report_prints_a_table_of_every_step():
     lines = text.splitlines()
     assert lines[0] == "parallelize:" and lines[1].split()[:2] == ["step", "swapped"]
     steps = [line.split()[0] for line in lines[2:] if line[2] != " "]  # not the wrapped continuation lines
-    assert steps == ["lora"] + ["kernels"] * 3 + ["sequence_parallel", "activation_checkpointing", "compile"]
+    assert steps == ["lora", "base_precision"] + ["kernels"] * 3 + ["sequence_parallel", "block_swap",
+                                                                    "activation_checkpointing", "compile"]
     assert report.count("lora") == 0 and "lora rank 0: every parameter trains" in text
     assert "LayerNormModulate -> FusedLayerNormModulate" in text
     assert report.count("kernels") == 5          # norm1, norm2 of 2 blocks and the final norm
@@ -166,13 +167,13 @@ def test_package_parallelize_is_the_function_with_its_signature():
     assert list(params) == ["model", "sp_group", "sp_mode", "sp_ring_size", "sp_auto", "fused_adaln",
                             "fused_layernorm", "attention_backend", "selective_ratio", "ac_offload", "compile",
                             "compile_backend", "cuda_graphs", "lora_rank", "lora_alpha", "lora_dropout",
-                            "lora_targets"]
+                            "lora_targets", "base_precision", "blocks_to_swap"]
     assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for name, p in params.items() if name != "model")
     assert inspect.signature(from_package).return_annotation is ParallelizeReport
 
 
 def test_trainers_read_is_video():
-    from opendit_lite.build.video import build_video_model
+    from opendit_lite.builders.video import build_video_model
     from opendit_lite.config import load_config
     from opendit_lite.config.video_schema import VideoTrainConfig
     from opendit_lite.training.image import build_image_model

@@ -8,11 +8,11 @@ import inspect
 import pytest
 import torch.nn as nn
 
-import opendit_lite.build.parallelize as from_config
+import opendit_lite.builders.parallelize as from_config
 from opendit_lite import parallelize_from_config
 from opendit_lite.config import TrainConfig
 from opendit_lite.models import build_model
-from opendit_lite.transforms import parallelize
+from opendit_lite.parallelization import parallelize
 
 # parallelize keyword -> (config field, a value other than parallelize's default)
 TRAINING = {
@@ -29,8 +29,11 @@ TRAINING = {
     "lora_alpha": ("lora.alpha", 8.0),
     "lora_dropout": ("lora.dropout", 0.1),
     "lora_targets": ("lora.targets", ["qkv"]),
+    "base_precision": ("lora.base_precision", "fp8"),
+    "blocks_to_swap": ("memory.blocks_to_swap", 1),
 }
-SAMPLING_NEVER = {"lora_rank": 0}  # the sampler loads a run's adapters merged: none are added
+# The sampler loads a run's adapters merged: none are added, no base is stored low, no block swapped.
+SAMPLING_NEVER = {"lora_rank": 0, "base_precision": "none", "blocks_to_swap": 0}
 NOT_FROM_A_CONFIG = {"model", "sp_group", "compile_backend"}  # the caller's objects; no config field
 DERIVED = {"sp_auto": None}  # sp_mode=auto's inputs, derived from the config's buckets (None for other modes)
 

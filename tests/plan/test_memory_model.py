@@ -8,8 +8,15 @@ import pytest
 import torch
 
 from opendit_lite.models import build_model
-from opendit_lite.plan.memory_model import ModelShape, activation_bytes, model_state_bytes
-from opendit_lite.plan.planner import LatentBucket, Setting, plan
+from opendit_lite.plan.memory_model import (
+    GiB,
+    ModelShape,
+    activation_bytes,
+    model_state_bytes,
+    offloaded_activation_bytes,
+    sample_tokens,
+)
+from opendit_lite.plan.planner import HostBudget, LatentBucket, Setting, plan
 
 
 def saved_activation_bytes(model, run) -> int:
@@ -104,3 +111,28 @@ def test_planner_turns_on_checkpointing_then_sequence_parallelism_as_memory_shri
     assert tight.setting.sp_size > 1 or tight.setting.selective_ratio < 1
     with pytest.raises(ValueError, match="no setting fits"):
         plan(shape, bucket, 0.01, world_size=4, element_bytes=4, reserve_gib=0)
+
+
+def test_host_memory_caps_the_offloaded_batch_and_refuses_a_setting_it_cannot_hold():
+    shape = ModelShape.of(build_model("STDiT-tiny"))
+    bucket = [LatentBucket("clips", 8, 32, 32)]
+    offload = Setting(0, 1, 0.0, True)  # every block checkpointed, its input in host memory
+    per_sample = offloaded_activation_bytes(shape, 8, 32, 32, 1, 4, 1, 0.0, True)
+    assert per_sample == shape.depth * sample_tokens(shape, 8, 32, 32) * shape.hidden_size * 4  # one input per block
+    assert activation_bytes(shape, 8, 32, 32, 1, 4, 1, 0.0, False) - activation_bytes(
+        shape, 8, 32, 32, 1, 4, 1, 0.0, True) == pytest.approx(per_sample)  # what leaves the device lands there
+    arguments = dict(element_bytes=4, reserve_gib=0, settings=[offload])
+    free = plan(shape, bucket, 8, 1, **arguments)
+    assert free.batches["clips"] > 3 and free.host_gib is None
+    # Two ranks share the node's host: room for 3.5 samples each holds 3.
+    two = HostBudget(7 * per_sample / GiB, 2, lambda s: 0.0, lambda s, b: per_sample)
+    capped = plan(shape, bucket, 8, 1, **arguments, host=two)
+    assert capped.batches["clips"] == 3 and capped.host_gib == pytest.approx(6 * per_sample / GiB)
+    # A fixed part (swapped blocks, offloaded optimizer states) the host cannot hold: refused, and said so.
+    small = HostBudget(1.0, 1, lambda s: 2.0 * GiB, lambda s, b: 0.0)
+    with pytest.raises(ValueError, match="1 setting.s. that fit the device need more than the 1.0 GiB of host"):
+        plan(shape, bucket, 8, 1, **arguments, host=small)
+    # A setting that puts nothing on the host is never refused for it, however small the host.
+    nothing = HostBudget(-4.0, 8, lambda s: 0.0, lambda s, b: 0.0)
+    plain = dict(arguments, settings=[Setting(0, 1, 1.0, False)])
+    assert plan(shape, bucket, 8, 1, **plain, host=nothing).batches == plan(shape, bucket, 8, 1, **plain).batches

@@ -32,6 +32,8 @@ def test_every_shipped_config_plans(capsys, config):
 def test_default_precision_of_the_video_demo_plans(capsys):
     code, out = _run_plan(capsys, "--config", "configs/video_stdit_demo.yaml", "--gpu-memory", "80")
     assert code == 0 and "precision" in out
+    # Without --host-memory the host is this machine's, and the plan says so.
+    assert "GiB host memory per node (this machine's; --host-memory)" in out.splitlines()[0]
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 8])

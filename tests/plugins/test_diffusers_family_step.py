@@ -42,7 +42,7 @@ def build(name: str, lora: bool, transform: bool):
     """The tiny model; with ``transform``, through parallelize with everything on (the adapters
     first, as parallelize orders them), else LoRA alone (or nothing)."""
     from opendit_lite.models.lora import apply_lora
-    from opendit_lite.transforms import parallelize
+    from opendit_lite.parallelization import parallelize
 
     model = families.build(name)
     if transform:
@@ -90,7 +90,7 @@ def plugin_step(name: str, zero_degree: int, lora: bool, checkpoint_dir=None):
     out = dict(params={n: p.detach().clone() for n, p in model.unwrap().named_parameters()},
                ema=plugin.ema.state_dict())
     if checkpoint_dir is not None:
-        from opendit_lite.checkpoint.state import save_checkpoint
+        from opendit_lite.checkpoint.save_restore import save_checkpoint
 
         out["checkpoint"] = save_checkpoint(booster, checkpoint_dir, 1, model, optimizer, ema=plugin.ema)
     return out
@@ -157,7 +157,7 @@ def test_one_step_through_the_plugin_equals_the_plain_step(name, lora):
 
 @pytest.mark.slow
 def test_two_data_parallel_ranks_and_the_merged_export():
-    from opendit_lite.build.lora import export_merged
+    from opendit_lite.builders.lora_checkpoint import export_merged
     from opendit_lite.checkpoint.weights import load_weights
 
     name = "FluxTransformer2DModel"

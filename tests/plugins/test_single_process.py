@@ -47,7 +47,7 @@ LITEGEN_RUN = textwrap.dedent("""
     from opendit_lite.config import from_object
     from opendit_lite.data.shapes import ShapesDataset
     from opendit_lite.diffusion import RectifiedFlow
-    from opendit_lite.build.image import build_model_from_config
+    from opendit_lite.builders.image import build_model_from_config
 
     with open(sys.argv[1]) as f:
         config = yaml.safe_load(f)          # a plain dict, as a LiteGen user's EasyDict

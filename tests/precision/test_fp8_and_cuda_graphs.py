@@ -10,10 +10,10 @@ import torch.nn as nn
 from opendit_lite.config import ConfigError, TrainConfig
 from opendit_lite.config.loader import validate
 from opendit_lite.models import build_model
+from opendit_lite.parallelization import apply_compile
 from opendit_lite.precision import check_fp8_supported, fp8_linear_names
 from opendit_lite.training.cuda_graphs import check_cuda_graphs
 from opendit_lite.training.loop import build_booster
-from opendit_lite.transforms import apply_compile
 
 CPU = torch.device("cpu")
 

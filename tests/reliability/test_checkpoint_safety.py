@@ -12,7 +12,7 @@ import time
 from opendit_lite.checkpoint.catalog import list_checkpoints, verify_checkpoint
 from opendit_lite.checkpoint.layout import newest_verified_checkpoint
 from opendit_lite.checkpoint.litter import remove_orphaned_tmp
-from opendit_lite.checkpoint.state import _prune
+from opendit_lite.checkpoint.save_restore import _prune
 from opendit_lite.plugins import OpenDiTPlugin  # noqa: F401  imported once here, before the children fork
 from tests.checkpoint.test_state import _save, _setup, _train
 

@@ -297,7 +297,7 @@ def test_torchrun_prints_the_paragraph_once_and_its_summary_names_it(tmp_path):
 def test_fused_adaln_that_matches_nothing_names_the_protocol():
     import torch.nn as nn
 
-    from opendit_lite.transforms import apply_kernels
+    from opendit_lite.parallelization import apply_kernels
 
     with pytest.warns(UserWarning, match="adaln_norms / norm_modulate protocol"):
         apply_kernels(nn.Sequential(nn.Linear(4, 4)), fused_adaln=True)

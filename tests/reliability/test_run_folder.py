@@ -118,7 +118,7 @@ def test_a_write_without_room_in_atomic_path_is_a_storage_error(tmp_path):
 
 def test_no_room_before_a_save_stops_naming_the_bytes(scripts, capsys, trained, tmp_path, monkeypatch):  # noqa: F811
     out, ckpts = copy_run(trained, tmp_path)
-    monkeypatch.setattr("opendit_lite.checkpoint.state._free_bytes", lambda folder: 1000)
+    monkeypatch.setattr("opendit_lite.checkpoint.save_restore._free_bytes", lambda folder: 1000)
     code, err = run_main(scripts, capsys, "train", *train_args(out, "max_steps=3", "auto_resume=true"))
     need = sum(r["size"] for r in verify_checkpoint(f"{ckpts}/{EXP}_step2")["files"].values())
     assert_one_paragraph(code, err, f"no room to save step 3 in '{ckpts}': it has 1000 bytes free and the previous "

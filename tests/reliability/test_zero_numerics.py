@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from opendit_lite.checkpoint.state import load_checkpoint, save_checkpoint
+from opendit_lite.checkpoint.save_restore import load_checkpoint, save_checkpoint
 from tests.checkpoint.test_state import run_on_cpu
 from tests.zero_cpu_shim import install as install_zero_cpu_shim
 

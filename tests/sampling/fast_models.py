@@ -1,23 +1,27 @@
 """Tiny denoisers sampled with ``sample.cfg_parallel`` and ``sample.cache`` settings, the same way in
 the test process (one process) and on gloo ranks: DiT-T/2 (images, the doubled-batch guidance),
-STDiT-tiny and Vchitect-tiny (videos, guidance pairing the null caption inside), and a tiny Wan
-(a diffusers family), with random weights (every zero-initialised layer perturbed) and a few Euler
-steps."""
+STDiT-tiny and Vchitect-tiny (videos, guidance pairing the null caption inside), and the six
+diffusers families at the sizes of tests/diffusers_families.py (Wan from its demo config), with
+random weights (every zero-initialised layer perturbed) and a few Euler steps."""
 
+import functools
 import os
+import tempfile
 
 import torch
+import yaml
 
-from opendit_lite.build.diffusers_model import family_denoiser, is_family
-from opendit_lite.build.parallelize import parallelize_from_config
-from opendit_lite.build.video import build_video_model
+from opendit_lite.builders.diffusers_model import family_denoiser, is_family
+from opendit_lite.builders.parallelize import parallelize_from_config
+from opendit_lite.builders.video import build_video_model
 from opendit_lite.config import load_config
 from opendit_lite.config.video_schema import VideoTrainConfig
 from opendit_lite.models import build_model
 from opendit_lite.sampling.fast import fast_sampling
 from opendit_lite.sampling.image import sample_images
-from opendit_lite.sampling.ranks import SamplingRanks, _single_process, sampling_ranks
+from opendit_lite.sampling.sharding import SamplingRanks, _single_process, sampling_ranks
 from opendit_lite.sampling.video import sample_clips
+from tests import diffusers_families
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STEPS = 6
@@ -32,6 +36,32 @@ CASES = {
     "vchitect": ("configs/video_stdit_demo.yaml", ["model.name=Vchitect-tiny"] + VIDEO),
     "wan": ("configs/wan_tiny_demo.yaml", [o for o in VIDEO if "caption_channels" not in o]),
 }
+# family case -> (diffusers class, changes to tests/diffusers_families.py's config for 3-channel pixel clips,
+# frames). Flux and HunyuanVideo there are guidance-distilled (guidance_embeds); SD3 and CogVideoX are not.
+FAMILIES = {
+    "flux": ("FluxTransformer2DModel", dict(in_channels=12), 1),
+    "sd3": ("SD3Transformer2DModel", dict(in_channels=3, out_channels=3), 1),
+    "cogvideox": ("CogVideoXTransformer3DModel", dict(in_channels=3, out_channels=3), 2),
+    "hunyuan_video": ("HunyuanVideoTransformer3DModel", dict(in_channels=3, out_channels=3), 2),
+    "ltx_video": ("LTXVideoTransformer3DModel", dict(in_channels=3, out_channels=3), 2),
+}
+
+
+@functools.lru_cache(maxsize=None)
+def family_yaml(case: str) -> str:
+    """A config file (in this process's temporary folder) of the tiny model of family ``case``."""
+    name, changes, frames = FAMILIES[case]
+    config = {k: list(v) if isinstance(v, tuple) else v
+              for k, v in dict(diffusers_families.CONFIGS[name], **changes).items()}
+    tree = {"precision": "fp32", "model": {"name": name, "config": config, "in_channels": 3,
+                                                   "num_frames": frames, "input_size": [8, 8]},
+            "data": {"type": "shapes", "num_frames": frames, "image_size": 8},
+            "text_encoder": {"kind": "shapes", "max_length": 8},
+            "sample": {"sampler": "euler", "num_sampling_steps": STEPS, "cfg_scale": 3.0}}
+    path = os.path.join(tempfile.mkdtemp(prefix="fast_models_"), f"{case}.yaml")
+    with open(path, "w") as f:
+        yaml.safe_dump(tree, f)
+    return path
 
 
 def perturb(model: torch.nn.Module, seed: int, scale: float = 0.03) -> None:
@@ -42,6 +72,8 @@ def perturb(model: torch.nn.Module, seed: int, scale: float = 0.03) -> None:
 
 
 def case_config(case: str, overrides=()):
+    if case in FAMILIES:
+        return load_config(family_yaml(case), list(overrides), schema=VideoTrainConfig)
     path, base = CASES[case]
     schema = None if case == "dit" else VideoTrainConfig
     kwargs = {} if schema is None else {"schema": schema}
@@ -67,7 +99,8 @@ def sample(case: str, overrides=(), ranks: SamplingRanks = None):
             out = sample_images(denoiser, cfg, torch.tensor([2, 0]), [0, 1], "cpu", fast=fast)
         else:
             gen = torch.Generator().manual_seed(3)
-            states = torch.randn(2, cfg.text_encoder.max_length, 32, generator=gen)   # [n, M, Cy]
+            width = denoiser.text_width if is_family(model) else 32
+            states = torch.randn(2, cfg.text_encoder.max_length, width, generator=gen)   # [n, M, Cy]
             mask = torch.ones(2, cfg.text_encoder.max_length, dtype=torch.bool)
             mask[1, 5:] = False
             out = sample_clips(denoiser, cfg, states, mask, [0, 1], "cpu", fast=fast)

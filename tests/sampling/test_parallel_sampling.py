@@ -51,7 +51,7 @@ def image_args(tmp) -> list:
 
 def video_args(tmp) -> list:
     """sample_video.py arguments for a random STDiT-tiny in a checkpoint folder with its config (3 prompts)."""
-    from opendit_lite.build.video import build_video_model
+    from opendit_lite.builders.video import build_video_model
     from opendit_lite.config import load_config, to_dict
     from opendit_lite.config.video_schema import VideoTrainConfig
 

@@ -6,7 +6,7 @@ dispatch): the same tensors, bit for bit."""
 import pytest
 import torch
 
-from opendit_lite.build.video import build_video_model
+from opendit_lite.builders.video import build_video_model
 from opendit_lite.config import ConfigError, load_config
 from opendit_lite.config.video_schema import VideoTrainConfig
 from opendit_lite.diffusion import RectifiedFlow, cfg_model_fn, create_diffusion

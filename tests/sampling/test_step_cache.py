@@ -175,7 +175,7 @@ def test_magcache_calibrates_on_the_first_trajectory_then_skips(capsys):
     from opendit_lite.models import build_model
     from opendit_lite.sampling.fast import fast_sampling
     from opendit_lite.sampling.image import sample_images
-    from opendit_lite.sampling.ranks import _single_process
+    from opendit_lite.sampling.sharding import _single_process
 
     cfg = case_config("dit", ["sample.cache.kind=magcache", "sample.cache.threshold=0.3"])
     model = build_model("DiT-T/2", input_size=8, in_channels=3, num_classes=3, learn_sigma=False).eval()
@@ -253,7 +253,7 @@ def test_a_cache_with_compile_is_refused():
 # ------------------------------------------------------------------------------------------------
 
 def test_wan_teacache_signal_is_what_its_self_attention_reads():
-    from opendit_lite.build.video import build_video_model
+    from opendit_lite.builders.video import build_video_model
     from opendit_lite.families import family_adapter
 
     model = build_video_model(case_config("wan")).eval()

@@ -140,7 +140,7 @@ def test_a_model_trained_with_diffusers_spacing_loads_exactly_with_a_plain_from_
 
 
 def test_timestep_spacing_reaches_the_model_from_the_config():
-    from opendit_lite.build.image import build_model_from_config
+    from opendit_lite.builders.image import build_model_from_config
     from opendit_lite.config import ConfigError, load_config
 
     cfg = load_config(None, ["model.name=DiT-T/2", "model.timestep_spacing=diffusers", "model.input_size=[8]",

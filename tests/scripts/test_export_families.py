@@ -1,7 +1,8 @@
 """scripts/export_diffusers.py --checkpoint on a diffusers-family run (a checkpoint folder as the
 trainer writes it: model/, ema.safetensors with the trainable weights' EMA, meta.json with the
 run's model and lora sections): the folder loads with the plain diffusers class and gives the
-EMA model's outputs (or the trained one's with --no-ema); LoRA merged or as an adapter file; the
+EMA model's outputs (or the trained one's with --no-ema); a LoRA run's adapters alone (the default,
+no copy of the base) or merged; the
 family's bad inputs end with exit 2 and one paragraph."""
 
 import importlib.util
@@ -79,14 +80,15 @@ def test_a_family_run_exports_its_ema_or_trained_weights(tmp_path, capsys):
 def test_a_lora_run_exports_merged_or_as_an_adapter(tmp_path):
     family = "FluxTransformer2DModel"
     ckpt, _, ema = _checkpoint(tmp_path, family, lora=True)
-    merged = _script().main(["--checkpoint", ckpt, "--output", str(tmp_path / "merged")])
+    merged = _script().main(["--checkpoint", ckpt, "--output", str(tmp_path / "merged"), "--lora", "merged"])
     assert _diff(diffusers.FluxTransformer2DModel.from_pretrained(merged), ema, family) < TOL
-    adapter = _script().main(["--checkpoint", ckpt, "--output", str(tmp_path / "adapter"), "--lora", "adapter"])
-    loaded = diffusers.FluxTransformer2DModel.from_pretrained(adapter)
+    adapter = _script().main(["--checkpoint", ckpt, "--output", str(tmp_path / "adapter")])  # a LoRA run's default
+    assert os.listdir(adapter) == [LORA_WEIGHT_NAME]  # no copy of the base beside the adapters
+    loaded = build(family, seed=0)                     # the base the run trained on
     loaded.load_lora_adapter(adapter, weight_name=LORA_WEIGHT_NAME)
     assert _diff(loaded, ema, family) < TOL
     # an export replaces an earlier one in place, leaving no file of it behind
-    again = _script().main(["--checkpoint", ckpt, "--output", str(tmp_path / "adapter")])
+    again = _script().main(["--checkpoint", ckpt, "--output", str(tmp_path / "adapter"), "--lora", "merged"])
     assert sorted(os.listdir(again)) == ["config.json", "diffusion_pytorch_model.safetensors"]
 
 
@@ -121,3 +123,57 @@ def test_family_bad_inputs_exit_2_with_one_paragraph(tmp_path, capsys):
     os.remove(os.path.join(ckpt, "model", "model.safetensors"))
     _expect_exit_2(["--checkpoint", ckpt] + out, "cannot read the weights", capsys)
     assert not (tmp_path / "out").exists()
+
+
+def _pipeline_checkpoint(tmp_path, pipeline: str, lora: bool):
+    """(checkpoint folder, EMA model) of a run on ``pipeline``'s Flux transformer (model.pipeline, no model.path)."""
+    import diffusers
+
+    models = []
+    for seed in (1, 2):  # trained, EMA
+        model = diffusers.FluxTransformer2DModel.from_pretrained(os.path.join(pipeline, "transformer"))
+        if lora:
+            apply_lora(model, rank=LORA["rank"], alpha=LORA["alpha"], dropout=0.0)
+            randomize_adapters(model, seed=seed)
+        else:
+            with torch.no_grad():
+                g = torch.Generator().manual_seed(seed)
+                for p in model.parameters():
+                    p.add_(torch.randn(p.shape, generator=g) * 0.01)
+        models.append(model.eval())
+    trained, ema = models
+    ckpt = tmp_path / f"ckpt-pipeline-{lora}"
+    os.makedirs(ckpt / "model")
+    save_file({k: v.contiguous() for k, v in trained.state_dict().items()}, str(ckpt / "model" / "model.safetensors"))
+    trainable = {n for n, p in ema.named_parameters() if p.requires_grad}
+    save_file({k: v.contiguous() for k, v in ema.state_dict().items() if k in trainable}, str(ckpt / "ema.safetensors"))
+    section = {"name": "FluxTransformer2DModel", "config": None, "path": None, "pipeline": pipeline, "expert": None}
+    config = {"model": section, "lora": LORA if lora else dict(LORA, rank=0)}
+    (ckpt / "meta.json").write_text(json.dumps({"extra_state": {"config": config}}))
+    return str(ckpt), ema
+
+
+def test_a_run_from_a_pipeline_exports_what_that_pipeline_loads(tiny_pipeline, tmp_path):
+    """A LoRA run: FluxPipeline.load_lora_weights reads the adapters (no warning) onto the pipeline's
+    transformer, which then computes the EMA model; a full run: a pipeline folder (transformer fresh,
+    the rest linked) that DiffusionPipeline.from_pretrained loads with the EMA transformer."""
+    from tests.video_scripts.test_lora_export import LoadLog
+
+    pipeline = tiny_pipeline("flux")
+    inputs = dict(hidden_states=torch.randn(1, 16, 64), timestep=torch.tensor([0.5]), guidance=torch.tensor([3.5]),
+                  pooled_projections=torch.randn(1, 16), encoder_hidden_states=torch.randn(1, 8, 32),
+                  txt_ids=torch.zeros(8, 3), img_ids=torch.zeros(16, 3), return_dict=False)
+    for lora in (True, False):
+        ckpt, ema = _pipeline_checkpoint(tmp_path, pipeline, lora)
+        out = _script().main(["--checkpoint", ckpt, "--output", str(tmp_path / f"out-{lora}")])
+        if lora:
+            assert os.listdir(out) == [LORA_WEIGHT_NAME]
+            pipe = diffusers.FluxPipeline.from_pretrained(pipeline)
+            with LoadLog() as log:
+                pipe.load_lora_weights(out)
+            assert not log.key_warnings(), log.text()  # (its text encoder's "no LoRA keys, safe to ignore")
+        else:
+            assert os.path.islink(os.path.join(out, "vae")) and not os.path.islink(os.path.join(out, "transformer"))
+            pipe = diffusers.DiffusionPipeline.from_pretrained(out)
+        with torch.no_grad():
+            assert (pipe.transformer(**inputs)[0] - ema(**inputs)[0]).abs().max() < TOL, lora

@@ -92,7 +92,7 @@ def image_configs():
     """The configs train.py takes (the others, video zoo models and diffusers families, are train_video.py's)."""
     import yaml
 
-    from opendit_lite.build.family import config_schema
+    from opendit_lite.builders.family import config_schema
     from opendit_lite.config import TrainConfig
 
     names = sorted(f for f in os.listdir(os.path.join(ROOT, "configs")) if f.endswith(".yaml"))

@@ -11,10 +11,10 @@ import torch
 import torch.nn as nn
 from safetensors.torch import save_file
 
-from opendit_lite.build.lora import export_merged
+from opendit_lite.builders.lora_checkpoint import export_merged
 from opendit_lite.checkpoint.weights import load_weights
 from opendit_lite.models.lora import apply_lora, lora_target_names
-from opendit_lite.transforms import parallelize
+from opendit_lite.parallelization import parallelize
 from tests import diffusers_families as families
 
 RANK, ALPHA = 2, 4.0

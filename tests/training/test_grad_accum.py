@@ -52,8 +52,8 @@ def _train(rank, world_size, results_dir):
     from opendit_lite.optim.lr_schedule import build_lr_scheduler
     from opendit_lite.plugins import OpenDiTPlugin
     from opendit_lite.training.loop import run_steps
-    from opendit_lite.training.metrics import MetricsLogger
     from opendit_lite.training.state import TrainState
+    from opendit_lite.training.telemetry import MetricsLogger
 
     cfg = TrainConfig(exp_name="accum", results_dir=results_dir, max_steps=STEPS, grad_accum_steps=ACCUM,
                       global_batch_size=GLOBAL_BATCH, log_every=1, logger=[], precision="fp32", grad_clip=0.0)

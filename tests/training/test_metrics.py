@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from opendit_lite.config import ConfigError
-from opendit_lite.training.metrics import MetricsLogger
+from opendit_lite.training.telemetry import MetricsLogger
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -5,7 +5,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from opendit_lite.data.buckets import Bucket, BucketBatches, BucketBatchSampler
-from opendit_lite.data.sampler import ResumableBatches, ResumableDistributedSampler
+from opendit_lite.data.resumable_sampler import ResumableBatches, ResumableDistributedSampler
 from opendit_lite.training.state import TrainState
 
 

@@ -111,7 +111,7 @@ def test_family_trains_with_its_recipe_and_samples(tmp_path, name):
 
 
 def test_model_path_loads_a_local_diffusers_folder(tmp_path):
-    from opendit_lite.build.video import build_video_model
+    from opendit_lite.builders.video import build_video_model
     from opendit_lite.config import load_config
     from opendit_lite.config.video_schema import VideoTrainConfig
 
@@ -232,18 +232,22 @@ def test_the_run_ends_with_a_diffusers_folder_holding_its_ema(wan_run):
 def test_a_lora_run_exports_its_adapters_and_bad_export_settings_exit_2(tmp_path, capsys):
     import diffusers
 
-    from opendit_lite.build.lora import load_merged
+    from opendit_lite.builders.lora_checkpoint import load_merged
     from opendit_lite.checkpoint.layout import saved_config
+    from opendit_lite.checkpoint.weights import read_weights
+    from opendit_lite.interop.diffusers_export import split_lora_state
 
     args = [*WAN, f"results_dir={tmp_path}", "max_steps=2", "data.num_samples=4", "global_batch_size=2",
-            "lora.rank=2", "lora.alpha=4", "export.lora=adapter", "lora.export_merged=false"]
-    main("train_video", args)
+            "lora.rank=2", "lora.alpha=4"]
+    main("train_video", args)  # a LoRA run exports its adapters alone by default, and no merged.safetensors
     out = os.path.join(tmp_path, "w", "diffusers")
-    assert "pytorch_lora_weights.safetensors" in os.listdir(out)
-    loaded = diffusers.WanTransformer3DModel.from_pretrained(out)
-    loaded.load_lora_adapter(out, weight_name="pytorch_lora_weights.safetensors")
+    assert os.listdir(out) == ["pytorch_lora_weights.safetensors"]
+    assert not os.path.exists(os.path.join(tmp_path, "w", "merged.safetensors"))
     ckpt = _final_checkpoint(os.path.join(tmp_path, "w"))
     config = yaml.safe_load(open(os.path.join(tmp_path, "w", "config.yaml")))["model"]["config"]
+    loaded = diffusers.WanTransformer3DModel(**config)  # the run's base (a random init: kept in its checkpoint)
+    loaded.load_state_dict(split_lora_state(read_weights(ckpt, use_ema=False))[0])
+    loaded.load_lora_adapter(out, weight_name="pytorch_lora_weights.safetensors")
     merged = load_merged(diffusers.WanTransformer3DModel(**config), ckpt, use_ema=True, lora=saved_config(ckpt)["lora"])
     inputs = dict(hidden_states=torch.randn(1, 3, 2, 8, 8), timestep=torch.tensor([500.0]),
                   encoder_hidden_states=torch.randn(1, 8, 32), return_dict=False)
@@ -252,6 +256,8 @@ def test_a_lora_run_exports_its_adapters_and_bad_export_settings_exit_2(tmp_path
     capsys.readouterr()  # the run's progress
     assert "export.lora=adapter" in exits_2(capsys, "train_video", [*WAN, f"results_dir={tmp_path}", "max_steps=1",
                                                                      "export.lora=adapter"])
+    assert "remove export.lora" in exits_2(capsys, "train_video", [*WAN, f"results_dir={tmp_path}", "max_steps=1",
+                                                                    "export.lora=merged"])
     assert "has no diffusers class" in exits_2(capsys, "train_video", [
         "--config", "configs/video_stdit_demo.yaml", f"results_dir={tmp_path}", "export.diffusers=true"])
     assert "does not write" in exits_2(capsys, "train_video", [*WAN, f"results_dir={tmp_path}",

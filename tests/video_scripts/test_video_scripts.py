@@ -130,7 +130,7 @@ def test_config_errors_exit_2(tmp_path, capsys, override, expected):
 
 
 def test_image_model_name_is_refused():
-    from opendit_lite.build.video import build_video_model
+    from opendit_lite.builders.video import build_video_model
     from opendit_lite.config import ConfigError, load_config
     from opendit_lite.config.video_schema import VideoTrainConfig
 

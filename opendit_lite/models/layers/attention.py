@@ -2,7 +2,7 @@
 
 ``Attention`` owns the projections (state-dict keys ``qkv.*`` and ``proj.*``, as in timm's
 ``Attention`` that Meta's DiT uses) and delegates the softmax(QK^T)V core to ``self.attn_op``,
-a parameter-free submodule: an ``AttentionOp`` (``opendit_lite.kernels.attention``, re-exported
+a parameter-free submodule: an ``AttentionOp`` (``opendit_lite.kernels.attention_op``, re-exported
 here), ``SDPAAttentionOp`` by default. The module converter swaps ``attn_op`` for another backend
 (flash-attn) and the sequence-parallel conversion wraps it (Ulysses all-to-all), so model code is
 the same for every backend and for serial and sequence-parallel runs.
@@ -13,7 +13,7 @@ from typing import Optional
 import torch
 import torch.nn as nn
 
-from ...kernels.attention import AttentionOp, SDPAAttentionOp
+from ...kernels.attention_op import AttentionOp, SDPAAttentionOp
 
 __all__ = ["Attention", "AttentionOp", "SDPAAttentionOp"]
 

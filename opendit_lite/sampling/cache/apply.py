@@ -21,7 +21,7 @@ from ...families import is_family
 from ...models.blocks import find_blocks
 from .blocks import attention_kinds, check_blocks, teacache_signal
 from .calibrate import MagCalibration
-from .hooks import AgreedFirstBlockHook, CountingHook, Tally, TeaCacheHeadHook, TeaCacheState
+from .hooks import AgreedFirstBlockHook, CountingHook, FirstBlockTailHook, Tally, TeaCacheHeadHook, TeaCacheState
 
 HEAD, BLOCK, COUNT, CALIBRATE = "step_cache_head", "step_cache_block", "step_cache_count", "step_cache_calibrate"
 
@@ -143,16 +143,12 @@ class StepCache:
                               f"{type(self.model).__name__} has one block: use kind=teacache or magcache.")
         state = self._state(FBCSharedBlockState)
         _register(blocks[0], AgreedFirstBlockHook(state, self.settings["threshold"], self.group), HEAD)
-        for i, block in enumerate(blocks[1:], start=1):
-            _register(block, FBCBlockHook(state, is_tail=i == len(blocks) - 1), BLOCK)
+        for block in blocks[1:-1]:
+            _register(block, FBCBlockHook(state), BLOCK)
+        _register(blocks[-1], FirstBlockTailHook(state), BLOCK)
 
     def _install_teacache(self, blocks: List[nn.Module]) -> None:
-        signal = teacache_signal(self.model, blocks[0])
-        if signal is None:
-            raise ConfigError(f"sample.cache.kind=teacache cannot hook {type(self.model).__name__}: TeaCache decides "
-                              f"from the first block's timestep-modulated input, which neither its block class "
-                              f"({type(blocks[0]).__name__}: modulated_input) nor its family adapter declares. Use "
-                              f"sample.cache.kind=first_block or magcache.")
+        signal = teacache_signal(self.model, blocks[0])  # a ConfigError when the model has none
         state = self._state(TeaCacheState)
         steps = MagCacheConfig(mag_ratios=[1.0], num_inference_steps=self.num_steps)  # the tail's step count only
         self._register_stack(blocks, state, steps, TeaCacheHeadHook(

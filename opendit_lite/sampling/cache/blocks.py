@@ -13,8 +13,8 @@ Attention modules are classified for Pyramid Attention Broadcast by the zoo's de
 attention is classified by diffusers' own ``apply_pyramid_attention_broadcast``.
 
 TeaCache's signal, the timestep-modulated input of the first block, is model code: a zoo block
-declares it as ``modulated_input(*forward args)``, a diffusers family through its adapter's
-``modulated_input(block, args, kwargs)`` (``teacache_signal``).
+declares it as ``modulated_input(*forward args)``, a diffusers family in its step-cache piece
+(``families/<family>/step_cache.py``: ``teacache_signal(block, args, kwargs)``; ``teacache_signal``).
 """
 
 from dataclasses import dataclass, field
@@ -24,7 +24,7 @@ import torch.nn as nn
 from diffusers.hooks._helpers import TransformerBlockMetadata, TransformerBlockRegistry
 
 from ...errors import ConfigError
-from ...families import family_adapter, is_family
+from ...families import family_of
 
 
 @dataclass
@@ -88,12 +88,24 @@ def attention_kinds(model: nn.Module) -> List[Tuple[str, nn.Module, str]]:
             if isinstance(getattr(type(module), "attention_kind", None), str)]
 
 
-def teacache_signal(model: nn.Module, head: nn.Module) -> Optional[Callable]:
+def teacache_signal(model: nn.Module, head: nn.Module) -> Callable:
     """``signal(block, args, kwargs)``: the first block's timestep-modulated input, TeaCache's signal,
-    for ``model`` (a zoo model whose blocks declare ``modulated_input``, or a diffusers family whose
-    adapter declares it), or None when the model does not say."""
+    for ``model``: a zoo model whose blocks declare ``modulated_input``, or a diffusers family whose
+    step-cache piece declares it (``families/<family>/step_cache.py``). A ConfigError saying why
+    when the model has none."""
     if callable(getattr(type(head), "modulated_input", None)):
         return lambda block, args, kwargs: block.modulated_input(*args, **kwargs)
-    if is_family(model):
-        return family_adapter(model).modulated_input
-    return None
+    name, family = type(model).__name__, family_of(model)
+    if family is None:
+        raise ConfigError(f"sample.cache.kind=teacache cannot hook {name}: TeaCache decides from the first block's "
+                          f"timestep-modulated input, which its block class ({type(head).__name__}) does not declare "
+                          f"(modulated_input). Use sample.cache.kind=first_block or magcache.")
+    spec = family.step_cache
+    if spec.teacache_signal is None:
+        raise ConfigError(f"sample.cache.kind=teacache cannot hook {name}: {spec.no_teacache} Use "
+                          f"sample.cache.kind=first_block or magcache.")
+    if spec.head_block not in {cls.__name__ for cls in type(head).__mro__}:
+        raise ConfigError(f"sample.cache.kind=teacache cannot hook {name}: its TeaCache signal reads the arguments of "
+                          f"a {spec.head_block}, but the first block is a {type(head).__name__}. Use "
+                          f"sample.cache.kind=first_block or magcache.")
+    return spec.teacache_signal

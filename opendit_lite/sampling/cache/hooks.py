@@ -3,7 +3,8 @@
 * ``CountingHook``: counts the computations of a block or an attention module (registered first, so
   it sits inside every cache hook and counts only what really runs);
 * ``AgreedFirstBlockHook``: diffusers' First-Block-Cache head hook whose decision is taken over all
-  the ranks that share the batch (see ``agreed_change``);
+  the ranks that share the batch (see ``agreed_change``); ``FirstBlockTailHook``: its hook on the
+  last block, which also takes a last block that reads the text stream without returning it;
 * ``TeaCacheHeadHook`` and ``TeaCacheState``: TeaCache's rule (which diffusers does not ship) as a
   head-block hook over MagCache's state; diffusers' ``MagCacheBlockHook`` does the rest (the other
   blocks pass their input through on a skipped step, the last one stores the residual).
@@ -19,7 +20,7 @@ from typing import Callable, Optional
 
 import torch
 import torch.distributed as dist
-from diffusers.hooks.first_block_cache import FBCHeadBlockHook
+from diffusers.hooks.first_block_cache import FBCBlockHook, FBCHeadBlockHook
 from diffusers.hooks.hooks import ModelHook, StateManager
 from diffusers.hooks.mag_cache import MagCacheState
 from diffusers.utils.torch_utils import unwrap_module
@@ -73,6 +74,29 @@ class AgreedFirstBlockHook(FBCHeadBlockHook):
         if previous is None:
             return True
         return agreed_change(hidden_states_residual - previous, previous, self.group) > self.threshold
+
+
+class FirstBlockTailHook(FBCBlockHook):
+    """diffusers' First-Block-Cache hook on the last block (``is_tail``): on a computed step it stores
+    the residuals of the blocks after the first, for the tokens and the text stream. A last block that
+    returns None for the text stream (SD3's ``context_pre_only`` block only reads it) stores a zero
+    text residual: on a skipped step the text then passes through unchanged, and nothing after the
+    stack reads it. diffusers 0.42's own hook subtracts from the None."""
+
+    def __init__(self, state_manager: StateManager):
+        super().__init__(state_manager, is_tail=True)
+
+    def new_forward(self, module: torch.nn.Module, *args, **kwargs):
+        state, meta = self.state_manager.get_state(), self._metadata
+        if not state.should_compute or meta.return_encoder_hidden_states_index is None:
+            return super().new_forward(module, *args, **kwargs)
+        output = self.fn_ref.original_forward(*args, **kwargs)                     # (tokens, text), in its order
+        hidden, text = output[meta.return_hidden_states_index], output[meta.return_encoder_hidden_states_index]
+        head_hidden, head_text = state.head_block_output
+        text_residual = torch.zeros((), dtype=head_text.dtype, device=head_text.device) if text is None \
+            else text - head_text
+        state.tail_block_residuals = (hidden - head_hidden, text_residual)
+        return output
 
 
 class TeaCacheState(MagCacheState):

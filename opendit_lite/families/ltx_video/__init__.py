@@ -1,0 +1,26 @@
+"""LTX-Video (diffusers' ``LTXVideoTransformer3DModel``): its record in the families registry, built from the
+pieces in this folder (``adapter.py``, ``sp_spec.py``, ``fused_norms.py``, ``encoding.py``, ``step_cache.py``)
+and its capabilities, and registered on import."""
+
+from ..lora_targets import ATTENTION, FEED_FORWARD
+from ..registry import Family, register_family
+from .adapter import LTXVideoAdapter
+from .encoding import ENCODING
+from .fused_norms import FUSED_NORMS
+from .sp_spec import SP_SPEC
+from .step_cache import STEP_CACHE
+
+FAMILY = register_family(Family(
+    name="ltx_video",
+    class_name="LTXVideoTransformer3DModel",
+    pipeline="LTXPipeline",
+    module="diffusers.models.transformers.transformer_ltx",
+    block_lists=("transformer_blocks",),
+    lora_targets=ATTENTION + FEED_FORWARD,
+    adapter=LTXVideoAdapter(),
+    sp_spec=SP_SPEC,
+    fused_norms=FUSED_NORMS,
+    encoding=ENCODING,
+    step_cache=STEP_CACHE,
+    aliases=("ltx",),
+))

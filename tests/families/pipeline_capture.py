@@ -1,0 +1,162 @@
+"""What a diffusers pipeline feeds its transformer: run ``<Family>Pipeline.__call__`` for a caption
+and a fixed noise with forward pre-hooks on ``transformer`` (and ``transformer_2``) that record every
+keyword of every call, so that a test can compare a training step's transformer inputs with the
+pipeline's.
+
+    calls = capture(pipe, "a red square moving left", noise=noise, **TINY_CALLS[family])
+    first = calls.conditional(step=0)        # the keywords of the conditional call at step 0
+
+``noise`` is given as latent clips [B, C, T, h, w] (images: T = 1) and put into the pipeline's own
+latent layout with its own helpers (Flux's and LTX-Video's packing, CogVideoX's frame-major order);
+at the first step of a flow pipeline (sigma 1) the transformer's ``hidden_states`` are that noise.
+
+Classifier-free guidance comes in two layouts: Wan and HunyuanVideo call the transformer twice per
+step (the conditional call first), SD3, CogVideoX and LTX-Video once on a doubled batch (the
+unconditional half first). ``conditional`` and ``unconditional`` undo both.
+
+``tiny_pipeline_folder`` builds a family's tiny pipeline once under a shared root (the session
+fixture ``tiny_pipeline`` in tests/conftest.py), safe under parallel test workers.
+"""
+
+import os
+import shutil
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+import torch
+
+COMPONENTS = ("transformer", "transformer_2")
+
+
+@dataclass
+class TransformerCall:
+    """One transformer forward: which component, in which denoising step, with which keywords
+    (tensors cloned; tuples of tensors as tuples of clones)."""
+
+    component: str
+    step: int
+    kwargs: Dict[str, Any]
+
+
+@dataclass
+class Capture:
+    """Every transformer call of one pipeline run, in order; ``batch`` is the number of samples the
+    pipeline was asked for (prompts x outputs per prompt)."""
+
+    calls: List[TransformerCall] = field(default_factory=list)
+    batch: int = 1
+
+    def at(self, step: int, component: Optional[str] = None) -> List[TransformerCall]:
+        return [c for c in self.calls if c.step == step and component in (None, c.component)]
+
+    def conditional(self, step: int = 0) -> Dict[str, Any]:
+        """The keywords of the conditional branch at ``step`` (batch ``batch``)."""
+        return self._branch(step, conditional=True)
+
+    def unconditional(self, step: int = 0) -> Dict[str, Any]:
+        """The keywords of the unconditional (negative prompt) branch at ``step``."""
+        return self._branch(step, conditional=False)
+
+    def _branch(self, step: int, conditional: bool) -> Dict[str, Any]:
+        calls = self.at(step)
+        if not calls:
+            raise KeyError(f"no transformer call at step {step}; steps run: {sorted({c.step for c in self.calls})}")
+        if len(calls) == 2:  # two calls per step: conditional, then unconditional
+            return calls[0 if conditional else 1].kwargs
+        kwargs = calls[0].kwargs
+        rows = kwargs["hidden_states"].shape[0]
+        if rows == self.batch:
+            if not conditional:
+                raise KeyError(f"step {step} ran without guidance: there is no unconditional branch")
+            return kwargs
+        if rows != 2 * self.batch:
+            raise ValueError(f"the transformer got a batch of {rows} for {self.batch} samples")
+        half = slice(self.batch, None) if conditional else slice(0, self.batch)  # [unconditional, conditional]
+        return {k: _rows(v, rows, half) for k, v in kwargs.items()}
+
+
+def _rows(value, rows: int, half: slice):
+    if torch.is_tensor(value) and value.dim() > 0 and value.shape[0] == rows:
+        return value[half]
+    return value
+
+
+def _clone(value):
+    if torch.is_tensor(value):
+        return value.detach().clone()
+    if isinstance(value, (tuple, list)):
+        return type(value)(_clone(v) for v in value)
+    return value
+
+
+def pipeline_latents(pipe, noise: torch.Tensor) -> torch.Tensor:
+    """Latent clips [B, C, T, h, w] (images: T = 1) -> the ``latents`` argument of ``pipe.__call__``."""
+    name = type(pipe).__name__
+    if name == "FluxPipeline":
+        image = noise[:, :, 0]                                                        # [B, C, h, w]
+        return pipe._pack_latents(image, *image.shape)                                # [B, hw/4, 4C]
+    if name == "StableDiffusion3Pipeline":
+        return noise[:, :, 0]                                                         # [B, C, h, w]
+    if name == "LTXPipeline":
+        return pipe._pack_latents(noise, pipe.transformer_spatial_patch_size,          # [B, N, C pt p p]
+                                  pipe.transformer_temporal_patch_size)
+    if name == "CogVideoXPipeline":
+        return noise.transpose(1, 2)                                                  # [B, T, C, h, w]
+    return noise                                                                      # [B, C, T, h, w]
+
+
+def capture(pipe, prompt, noise: Optional[torch.Tensor] = None, stop_after_step: Optional[int] = None,
+            seed: int = 0, **call_kwargs) -> Capture:
+    """Run ``pipe(prompt, ...)`` and record every transformer call. ``noise``: the initial latents as
+    [B, C, T, h, w] (None: drawn from ``seed`` by the pipeline); ``stop_after_step``: skip the steps
+    after it (the pipeline's interrupt flag); ``call_kwargs`` go to ``__call__`` (output_type
+    defaults to "latent": no decoding)."""
+    result = Capture(batch=len(prompt) if isinstance(prompt, list) else 1)
+    state = {"step": 0}
+
+    def hook(component):
+        def record(module, args, kwargs):
+            if args:
+                raise AssertionError(f"{component} got positional arguments: the pipeline is expected to pass "
+                                     f"keywords only")
+            result.calls.append(TransformerCall(component, state["step"], _clone(kwargs)))
+        return record
+
+    def next_step(pipeline, step, timestep, tensors):
+        state["step"] = step + 1
+        if stop_after_step is not None and step >= stop_after_step:
+            pipeline._interrupt = True
+        return {}
+
+    handles = [getattr(pipe, c).register_forward_pre_hook(hook(c), with_kwargs=True)
+               for c in COMPONENTS if getattr(pipe, c, None) is not None]
+    try:
+        call_kwargs.setdefault("output_type", "latent")
+        if noise is not None:
+            call_kwargs["latents"] = pipeline_latents(pipe, noise)
+        else:
+            call_kwargs.setdefault("generator", torch.Generator().manual_seed(seed))
+        with torch.no_grad():
+            pipe(prompt, callback_on_step_end=next_step, **call_kwargs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return result
+
+
+def tiny_pipeline_folder(root, family: str) -> str:
+    """The folder of ``family``'s tiny pipeline under ``root``, built and saved by the first caller
+    (a file lock keeps parallel workers from building it twice; the folder appears complete)."""
+    from filelock import FileLock
+
+    from opendit_lite.families.tiny_pipelines import save_tiny_pipeline
+
+    os.makedirs(root, exist_ok=True)
+    folder = os.path.join(root, family)
+    with FileLock(os.path.join(root, f"{family}.lock")):
+        if not os.path.isfile(os.path.join(folder, "model_index.json")):
+            partial = folder + ".partial"
+            save_tiny_pipeline(family, partial, overwrite=True)
+            shutil.rmtree(folder, ignore_errors=True)  # a folder left incomplete by an interrupted run
+            os.replace(partial, folder)
+    return folder

@@ -1,0 +1,103 @@
+"""Every registered diffusers family is whole: its folder holds the same pieces as every other
+family's, its record names one class throughout, and each piece is registered with the mechanism
+that looks it up (capabilities, sequence parallelism, fused AdaLN), so no family is half-registered.
+The registry refuses a duplicate and a record whose pieces disagree, before registering anything."""
+
+import dataclasses
+import importlib
+import os
+
+import pytest
+import torch
+
+import opendit_lite.families as families
+from opendit_lite.converter import adaln_model_notes
+from opendit_lite.converter.adaln_protocol import ADALN_BLOCK_FAMILIES
+from opendit_lite.errors import ConfigError
+from opendit_lite.families import FAMILIES, Family, find_family, register_family, unregistered_pieces
+from opendit_lite.models.capabilities import block_lists, lora_targets
+from opendit_lite.parallel import FAMILIES as SP_SPECS
+
+FOLDER = os.path.dirname(families.__file__)
+PIECES = {"__init__.py", "adapter.py", "sp_spec.py", "fused_norms.py", "encoding.py"}
+EXPECTED = {"wan", "hunyuan_video", "cogvideox", "ltx_video", "flux", "sd3"}
+
+
+def _folders():
+    return sorted(name for name in os.listdir(FOLDER)
+                  if os.path.isfile(os.path.join(FOLDER, name, "__init__.py")))
+
+
+def test_the_six_families_each_have_a_folder_and_a_record():
+    assert set(_folders()) == EXPECTED
+    assert set(FAMILIES) == EXPECTED
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_every_family_folder_holds_every_piece(name):
+    files = {f for f in os.listdir(os.path.join(FOLDER, name)) if f.endswith(".py")}
+    assert files == PIECES, f"families/{name}/ holds {sorted(files)}; every family holds {sorted(PIECES)}"
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_every_piece_is_registered_with_its_mechanism(name):
+    family = FAMILIES[name]
+    assert unregistered_pieces(family) == []
+    # through the mechanisms' own readers, on the real diffusers class
+    cls = getattr(importlib.import_module(family.module), family.class_name)
+    assert block_lists(cls) == family.block_lists
+    assert lora_targets(cls) == family.lora_targets
+    assert SP_SPECS[family.class_name] is family.sp_spec
+    notes = adaln_model_notes(cls.__new__(cls))
+    assert notes is not None and notes.fused == family.fused_norms.fused
+    names = {f.name for f in ADALN_BLOCK_FAMILIES}
+    assert all(f"diffusers {b.class_name}" in names for b in family.fused_norms.blocks)
+    for block in family.fused_norms.blocks:  # each swapped block class exists in the installed diffusers
+        assert isinstance(getattr(importlib.import_module(block.module_name), block.class_name, None), type)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_the_record_names_one_class_and_is_found_every_way(name):
+    family = FAMILIES[name]
+    assert family.adapter.class_name == family.sp_spec.cls_name == family.encoding.transformer == family.class_name
+    assert family.sp_spec.family == name
+    assert families.family_of(family.class_name) is family and families.is_family(family.class_name)
+    assert families.family_adapter(family.class_name) is family.adapter
+    assert find_family(name) is find_family(family.class_name) is family
+    for alias in family.aliases:
+        assert find_family(alias) is family
+
+
+def test_old_short_names_still_find_their_family():
+    assert find_family("hunyuanvideo").name == "hunyuan_video" and find_family("ltx").name == "ltx_video"
+    with pytest.raises(ConfigError, match="unknown family 'wann'"):
+        find_family("wann")
+
+
+def test_a_duplicate_or_inconsistent_record_is_refused_before_anything_is_registered():
+    wan = FAMILIES["wan"]
+    with pytest.raises(ValueError, match="already registered"):
+        register_family(wan)
+    with pytest.raises(ValueError, match="already registered"):
+        register_family(dataclasses.replace(wan, name="wan2", sp_spec=dataclasses.replace(wan.sp_spec, family="wan2")))
+    flux = FAMILIES["flux"]
+    with pytest.raises(ValueError, match="sp_spec is for 'FluxTransformer2DModel'"):
+        register_family(dataclasses.replace(wan, name="mixed", class_name="MixedModel", sp_spec=flux.sp_spec))
+    assert "mixed" not in FAMILIES and "wan2" not in FAMILIES and "MixedModel" not in SP_SPECS
+    assert isinstance(wan, Family)
+
+
+# The released checkpoints the records hold, with their size as announced (billions of parameters).
+RELEASE_BILLIONS = {"Wan-AI/Wan2.1-T2V-14B-Diffusers": 14, "black-forest-labs/FLUX.1-dev": 12,
+                    "hunyuanvideo-community/HunyuanVideo": 13}
+
+
+def test_every_release_builds_its_class_at_its_announced_size():
+    releases = {r.repo: (family, r) for family in FAMILIES.values() for r in family.releases}
+    assert set(releases) == set(RELEASE_BILLIONS)
+    for repo, (family, release) in releases.items():
+        cls = getattr(importlib.import_module(family.module), family.class_name)
+        with torch.device("meta"):  # the architecture only: no memory
+            model = cls(**release.config)
+        billions = sum(p.numel() for p in model.parameters()) / 1e9
+        assert round(billions) == RELEASE_BILLIONS[repo], f"{repo}: {billions:.2f}B parameters"

@@ -1,0 +1,128 @@
+"""A LoRA run of a released model's transformer (a tiny Wan pipeline saved by the test) exports, by
+default, ``<run dir>/diffusers/pytorch_lora_weights.safetensors`` alone (no copy of the base),
+written by the pipeline's own ``save_lora_weights``; ``WanPipeline.load_lora_weights`` reads it
+with no warning from diffusers or peft, and the EMA it holds (warmed up as diffusers' EMAModel,
+the default for LoRA runs) carries most of what 60 steps taught the adapters: the pipeline's
+output moves from the base's by at least half as much as with the trained adapters themselves.
+An EMA decay whose horizon would erase a LoRA run is a one-line warning with the share it keeps."""
+
+import io
+import logging
+import os
+import re
+import warnings
+
+import pytest
+import torch
+
+from opendit_lite.families.tiny_pipelines import TINY_CALLS
+from tests.video_scripts.test_family_scripts import main
+
+PROMPT = "a red square moving right"
+LATENT = (16, 1, 4, 4)  # [C, T, h, w] of the tiny Wan transformer (16 latent channels), 8 caption tokens of width 32
+
+
+def wan_latents(folder: str, count: int = 4) -> str:
+    """Random latent clips with caption states at the tiny Wan transformer's sizes, as extract_latents writes."""
+    from opendit_lite.data.video_latents import save_video_latents
+
+    g = torch.Generator().manual_seed(0)
+    for i in range(count):
+        save_video_latents(folder, i, torch.randn(*LATENT, generator=g), torch.randn(8, 32, generator=g),
+                           torch.arange(8) < 6, PROMPT)
+    return folder
+
+
+def lora_run_args(pipeline: str, data: str, results: str, steps: int):
+    return ["model.name=WanTransformer3DModel", f"model.path={pipeline}/transformer", "data.type=latents",
+            f"data.path={data}", "text_encoder.max_length=8", "precision=fp32", f"max_steps={steps}",
+            "global_batch_size=2", "lr=5e-3", "log_every=20", "ckpt_every=0", "lora.rank=4", "lora.alpha=4",
+            "exp_name=lora", f"results_dir={results}", "logger=[]"]
+
+
+class LoadLog:
+    """Warnings (``warnings.warn``) and WARNING records of diffusers' and peft's loggers while in use."""
+
+    def __enter__(self):
+        self.stream, self.loggers = io.StringIO(), [logging.getLogger(n) for n in ("diffusers", "peft")]
+        self.handler = logging.StreamHandler(self.stream)
+        self.handler.setLevel(logging.WARNING)
+        self.levels = [lg.level for lg in self.loggers]
+        for lg in self.loggers:
+            lg.addHandler(self.handler)
+            lg.setLevel(logging.INFO)
+        self.catcher = warnings.catch_warnings(record=True)
+        self.warnings = self.catcher.__enter__()
+        warnings.simplefilter("always")
+        return self
+
+    def __exit__(self, *exc):
+        self.catcher.__exit__(*exc)
+        for lg, level in zip(self.loggers, self.levels):
+            lg.removeHandler(self.handler)
+            lg.setLevel(level)
+
+    def text(self) -> str:
+        return self.stream.getvalue() + "".join(str(w.message) for w in self.warnings)
+
+    def key_warnings(self) -> list:
+        """The lines about missing or unexpected keys, or a transformer that found no LoRA keys. (Flux's
+        and SD3's loaders also say that their text encoders found none, "safe to ignore", for every
+        transformer-only LoRA: that line is theirs, not a mismatch.)"""
+        return [line for line in self.text().splitlines() if "prefix='text_encoder" not in line
+                and (re.search(r"unexpected|missing|incompatible", line, re.I) or "No LoRA keys" in line)]
+
+
+def pipeline_output(pipeline: str, lora: str = None) -> torch.Tensor:
+    """The Wan pipeline's latents for PROMPT from fixed noise, with the LoRA folder ``lora`` loaded."""
+    from diffusers import WanPipeline
+
+    pipe = WanPipeline.from_pretrained(pipeline)
+    if lora is not None:
+        with LoadLog() as log:
+            pipe.load_lora_weights(lora)
+        assert not log.text(), log.text()  # Wan's loader has no text encoder to report on: nothing at all
+    noise = torch.randn(1, 16, 2, 8, 8, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        return pipe(PROMPT, latents=noise, output_type="latent", **TINY_CALLS["wan"]).frames
+
+
+@pytest.fixture(scope="module")
+def lora_run(tiny_pipeline, tmp_path_factory):
+    """60 LoRA steps on the tiny Wan pipeline's transformer, exported by default."""
+    root = tmp_path_factory.mktemp("lora")
+    pipeline = tiny_pipeline("wan")
+    main("train_video", lora_run_args(pipeline, wan_latents(str(root / "latents")), str(root), 60))
+    return pipeline, str(root / "lora")
+
+
+def test_the_default_export_is_the_lora_file_alone_and_holds_most_of_what_was_learned(lora_run, capsys):
+    from opendit_lite.checkpoint.layout import find_resume_checkpoint, saved_config
+    from opendit_lite.interop.family_checkpoint import export_family_checkpoint
+
+    pipeline, run = lora_run
+    out = os.path.join(run, "diffusers")
+    assert os.listdir(out) == ["pytorch_lora_weights.safetensors"]  # no base weights beside it
+    assert not os.path.exists(os.path.join(run, "merged.safetensors"))
+    assert (os.stat(os.path.join(out, "pytorch_lora_weights.safetensors")).st_mode & 0o777) == 0o644
+    # the trained adapters themselves (no EMA), exported the same way for the comparison
+    ckpt = find_resume_checkpoint(os.path.join(run, "checkpoints"), "lora")
+    saved = saved_config(ckpt)
+    raw = export_family_checkpoint(saved["model"], saved["lora"], ckpt, os.path.join(run, "raw"), use_ema=False,
+                                   lora_mode="adapter")
+    base = pipeline_output(pipeline)
+    exported, trained = pipeline_output(pipeline, out), pipeline_output(pipeline, raw)
+    ratio = ((exported - base).norm() / (trained - base).norm()).item()
+    print(f"exported / trained change of the pipeline's output after 60 steps: {ratio:.3f}")
+    assert (trained - base).norm() > 1e-3 * base.norm(), "the adapters learned nothing to compare"
+    assert 0.5 <= ratio <= 1.1, ratio
+
+
+def test_a_long_ema_horizon_on_a_short_lora_run_is_one_warning(tiny_pipeline, tmp_path, capsys):
+    data = wan_latents(str(tmp_path / "latents"))
+    main("train_video", [*lora_run_args(tiny_pipeline("wan"), data, str(tmp_path), 2), "ema.warmup=false",
+                         "export.diffusers=false"])
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if "ema.decay" in line]
+    assert len(lines) == 1 and lines[0].startswith("warning: ema.decay 0.9999 over 2 steps keeps 0.0%"), err
+    assert "ema.warmup=true" in lines[0]
