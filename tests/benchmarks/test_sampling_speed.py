@@ -2,23 +2,18 @@
 CFG-parallel ranks on 2 gloo processes, each step cache) with random tiny checkpoints, and
 docs/sampling.md's table is the one of the committed results file."""
 
-import importlib
 import json
 import math
 import os
-import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-BENCH_DIR = os.path.join(ROOT, "benchmarks")
+from tests.benchmarks.scripts import BENCH_DIR, ROOT, import_benchmark
 
 
 @pytest.fixture(scope="module")
 def bench():
-    if BENCH_DIR not in sys.path:
-        sys.path.insert(0, BENCH_DIR)
-    return importlib.import_module("sampling_speed")
+    return import_benchmark("sampling_speed")
 
 
 def test_dry_run_measures_every_setting_of_every_demo(bench, tmp_path):

@@ -23,6 +23,7 @@ ALLOWED = {
     "sp_spec.py": FAMILY_PIECE,
     "fused_norms.py": FAMILY_PIECE,
     "encoding.py": FAMILY_PIECE,
+    "step_cache.py": FAMILY_PIECE,
 }
 
 

@@ -4,6 +4,7 @@ STDiT-tiny and Vchitect-tiny (videos, guidance pairing the null caption inside),
 diffusers families at the sizes of tests/diffusers_families.py (Wan from its demo config), with
 random weights (every zero-initialised layer perturbed) and a few Euler steps."""
 
+import contextlib
 import functools
 import os
 import tempfile
@@ -80,9 +81,11 @@ def case_config(case: str, overrides=()):
     return load_config(os.path.join(ROOT, path), base + list(overrides), **kwargs)
 
 
-def sample(case: str, overrides=(), ranks: SamplingRanks = None):
+def sample(case: str, overrides=(), ranks: SamplingRanks = None, hook=None):
     """(samples [2, ...] in model space, the step cache's records of the one trajectory or None) of the
-    tiny ``case`` model under ``overrides`` on ``ranks`` (None: one process)."""
+    tiny ``case`` model under ``overrides`` on ``ranks`` (None: one process). ``hook(model)``, when
+    given, is called on the parallelized model before sampling and may return a context manager that
+    the sampling runs in (a test's reference hooks)."""
     ranks = ranks or _single_process()
     cfg = case_config(case, overrides)
     if case == "dit":
@@ -94,7 +97,8 @@ def sample(case: str, overrides=(), ranks: SamplingRanks = None):
     model.eval()
     denoiser = family_denoiser(cfg, model) if is_family(model) else model
     fast = fast_sampling(denoiser, cfg, ranks)
-    with torch.no_grad():
+    context = hook(model) if hook is not None else None
+    with torch.no_grad(), context or contextlib.nullcontext():
         if case == "dit":
             out = sample_images(denoiser, cfg, torch.tensor([2, 0]), [0, 1], "cpu", fast=fast)
         else:

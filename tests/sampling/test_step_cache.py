@@ -1,10 +1,9 @@
 """Step caches (``sample.cache``) on one process: each kind skips what its rule says, against a
 reference of the rule written here (Pyramid Attention Broadcast's recompute pattern; First-Block-Cache,
 TeaCache and MagCache as explicit block loops over DiT-T/2), with the reference's samples; MagCache's
-calibration; and the settings' errors (exit 2, one paragraph). The rank agreement of every kind is
-in test_fast_sampling_ranks.py."""
+calibration; and the settings' defaults. The diffusers families are in test_family_caches.py, the
+rank agreement of every kind in test_fast_sampling_ranks.py, the errors in test_fast_errors.py."""
 
-import sys
 
 import pytest
 import torch
@@ -13,7 +12,7 @@ from opendit_lite.config import ConfigError
 from opendit_lite.diffusion import cfg_model_fn
 from opendit_lite.sampling.cache import resolve_cache
 from opendit_lite.sampling.fast import PLAIN
-from tests.sampling.fast_models import ROOT, STEPS, case_config, perturb, sample
+from tests.sampling.fast_models import STEPS, case_config, perturb, sample
 
 TIMES = [1000.0 * (1 - i / STEPS) for i in range(STEPS)]  # Euler's model timesteps (no shift)
 
@@ -211,71 +210,6 @@ def test_each_kind_takes_its_defaults_and_refuses_the_settings_of_another():
             resolve_cache(case_config("dit", settings).sample.cache)
 
 
-@pytest.mark.parametrize("setting, words", [
-    ("sample.cache.kind=fastest", "'sample.cache.kind' must be one of 'none', 'pab'"),
-    ("sample.cache.threshold=1.5", "'sample.cache.threshold' must lie in (0, 1]"),
-    ("sample.cache.spatial_skip=0", "'sample.cache.spatial_skip' must lie in [1, 50]"),
-])
-def test_bad_cache_settings_exit_2_with_one_paragraph(setting, words, capsys, monkeypatch):
-    monkeypatch.syspath_prepend(ROOT)
-    import sample as sample_script
-
-    with pytest.raises(SystemExit) as stop:
-        sample_script.main(["--config", f"{ROOT}/configs/demo.yaml", "sample.cache.kind=teacache", setting])
-    assert stop.value.code == 2
-    err = capsys.readouterr().err.strip()
-    assert words in err and "\n" not in err and "Traceback" not in err
-    sys.modules.pop("sample", None)
-
-
-def test_a_cache_on_a_model_it_cannot_hook_is_refused():
-    from opendit_lite.sampling.cache import apply_step_cache
-
-    class Plain(torch.nn.Module):  # repeated blocks that declare nothing a cache could read
-        def __init__(self):
-            super().__init__()
-            self.blocks = torch.nn.ModuleList([torch.nn.Linear(4, 4) for _ in range(2)])
-
-    for kind, words in (("first_block", "neither in diffusers' TransformerBlockRegistry nor declare cache_streams"),
-                        ("pab", "none of its attention modules declares its attention_kind")):
-        settings = resolve_cache(case_config("dit", [f"sample.cache.kind={kind}"]).sample.cache)
-        with pytest.raises(ConfigError, match=words):
-            apply_step_cache(Plain(), settings, num_steps=STEPS, num_timesteps=1000)
-
-
 def test_a_cache_with_compile_is_refused():
     with pytest.raises(ConfigError, match="sample.compile=true"):
         sample("dit", ["sample.cache.kind=pab", "sample.compile=true"])
-
-
-# ------------------------------------------------------------------------------------------------
-# A diffusers family: the tiny Wan
-# ------------------------------------------------------------------------------------------------
-
-def test_wan_teacache_signal_is_what_its_self_attention_reads():
-    from opendit_lite.builders.video import build_video_model
-    from opendit_lite.families import family_adapter
-
-    model = build_video_model(case_config("wan")).eval()
-    perturb(model, 3)
-    block, seen = model.blocks[0], {}
-    block.attn1.register_forward_pre_hook(lambda mod, args: seen.setdefault("attn1", args[0]))
-    block.register_forward_pre_hook(lambda mod, args: seen.setdefault("block", args))
-    with torch.no_grad():
-        model(hidden_states=torch.randn(1, 3, 2, 8, 8), timestep=torch.tensor([500.0]),
-              encoder_hidden_states=torch.randn(1, 8, 32), return_dict=False)
-        signal = family_adapter(model).modulated_input(block, seen["block"], {})
-    torch.testing.assert_close(signal, seen["attn1"], rtol=0, atol=1e-6)
-
-
-@pytest.mark.parametrize("kind, settings", [("pab", []), ("first_block", ["sample.cache.threshold=0.2"]),
-                                            ("teacache", ["sample.cache.threshold=0.2"]),
-                                            ("magcache", [f"sample.cache.mag_ratios={RATIOS}"])])
-def test_every_kind_hooks_the_wan_family(kind, settings):
-    out, records = sample("wan", [f"sample.cache.kind={kind}"] + settings)
-    plain, _ = sample("wan")
-    # (blocks, attention modules) run per step: the first runs all (2 blocks; 4 attentions, self and cross
-    # in each, counted for pab), a later one reuses the cache.
-    first, field = ((0, 4), 1) if kind == "pab" else ((2, 0), 0)
-    assert records[0] == first and any(r[field] < first[field] for r in records), records
-    assert torch.isfinite(out).all() and not torch.equal(out, plain)

@@ -13,14 +13,17 @@ through diffusers' cache hooks (``diffusers.hooks``) wherever they apply.
 
 The hooks find the blocks and their outputs through diffusers' ``TransformerBlockRegistry``: the
 families' blocks are there; the zoo's blocks declare ``cache_streams`` and are registered from it
-(``blocks.py``). Attention kinds for PAB come from diffusers for a family, and from the zoo's declared
-``attention_kind``. Under sequence parallelism and CFG-parallel ranks, a decision that depends on the
-tensors is taken from sums all-reduced over the ranks that share the batch (``hooks.agreed_change``),
-so every rank skips the same steps; PAB and MagCache decide from the step alone.
+(``model_parts.py``). Attention kinds for PAB come from diffusers for a family, and from the zoo's
+declared ``attention_kind``; TeaCache's signal from a zoo block's ``modulated_input`` or a family's
+step-cache piece (``families/<family>/step_cache.py``). Under sequence parallelism and CFG-parallel
+ranks, a decision that depends on the tensors is taken from sums all-reduced over the ranks that
+share the batch (``cache_hooks.agreed_change``), so every rank skips the same steps; PAB and
+MagCache decide from the step alone.
 
 * ``settings.py``: ``resolve_cache`` (the kinds' defaults, settings of other kinds refused);
 * ``apply.py``: ``apply_step_cache`` and ``StepCache``, the handle the sampler drives;
-* ``hooks.py``, ``calibrate.py``, ``blocks.py``: the hooks, MagCache's calibration, the registries.
+* ``cache_hooks.py``, ``calibrate.py``, ``model_parts.py``: the hooks, MagCache's calibration, what
+  the hooks read of a model's blocks and attention.
 """
 
 from .apply import StepCache, StepRecord, apply_step_cache

@@ -19,11 +19,20 @@ from diffusers.models.attention_processor import Attention as DiffusersAttention
 from ...errors import ConfigError
 from ...families import is_family
 from ...models.blocks import find_blocks
-from .blocks import attention_kinds, check_blocks, teacache_signal
+from .cache_hooks import (
+    AgreedFirstBlockHook,
+    CountingHook,
+    FirstBlockTailHook,
+    ReuseNotice,
+    Tally,
+    TeaCacheHeadHook,
+    TeaCacheState,
+)
 from .calibrate import MagCalibration
-from .hooks import AgreedFirstBlockHook, CountingHook, FirstBlockTailHook, Tally, TeaCacheHeadHook, TeaCacheState
+from .model_parts import attention_kinds, check_blocks, teacache_signal
 
-HEAD, BLOCK, COUNT, CALIBRATE = "step_cache_head", "step_cache_block", "step_cache_count", "step_cache_calibrate"
+HEAD, BLOCK, COUNT, CALIBRATE, NOTICE = ("step_cache_head", "step_cache_block", "step_cache_count",
+                                         "step_cache_calibrate", "step_cache_reuse_notice")
 
 
 @dataclass
@@ -209,6 +218,10 @@ def apply_step_cache(model: nn.Module, settings: Dict[str, Any], *, num_steps: i
     if settings["kind"] == "none":
         return None
     cache = StepCache(model, settings, num_steps, num_timesteps, group, announce)
+    sp_state = getattr(model, "sequence_parallel_state", None)  # a diffusers model under sequence parallelism
+    if sp_state is not None:
+        field = "attention" if cache.kind == "pab" else "blocks"
+        _register(model, ReuseNotice(cache.tally, field, lambda: getattr(cache, f"num_{field}"), sp_state), NOTICE)
     if cache.kind == "pab":
         cache._install_pab()
         return cache

@@ -14,7 +14,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from diffusers.hooks.hooks import HookRegistry, ModelHook
 
-from .blocks import block_metadata
+from .model_parts import block_metadata
 
 
 class _Head(ModelHook):

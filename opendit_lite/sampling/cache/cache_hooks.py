@@ -7,7 +7,9 @@
   last block, which also takes a last block that reads the text stream without returning it;
 * ``TeaCacheHeadHook`` and ``TeaCacheState``: TeaCache's rule (which diffusers does not ship) as a
   head-block hook over MagCache's state; diffusers' ``MagCacheBlockHook`` does the rest (the other
-  blocks pass their input through on a skipped step, the last one stores the residual).
+  blocks pass their input through on a skipped step, the last one stores the residual);
+* ``ReuseNotice``: tells a sequence-parallel diffusers model that a forward reused work (so it may
+  run no attention through the sequence-parallel ops).
 
 Why agreement: under sequence parallelism each rank holds a shard of the tokens, and with CFG-parallel
 ranks one branch of the batch, so a change measured on local tensors differs between ranks, and
@@ -25,7 +27,7 @@ from diffusers.hooks.hooks import ModelHook, StateManager
 from diffusers.hooks.mag_cache import MagCacheState
 from diffusers.utils.torch_utils import unwrap_module
 
-from .blocks import block_metadata
+from .model_parts import block_metadata
 
 
 class Tally:
@@ -46,6 +48,26 @@ class CountingHook(ModelHook):
     def pre_forward(self, module, *args, **kwargs):
         setattr(self.tally, self.field, getattr(self.tally, self.field) + 1)
         return args, kwargs
+
+
+class ReuseNotice(ModelHook):
+    """On the denoiser itself (outermost): after a forward in which fewer ``field`` forwards ran than
+    ``full()`` (the cache reused some), tells the model's sequence-parallel state (``note_reuse``), whose
+    end-of-forward check otherwise expects attention to run through the sequence-parallel ops."""
+
+    def __init__(self, tally: Tally, field: str, full: Callable[[], int], state):
+        super().__init__()
+        self.tally, self.field, self.full, self.state = tally, field, full, state
+        self.before = 0
+
+    def pre_forward(self, module, *args, **kwargs):
+        self.before = getattr(self.tally, self.field)
+        return args, kwargs
+
+    def post_forward(self, module, output):
+        if getattr(self.tally, self.field) - self.before < self.full():
+            self.state.note_reuse()
+        return output
 
 
 def agreed_change(change: torch.Tensor, reference: torch.Tensor, group: Optional[dist.ProcessGroup]) -> float:
