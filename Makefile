@@ -35,7 +35,7 @@ demo-wan: $(STAMP)
 	$(PY) train_video.py --config configs/wan_tiny_demo.yaml auto_resume=true
 	$(PY) sample_video.py --config configs/wan_tiny_demo.yaml
 
-# The layers contract (pyproject.toml, README "Architecture"), lint and import order, then the suite
+# The layers contract (pyproject.toml, docs/architecture.md), lint and import order, then the suite
 # on two workers (one per core; PYTEST_ARGS="-n 0" for one process), with the 10 slowest tests.
 test: $(STAMP)
 	$(VENV)/bin/lint-imports

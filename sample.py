@@ -20,24 +20,34 @@ From an original DiT checkpoint (weights and VAE from local paths; nothing is do
 
 import os
 
-import torch
+from opendit_lite.utils.exit_codes import exit_at_once_on_stop_signals, heavy_imports, script_main
 
-from opendit_lite.utils.quiet import quiet_third_party_startup
+if __name__ == "__main__":
+    exit_at_once_on_stop_signals()  # a Ctrl-C or SIGTERM during the imports below: exit 130 at once
+
+from opendit_lite.utils.quiet import quiet_third_party_startup  # noqa: E402
 
 quiet_third_party_startup()  # before colossalai is imported
 
-from opendit_lite.builders.image import build_dataset_from_config
-from opendit_lite.config import parse_cli
-from opendit_lite.sampling import gather_on_main, sampling_ranks
-from opendit_lite.sampling.fast import fast_sampling
-from opendit_lite.sampling.image import class_labels, image_batches, load_image_model
-from opendit_lite.sampling.outputs import default_output, labelled_grid
-from opendit_lite.utils.exit_codes import script_main
+# No torch below: a config error ends before the seconds of importing torch, timm and Colossal-AI.
+from opendit_lite.config import parse_cli  # noqa: E402
+from opendit_lite.config.paths import check_output_path  # noqa: E402
 
 
 @script_main
 def main(argv) -> str:
     cfg = parse_cli(argv, __doc__)
+    # where the result goes (by default under the run folder), checked before minutes of sampling
+    check_output_path(cfg.sample.output or os.path.join(cfg.results_dir, cfg.exp_name),
+                      "sample.output" if cfg.sample.output else "results_dir", folder=not cfg.sample.output)
+    with heavy_imports():
+        import torch
+
+        from opendit_lite.builders.image import build_dataset_from_config
+        from opendit_lite.sampling import gather_on_main, sampling_ranks
+        from opendit_lite.sampling.fast import fast_sampling
+        from opendit_lite.sampling.image import class_labels, image_batches, load_image_model
+        from opendit_lite.sampling.outputs import default_output, labelled_grid
     with sampling_ranks(cfg.sp_size, cfg.sample.cfg_parallel) as ranks:
         model, ckpt, vae, dataset = load_image_model(cfg, ranks)
         fast = fast_sampling(model, cfg, ranks)

@@ -28,25 +28,35 @@ local paths such as ``vae.path``/``text_encoder.path``) come from this command.
 import os
 from typing import List
 
-import torch
+from opendit_lite.utils.exit_codes import exit_at_once_on_stop_signals, heavy_imports, script_main
 
-from opendit_lite.utils.quiet import quiet_third_party_startup
+if __name__ == "__main__":
+    exit_at_once_on_stop_signals()  # a Ctrl-C or SIGTERM during the imports below: exit 130 at once
+
+from opendit_lite.utils.quiet import quiet_third_party_startup  # noqa: E402
 
 quiet_third_party_startup()  # before colossalai is imported
 
-from opendit_lite.config import parse_cli
-from opendit_lite.config.video_schema import VideoTrainConfig
-from opendit_lite.sampling import gather_on_main, sampling_ranks
-from opendit_lite.sampling.fast import fast_sampling
-from opendit_lite.sampling.outputs import default_output, write_videos
-from opendit_lite.sampling.video import find_video_checkpoint, load_video_model, read_prompts, video_batches
-from opendit_lite.training.video import validate_video_config
-from opendit_lite.utils.exit_codes import script_main
+# No torch below: a config error ends before the seconds of importing torch, timm and Colossal-AI.
+from opendit_lite.config import parse_cli  # noqa: E402
+from opendit_lite.config.paths import check_output_path  # noqa: E402
+from opendit_lite.config.video_schema import VideoTrainConfig  # noqa: E402
 
 
 @script_main
 def main(argv) -> List[str]:
     cfg = parse_cli(argv, __doc__, schema=VideoTrainConfig)
+    # where the result goes (by default under the run folder), checked before minutes of sampling
+    check_output_path(cfg.sample.output_dir or os.path.join(cfg.results_dir, cfg.exp_name),
+                      "sample.output_dir" if cfg.sample.output_dir else "results_dir", folder=True)
+    with heavy_imports():
+        import torch
+
+        from opendit_lite.sampling import gather_on_main, sampling_ranks
+        from opendit_lite.sampling.fast import fast_sampling
+        from opendit_lite.sampling.outputs import default_output, write_videos
+        from opendit_lite.sampling.video import find_video_checkpoint, load_video_model, read_prompts, video_batches
+        from opendit_lite.training.video import validate_video_config
     validate_video_config(cfg)
     ckpt = find_video_checkpoint(cfg)  # adopts the trained model, objective and text-encoder kind
     prompts = read_prompts(cfg)

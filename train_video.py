@@ -8,6 +8,11 @@ The embedded default (moving coloured shapes with captions, pixel space, CPU in 
 A tiny random-init diffusers WanTransformer3DModel on the same data (model.config; model.path loads a
 local diffusers folder), with Wan's recipe (flow matching, shift 5):
     python train_video.py --config configs/wan_tiny_demo.yaml
+A released model from its diffusers pipeline folder (Wan, HunyuanVideo, CogVideoX, LTX-Video, Flux,
+SD3), conditioned as its pipeline conditions it, on your captioned clips or images
+(docs/finetune_released_model.md):
+    python train_video.py --config configs/wan_lora.yaml model.pipeline=/models/Wan2.1-T2V-1.3B-Diffusers \\
+        data.path=/data/clips.csv
 Sequence parallelism over 2 ranks (Ulysses; sp_mode=ring / usp / auto, or dsp for STDiT's DSP):
     torchrun --standalone --nproc_per_node 2 train_video.py --config configs/video_stdit_demo.yaml sp_size=2
 STDiT-XL/2 on 16x256x256 clips from precomputed latents, one node of 8 GPUs:
@@ -29,7 +34,7 @@ Batch arithmetic: clips per optimizer step = global_batch_size
 the sp_size ranks of a group share each clip, each holding 1/sp_size of its tokens.
 """
 
-from opendit_lite.utils.exit_codes import exit_at_once_on_stop_signals
+from opendit_lite.utils.exit_codes import exit_at_once_on_stop_signals, heavy_imports, script_main
 
 if __name__ == "__main__":
     exit_at_once_on_stop_signals()  # a Ctrl-C or SIGTERM during the imports below: exit 130 at once
@@ -38,13 +43,20 @@ from opendit_lite.utils.quiet import quiet_third_party_startup  # noqa: E402
 
 quiet_third_party_startup()  # before colossalai is imported
 
-from opendit_lite.training.trainer import run_trainer  # noqa: E402
-from opendit_lite.training.video import VIDEO_TRAINER  # noqa: E402
+# The config package needs no torch: a config error ends in a fraction of a second, before the
+# seconds of importing torch, timm and Colossal-AI that a valid config goes on to.
+from opendit_lite.config import parse_cli  # noqa: E402
+from opendit_lite.config.video_schema import VideoTrainConfig  # noqa: E402
 
 
-def main(argv=None) -> str:
+@script_main
+def main(argv) -> str:
     """Train as the command line says; returns the final checkpoint's path (exit code 2 on a config error)."""
-    return run_trainer(VIDEO_TRAINER, __doc__, argv)
+    cfg = parse_cli(argv, __doc__, schema=VideoTrainConfig)
+    with heavy_imports():
+        from opendit_lite.training.trainer import train_from_config
+        from opendit_lite.training.video import VIDEO_TRAINER
+    return train_from_config(VIDEO_TRAINER, cfg)
 
 
 if __name__ == "__main__":

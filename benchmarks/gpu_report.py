@@ -324,7 +324,7 @@ def train_step_setup(ctx: Context, precision: str):
     """train_step's module, parsed arguments, workload, run info and device for this run's sizes."""
     import train_step as ts
 
-    from opendit_lite.distributed.launch import init_distributed
+    from opendit_lite.distributed.process_group import init_distributed
 
     sizes = TOY_STEP if ctx.dry_run else GPU_STEP
     if ctx.options.train_steps is not None:

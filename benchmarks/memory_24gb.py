@@ -163,7 +163,7 @@ def main(argv=None) -> int:
         return 2
     from common import git_commit  # benchmarks/common.py
 
-    from opendit_lite.distributed.launch import init_distributed
+    from opendit_lite.distributed.process_group import init_distributed
 
     init_distributed()
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)

@@ -45,7 +45,7 @@ def measure(name: str, frames: int, height: int, width: int, batch: int, zero_de
     from colossalai.booster import Booster
 
     from opendit_lite.diffusion import build_scheduler
-    from opendit_lite.distributed.launch import init_distributed
+    from opendit_lite.distributed.process_group import init_distributed
     from opendit_lite.models import build_model
     from opendit_lite.plugins import OpenDiTPlugin
 

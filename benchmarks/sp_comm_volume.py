@@ -64,7 +64,7 @@ def rows(batch: int, element_bytes: int, links: Links) -> List[Dict]:
 
 
 def doc_table(table: List[Dict]) -> List[str]:
-    """The table of docs/sequence_parallel.md and the README: MiB per layer per mode, and auto's choice."""
+    """The tables of docs/sequence_parallel.md: MiB per layer per mode, and auto's choice."""
     head = ["model", "sp_size", "ulysses", "ring", "usp (ring size)", "dsp", "auto, one node", "auto, two nodes"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     keys = list(dict.fromkeys((r["model"], r["sp_size"]) for r in table))

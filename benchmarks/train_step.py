@@ -752,7 +752,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         except ValueError as error:
             raise SystemExit(f"error: --profile: {error}")
 
-    from opendit_lite.distributed.launch import cleanup_distributed, init_distributed
+    from opendit_lite.distributed.process_group import cleanup_distributed, init_distributed
 
     dist_info = init_distributed()  # the plugin needs a process group, also for one process
     if args.batch_search and dist_info.world_size > 1:

@@ -47,7 +47,7 @@ def measure(zero_degree: int, batch: int) -> Dict:
     from colossalai.booster import Booster
 
     from opendit_lite.diffusion import create_diffusion
-    from opendit_lite.distributed.launch import init_distributed
+    from opendit_lite.distributed.process_group import init_distributed
     from opendit_lite.models import build_model
     from opendit_lite.plugins import OpenDiTPlugin
 

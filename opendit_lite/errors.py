@@ -6,8 +6,8 @@ these. Other modules re-export them where users already import them (``opendit_l
 each class is defined here only.
 
     0    done
-    2    bad input: a setting, a path, the data or a checkpoint, or no room to save (one paragraph says
-         what and what to do)
+    2    bad input: a setting, a path, the data or a checkpoint, or a save that could not write (no
+         room on some rank, or its partial folder removed); one paragraph says what and what to do
     3    a non-finite loss or weights: the run stopped, no checkpoint was written after the first bad step
     130  interrupted (Ctrl-C / SIGTERM); the checkpoint written at the stop lets auto_resume continue
 
@@ -34,8 +34,10 @@ class CheckpointError(RuntimeError):
 
 
 class StorageError(RuntimeError):
-    """A save found no room: the disk or a quota is full, a file-size limit was hit, or the file system
-    is read-only. The message names the folder and the bytes; complete checkpoints are kept."""
+    """A save could not write its files: the disk or a quota is full, a file-size limit was hit, the
+    file system is read-only, or the partial folder disappeared while it was written. Every rank of a
+    save raises the same one; the message names the folder, the rank and part that failed, and the
+    bytes; complete checkpoints are kept."""
 
 
 class RunLockedError(ConfigError):

@@ -20,7 +20,7 @@ bf16 on CUDA, fp32 on CPU; tf32; ``grad_precision`` check); the model is prepare
 ``opendit_lite.builders.parallelize.parallelize_from_config`` as in train.py, whose report
 (``gen.parallelize_report``) is printed on rank 0; checkpoints follow ``checkpoint.layout`` and
 resuming is ``checkpoint.resume.restore_run``, as in train.py. Without ``torchrun`` the one-rank
-process group is created here (``distributed.launch.init_distributed``).
+process group is created here (``distributed.process_group.init_distributed``).
 
 ``initialize(*components)`` returns the components in the order given, each prepared by kind:
 
@@ -84,8 +84,8 @@ from .checkpoint.layout import checkpoint_root, companion_path, litegen_path, pi
 from .checkpoint.resume import restore_run
 from .checkpoint.save_restore import load_model_weights, save_checkpoint
 from .config import from_object, to_dict, validate_world
-from .distributed.launch import init_distributed
 from .distributed.mesh import node_group
+from .distributed.process_group import init_distributed
 from .ema import ema_decay, ema_horizon_note, ema_warmup_on
 from .parallelization import ParallelizeReport
 from .training.loop import build_booster

@@ -31,9 +31,15 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from opendit_lite.utils.exit_codes import exit_at_once_on_stop_signals, script_main  # noqa: E402
+
+if __name__ == "__main__":
+    exit_at_once_on_stop_signals()  # a Ctrl-C or SIGTERM during the imports below: exit 130 at once
+
 from opendit_lite.config import ConfigError, resolve_aliases  # noqa: E402
+from opendit_lite.config.paths import check_output_path  # noqa: E402
 from opendit_lite.interop import LORA_WEIGHT_NAME, check_pretrained_folder  # noqa: E402
-from opendit_lite.utils.exit_codes import script_main  # noqa: E402
+from opendit_lite.utils.options import OptionParser  # noqa: E402
 
 # Largest output difference between the model and a plain from_pretrained of its export that counts
 # as exact: fp32 rounding of the same function is ~1e-6; Meta's spacing gives ~1e-2 to 1e-1.
@@ -42,12 +48,12 @@ EXACT_TOL = 1e-4
 
 def _saved_config(checkpoint: str) -> dict:
     """The run config stored with checkpoint folder ``checkpoint`` (it must have a model section)."""
-    from opendit_lite.checkpoint.layout import saved_config
-    from opendit_lite.errors import CheckpointError
-
     if not os.path.isdir(checkpoint):
         raise ConfigError(f"--checkpoint {checkpoint!r} is not a folder: give a checkpoint folder written by train.py "
                           f"or train_video.py (it holds meta.json with the model config, model/ and ema.safetensors).")
+    from opendit_lite.checkpoint.layout import saved_config
+    from opendit_lite.errors import CheckpointError
+
     try:
         saved = saved_config(checkpoint)
     except CheckpointError as e:
@@ -110,6 +116,7 @@ def _check_output(output: str) -> None:
             for name in ("config.json", "model_index.json", LORA_WEIGHT_NAME, f"transformer_2/{LORA_WEIGHT_NAME}")):
         raise ConfigError(f"--output {output!r} is a folder that holds other files, not an earlier diffusers export; "
                           f"give a new folder path (an earlier export is replaced).")
+    check_output_path(output, "--output", folder=True)  # a file above it, or a folder this user cannot write to
 
 
 def _check_exact(model, allow_inexact: bool) -> None:
@@ -153,8 +160,6 @@ def export_family(checkpoint: str, output: str, saved: dict, use_ema: bool = Tru
 
 def export(checkpoint: str, output: str, vae: str = None, use_ema: bool = True, allow_inexact: bool = False,
            lora: str = None) -> str:
-    from opendit_lite.interop import to_diffusers_dit
-
     _check_output(output)
     saved = _saved_config(checkpoint)
     if _is_diffusers_family(saved):
@@ -166,6 +171,8 @@ def export(checkpoint: str, output: str, vae: str = None, use_ema: bool = True, 
     if lora:
         raise ConfigError("--lora applies to diffusers-family runs (Wan, Flux, ...); a DiT run's adapters are always "
                           "merged into the exported weights.")
+    from opendit_lite.interop import to_diffusers_dit
+
     model, diffusion = _model_from_checkpoint(checkpoint, use_ema, saved)
     _check_exact(model, allow_inexact)
     transformer = to_diffusers_dit(model)
@@ -189,18 +196,19 @@ def export(checkpoint: str, output: str, vae: str = None, use_ema: bool = True, 
 
 
 def import_diffusers(source: str, output: str) -> str:
+    if not output.endswith(".safetensors"):
+        raise ConfigError(f"--output {output!r} must name a .safetensors file when importing with --from-diffusers.")
+    if os.path.isdir(output):
+        raise ConfigError(f"--output {output!r} is a folder; give the path of a .safetensors file to write.")
+    check_output_path(output, "--output")
+    subfolder = "transformer" if os.path.isdir(os.path.join(source, "transformer")) else None
+    check_pretrained_folder(os.path.join(source, subfolder or ""), f"--from-diffusers {source!r}"
+                            + (" (its transformer/)" if subfolder else ""))
     from diffusers import DiTTransformer2DModel
     from safetensors.torch import save_file
 
     from opendit_lite.interop import from_diffusers_dit
 
-    if not output.endswith(".safetensors"):
-        raise ConfigError(f"--output {output!r} must name a .safetensors file when importing with --from-diffusers.")
-    if os.path.isdir(output):
-        raise ConfigError(f"--output {output!r} is a folder; give the path of a .safetensors file to write.")
-    subfolder = "transformer" if os.path.isdir(os.path.join(source, "transformer")) else None
-    check_pretrained_folder(os.path.join(source, subfolder or ""), f"--from-diffusers {source!r}"
-                            + (" (its transformer/)" if subfolder else ""))
     try:
         transformer = DiTTransformer2DModel.from_pretrained(source, subfolder=subfolder, use_safetensors=True)
     except (OSError, ValueError, TypeError) as e:
@@ -217,7 +225,8 @@ def import_diffusers(source: str, output: str) -> str:
 
 @script_main
 def main(argv) -> str:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OptionParser(prog="python scripts/export_diffusers.py", description=__doc__,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--checkpoint", help="checkpoint folder written by train.py (exported to diffusers)")
     source.add_argument("--from-diffusers", help="diffusers DiT pipeline or transformer folder (imported here)")

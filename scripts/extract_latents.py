@@ -8,21 +8,35 @@ Images for our DiT (``data.type=latents data.path=<output>`` in train.py):
 Each image is centre-cropped like DiT, encoded (the posterior is sampled once; pass --mode to store
 its mean) and scaled by --scale-factor; shards are written as they fill.
 
-Clips or images for a diffusers family (Wan, CogVideoX, HunyuanVideo, LTX-Video, Flux, SD3), with
-the family's own VAE and text encoder, on as many ranks as you launch (each encodes every N-th row
-of the CSV; rank 0 writes meta.json when all are done); train_video.py reads the folder with
-``data.type=latents data.path=<output>``:
+Clips or images for a run from a diffusers pipeline folder (``model.pipeline``: Wan, CogVideoX,
+HunyuanVideo, LTX-Video, Flux, SD3), encoded once by the pipeline's own VAE and text encoders into
+exactly what the run's CSV route trains on (the VAE's posterior mean, normalised as the pipeline
+decodes it, and every text input its ``encode_prompt`` gives the transformer, with what it feeds its
+unconditional branch), on as many ranks as you launch (each encodes every N-th row of the CSV; rank 0
+writes meta.json, with the pipeline's fingerprint and each clip's size, when all are done);
+train_video.py reads the folder with ``data.type=latents data.path=<output>``:
 
-    torchrun --nproc_per_node 8 scripts/extract_latents.py --family wan --csv /data/clips.csv \\
-        --pipeline-path /models/Wan2.1-T2V-1.3B-Diffusers --num-frames 17 --height 480 --width 832 \\
-        --output /data/wan_latents
+    torchrun --nproc_per_node 8 scripts/extract_latents.py --pipeline /models/Wan2.1-T2V-1.3B-Diffusers \\
+        --csv /data/clips.csv --num-frames 17 --height 480 --width 832 --output /data/wan_latents
+    python scripts/extract_latents.py --config configs/wan_lora.yaml --output /data/wan_latents
+
+``--config`` takes the pipeline, the CSV (``data.path``) and the sizes (``data.num_frames`` /
+``data.image_size`` or each row at its ``data.buckets`` size) from a training config. Images for Flux
+and SD3 are 1-frame clips.
+
+Clips or images for a diffusers family's transformer trained without its pipeline folder (``model.path``),
+with the family's VAE and one text encoder given folder by folder:
+
+    python scripts/extract_latents.py --family wan --csv /data/clips.csv --vae-path /models/wan/vae \\
+        --text-encoder-path /models/wan/text_encoder --tokenizer-path /models/wan/tokenizer --output /data/wan
 
 ``--family`` takes wan, cogvideox, hunyuan_video (or hunyuanvideo), ltx_video (or ltx), flux or sd3
 (or the transformer class name); ``--config`` takes it from a training config's ``model.name``
-instead. ``--pipeline-path`` is a local diffusers pipeline folder: the VAE from its ``vae/`` and the
+instead. ``--pipeline-path`` is a folder laid out as a pipeline's: the VAE from its ``vae/`` and the
 text encoder the family's transformer reads (T5 / UMT5 / Llama; ``text_encoder_2/`` for Flux,
-``text_encoder_3/`` for SD3) with its tokenizer; ``--vae-path``, ``--text-encoder-path`` and
-``--tokenizer-path`` name the folders one by one. The CSV has ``path`` and ``text`` columns (videos
+``text_encoder_3/`` for SD3) with its tokenizer (a whole pipeline folder, with model_index.json, is
+extracted as ``--pipeline``); ``--vae-path``, ``--text-encoder-path`` and ``--tokenizer-path`` name
+the folders one by one. The CSV has ``path`` and ``text`` columns (videos
 or images; Flux and SD3 take the first frame). Each clip becomes ``<output>/<row>.pt`` with its
 latents [C, T, h, w] (normalised as the family's pipeline expects, see
 ``opendit_lite/families/<family>/encoding.py``), caption states [tokens, width] and mask. Nothing is
@@ -34,34 +48,60 @@ import os
 import sys
 import time
 
-import torch
-from torch.utils.data import DataLoader, Dataset
-
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from opendit_lite.config import ConfigError  # noqa: E402
+from opendit_lite.utils.exit_codes import exit_at_once_on_stop_signals, heavy_imports, script_main  # noqa: E402
+
+if __name__ == "__main__":
+    exit_at_once_on_stop_signals()  # a Ctrl-C or SIGTERM during the imports below: exit 130 at once
+
+# No torch at import: the arguments, paths and config are checked before torch and the encoders
+# are imported (seconds), inside the functions that need them.
+from opendit_lite.config import ConfigError, check_sections, read_yaml  # noqa: E402
+from opendit_lite.config.paths import check_output_path  # noqa: E402
+from opendit_lite.config.video_schema import VideoTrainConfig  # noqa: E402
 from opendit_lite.interop import check_pretrained_folder  # noqa: E402
-from opendit_lite.utils.exit_codes import script_main  # noqa: E402
+from opendit_lite.utils.options import OptionParser  # noqa: E402
+
+
+def _launch():
+    """(whether a process group was started here, rank, world size, device): the group torchrun asks for
+    is started unless one is up; the rank's own GPU, else the CPU."""
+    import torch
+    import torch.distributed as dist
+
+    from opendit_lite.distributed.process_group import init_distributed
+
+    created = not dist.is_initialized() and int(os.environ.get("WORLD_SIZE", "1")) > 1  # under torchrun
+    if created:
+        init_distributed()
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if torch.cuda.is_available() else "cpu"
+    return created, rank, world, device
 
 
 def _check_output(output: str) -> None:
     if os.path.lexists(output) and not os.path.isdir(output):
         raise ConfigError(f"--output {output!r} is an existing file; give a folder for the latents.")
+    check_output_path(output, "--output", folder=True)  # a file above it, or a folder this user cannot write to
 
 
 # ---------------------------------------------------------------------------------------- images
 
 def extract_images(args) -> int:
-    from tqdm import tqdm
-
-    from opendit_lite.data import build_image_folder
-    from opendit_lite.data.latents import write_latent_meta, write_latent_shard
-    from opendit_lite.encoders import load_vae, vae_encode
-
     if not os.path.isdir(args.data_path or ""):
         raise ConfigError(f"--data-path {args.data_path!r} is not a folder; give an image folder with one "
                           f"sub-folder per class.")
     check_pretrained_folder(args.vae_path, f"--vae-path {args.vae_path!r}")
+    with heavy_imports():
+        import torch
+        from torch.utils.data import DataLoader
+        from tqdm import tqdm
+
+        from opendit_lite.data import build_image_folder
+        from opendit_lite.data.latents import write_latent_meta, write_latent_shard
+        from opendit_lite.encoders import load_vae, vae_encode
+
     torch.manual_seed(args.seed)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     try:
@@ -91,10 +131,129 @@ def extract_images(args) -> int:
     return count
 
 
+# ------------------------------------------------------------------------------------- pipelines
+
+def _pipeline_config(args):
+    """The training config whose pipeline, CSV and sizes the extraction takes (``--config``, or one made
+    from ``--pipeline``, ``--csv`` and the sizes), checked as train_video.py checks it."""
+    from opendit_lite.builders.pipeline import resolve_pipeline
+    from opendit_lite.config import load_config
+    from opendit_lite.config.video_schema import VideoTrainConfig
+
+    if args.config:
+        cfg = load_config(args.config, [], schema=VideoTrainConfig)
+        if cfg.data.type != "csv" and not args.csv:
+            raise ConfigError(f"--config {args.config!r} trains on data.type={cfg.data.type}; extraction reads the "
+                              f"captioned images or clips of a CSV: set data.type=csv and data.path there, or give "
+                              f"--csv.")
+        cfg.data.type, cfg.data.path = "csv", args.csv or cfg.data.path
+    else:
+        overrides = [f"model.pipeline={args.pipeline}", "data.type=csv", f"data.path={args.csv}",
+                     f"data.frame_interval={args.frame_interval}"]
+        if args.height != args.width:  # one rectangular size: a bucket of it
+            overrides.append(f"data.buckets=[{{frames: {args.num_frames}, height: {args.height}, width: {args.width}, "
+                             f"batch_size: 1}}]")
+        else:
+            overrides += [f"data.num_frames={args.num_frames}", f"data.image_size={args.height}"]
+        cfg = load_config(None, overrides, schema=VideoTrainConfig)
+    if cfg.data.path is None or not os.path.isfile(cfg.data.path):
+        raise ConfigError(f"the CSV {cfg.data.path!r} is not a file; give a CSV with 'path' and 'text' columns.")
+    for name in ("batch_size",):
+        if getattr(args, name) < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}.")
+    resolve_pipeline(cfg)
+    return cfg
+
+
+def _names_pipeline(config: str) -> bool:
+    """Whether the training config ``config`` trains from a pipeline folder (``model.pipeline``)."""
+    tree = read_yaml(config)
+    return isinstance(tree, dict) and bool((tree.get("model") or {}).get("pipeline"))
+
+
+def _row_sizes(cfg, csv) -> list:
+    """Each row's pixel size (frames, height, width): its bucket's (rows that fit none: None), or the one size."""
+    from opendit_lite.builders.video import video_buckets
+    from opendit_lite.data.buckets import assign_bucket
+
+    buckets = video_buckets(cfg)
+    if not buckets:
+        d = cfg.data
+        return [(d.num_frames, d.image_size, d.image_size)] * len(csv)
+    picks = [assign_bucket(buckets, shape) for shape in csv.sample_shapes]
+    return [None if j is None else buckets[j].shape for j in picks]
+
+
+def extract_pipeline(args, cfg) -> int:
+    """Encode this rank's share of the CSV with the pipeline's encoders (``PipelineEncoders``, the CSV
+    route's own); returns the number of clips written by all ranks."""
+    import torch
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader
+
+    from opendit_lite.builders.pipeline import PipelineEncoders, pipeline_folder
+    from opendit_lite.data.video_csv import VideoCSVDataset
+    from opendit_lite.data.video_latents import (
+        PIPELINE_FORMAT,
+        save_null_text,
+        save_pipeline_latents,
+        write_video_latent_meta,
+    )
+    from opendit_lite.encoders.pipeline_folder import pipeline_fingerprint
+
+    folder = pipeline_folder(cfg.model.pipeline)
+    try:
+        csv = VideoCSVDataset(cfg.data.path, num_frames=cfg.data.num_frames or 1,
+                              frame_interval=cfg.data.frame_interval, image_size=cfg.data.image_size or 1,
+                              random_start=False)
+        sizes = _row_sizes(cfg, csv)
+    except ValueError as e:
+        raise ConfigError(f"the CSV {cfg.data.path!r}: {e}") from None
+    created, rank, world, device = _launch()
+    try:
+        start = time.time()
+        encoders = PipelineEncoders(folder, device)
+        rows = [i for i in range(rank, len(csv), world) if sizes[i] is not None]     # this rank's share
+        groups = {}
+        for i in rows:
+            groups.setdefault(sizes[i], []).append(i)
+        os.makedirs(args.output, exist_ok=True)
+        for size, members in groups.items():  # one pixel size per batch
+            loader = DataLoader(_Rows(csv, members, *size), batch_size=args.batch_size, num_workers=args.num_workers)
+            try:
+                for index, clips, captions in loader:
+                    latents, text = encoders.encode(clips, list(captions))       # [B, C, T, h, w], {key: [B, ...]}
+                    for j in range(len(index)):
+                        save_pipeline_latents(args.output, int(index[j]), latents[j],
+                                              {k: v[j] for k, v in text.items()}, captions[j])
+            except ValueError as e:  # a clip too short or unreadable
+                raise ConfigError(f"the CSV {cfg.data.path!r}: {e}") from None
+        count = torch.tensor([len(rows)])
+        if world > 1:
+            dist.all_reduce(count)  # also waits for every rank's files
+        if rank == 0:
+            save_null_text(args.output, encoders.null_text())
+            files = {f"{i:08d}.pt": list(size) for i, size in enumerate(sizes) if size is not None}
+            write_video_latent_meta(args.output, {
+                "format": PIPELINE_FORMAT, "family": folder.family.name, "transformer": folder.family.class_name,
+                "pipeline": os.path.abspath(folder.path), "fingerprint": pipeline_fingerprint(folder.path),
+                "count": int(count.item()), "files": files, "pixel_sizes": sorted({tuple(v) for v in files.values()}),
+                "text_tokens": cfg.text_encoder.max_length, "posterior": "mean"})
+            skipped = sum(size is None for size in sizes)
+            print(f"wrote {int(count.item())} {folder.family.name} clips from {folder.pipeline_class} at "
+                  f"{', '.join('x'.join(map(str, s)) for s in sorted(groups))} pixels to {args.output} on {world} "
+                  f"rank(s) in {time.time() - start:.1f} s" + (f" ({skipped} rows fit no bucket)" if skipped else ""))
+        return int(count.item())
+    finally:
+        if created:
+            dist.destroy_process_group()
+
+
 # -------------------------------------------------------------------------------------- families
 
-class _Rows(Dataset):
-    """Rows ``rows`` of the CSV, each read as a ``frames`` x ``height`` x ``width`` clip."""
+class _Rows:
+    """Rows ``rows`` of the CSV, each read as a ``frames`` x ``height`` x ``width`` clip (a map-style
+    dataset for torch's DataLoader)."""
 
     def __init__(self, csv_dataset, rows, frames: int, height: int, width: int):
         self.csv, self.rows, self.size = csv_dataset, rows, (frames, height, width)
@@ -111,13 +270,9 @@ class _Rows(Dataset):
 def _family_name(args) -> str:
     if args.family:
         return args.family
-    import yaml
-
-    try:
-        with open(args.config) as f:
-            name = ((yaml.safe_load(f) or {}).get("model") or {}).get("name")
-    except (OSError, yaml.YAMLError) as e:
-        raise ConfigError(f"--config {args.config!r} cannot be read: {e}") from None
+    tree = read_yaml(args.config)  # a missing, unreadable or non-mapping file: one paragraph
+    check_sections(tree, f"config file '{args.config}'", VideoTrainConfig)
+    name = (tree.get("model") or {}).get("name")
     if not name:
         raise ConfigError(f"--config {args.config!r} has no model.name; give the family with --family.")
     return name
@@ -144,19 +299,20 @@ def _folders(args, spec) -> tuple:
 def extract_family(args) -> int:
     """Encode this rank's share of the CSV with the family's VAE and text encoder; returns the
     number of clips written by all ranks."""
-    import torch.distributed as dist
-
-    from opendit_lite.data.video_csv import VideoCSVDataset
-    from opendit_lite.distributed.launch import init_distributed
-    from opendit_lite.families import find_family
-
-    found = find_family(_family_name(args))
-    family, spec = found.name, found.encoding
+    name = _family_name(args)
     if not args.csv or not os.path.isfile(args.csv):
         raise ConfigError(f"--csv {args.csv!r} is not a file; give a CSV with 'path' and 'text' columns.")
-    for name in ("num_frames", "height", "width", "batch_size", "frame_interval"):
-        if getattr(args, name) < 1:
-            raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}.")
+    for option in ("num_frames", "height", "width", "batch_size", "frame_interval"):
+        if getattr(args, option) < 1:
+            raise ConfigError(f"--{option.replace('_', '-')} must be at least 1, got {getattr(args, option)}.")
+    with heavy_imports():
+        import torch.distributed as dist
+
+        from opendit_lite.data.video_csv import VideoCSVDataset
+        from opendit_lite.families import find_family
+
+    found = find_family(name)
+    family, spec = found.name, found.encoding
     vae_path, encoder_path, tokenizer_path = _folders(args, spec)
     frames = 1 if spec.image_only else args.num_frames
     try:
@@ -165,11 +321,7 @@ def extract_family(args) -> int:
     except ValueError as e:
         raise ConfigError(f"--csv: {e}") from None
 
-    created = not dist.is_initialized() and int(os.environ.get("WORLD_SIZE", "1")) > 1  # under torchrun
-    if created:
-        init_distributed()
-    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if torch.cuda.is_available() else "cpu"
+    created, rank, world, device = _launch()
     try:
         return _extract_rows(args, family, spec, csv, frames, rank, world, device,
                              (vae_path, encoder_path, tokenizer_path))
@@ -179,7 +331,9 @@ def extract_family(args) -> int:
 
 
 def _extract_rows(args, family, spec, csv, frames, rank, world, device, folders) -> int:
+    import torch
     import torch.distributed as dist
+    from torch.utils.data import DataLoader
 
     from opendit_lite.data.video_latents import save_video_latents, write_video_latent_meta
     from opendit_lite.encoders.family_encoders import encode_family_latents, load_family_text_encoder, load_family_vae
@@ -219,9 +373,16 @@ def _extract_rows(args, family, spec, csv, frames, rank, world, device, folders)
     return count
 
 
+def find_family_name(name: str) -> str:
+    from opendit_lite.families import find_family
+
+    return find_family(name).class_name
+
+
 @script_main
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OptionParser(prog="python scripts/extract_latents.py", description=__doc__,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--output", required=True, help="folder for the latent files and meta.json")
     p.add_argument("--data-path", help="images for our DiT: a folder with one sub-folder per class")
     p.add_argument("--vae-path", help="local diffusers VAE folder (AutoencoderKL for images; the family's VAE)")
@@ -237,7 +398,10 @@ def main(argv=None):
                                                 "class)")
     family.add_argument("--config", help="a training config whose model.name gives the family")
     family.add_argument("--csv", help="CSV with 'path' and 'text' columns (videos or images)")
-    family.add_argument("--pipeline-path", help="local diffusers pipeline folder (vae/, text encoder, tokenizer)")
+    family.add_argument("--pipeline", help="local diffusers pipeline folder (model_index.json): its VAE and text "
+                                           "encoders, as a run with model.pipeline trains")
+    family.add_argument("--pipeline-path", help="a folder laid out as a pipeline's (vae/, text encoder, tokenizer); "
+                                                "a whole pipeline folder is extracted as --pipeline")
     family.add_argument("--text-encoder-path", help="local text encoder folder (default: from --pipeline-path)")
     family.add_argument("--tokenizer-path", help="local tokenizer folder (default: the pipeline's, or the encoder's)")
     family.add_argument("--num-frames", type=int, default=17, help="frames per clip (Flux and SD3: 1)")
@@ -247,6 +411,21 @@ def main(argv=None):
     family.add_argument("--max-length", type=int, help="caption tokens (default: the family pipeline's)")
     args = p.parse_args(argv)
     _check_output(args.output)
+    whole = args.pipeline_path and os.path.isfile(os.path.join(args.pipeline_path, "model_index.json"))
+    if args.pipeline or whole:
+        if args.pipeline and args.pipeline_path:
+            raise ConfigError("give the pipeline once: --pipeline or --pipeline-path, not both.")
+        if args.config or args.data_path or args.vae_path or args.text_encoder_path or args.tokenizer_path:
+            raise ConfigError("--pipeline encodes with the pipeline's own VAE and text encoders and reads --csv: "
+                              "remove --config, --data-path, --vae-path, --text-encoder-path and --tokenizer-path.")
+        args.pipeline = args.pipeline or args.pipeline_path
+        cfg = _pipeline_config(args)
+        if args.family and find_family_name(args.family) != cfg.model.name:
+            raise ConfigError(f"--family {args.family} is not the family of the pipeline {args.pipeline!r} "
+                              f"({cfg.model.name}): remove --family (it is read from the pipeline).")
+        return extract_pipeline(args, cfg)
+    if args.config and not args.family and _names_pipeline(args.config):
+        return extract_pipeline(args, _pipeline_config(args))
     if args.family or args.config:
         if args.data_path:
             raise ConfigError("--data-path is the image-folder mode for our DiT; a family reads --csv.")

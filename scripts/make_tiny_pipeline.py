@@ -19,22 +19,30 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from opendit_lite.utils.exit_codes import script_main  # noqa: E402
+from opendit_lite.utils.exit_codes import exit_at_once_on_stop_signals, heavy_imports, script_main  # noqa: E402
+
+if __name__ == "__main__":
+    exit_at_once_on_stop_signals()  # a Ctrl-C or SIGTERM during the imports below: exit 130 at once
+
+# No torch at import: the options and the output folder are checked first; the families (torch) are
+# imported after them, and name the pipelines they can build.
+from opendit_lite.config.paths import check_output_path  # noqa: E402
+from opendit_lite.utils.options import OptionParser  # noqa: E402
 
 
 @script_main
 def main(argv=None):
-    from opendit_lite.families.tiny_pipelines import FAMILIES
-
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--family", required=True, help=f"one of {', '.join(FAMILIES)}")
+    p = OptionParser(prog="python scripts/make_tiny_pipeline.py", description=__doc__,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--family", required=True, help="the name of a tiny pipeline (an unknown name "
+                                                       "lists them)")
     p.add_argument("--out", required=True, help="folder to write the pipeline to (new or empty)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     p.add_argument("--overwrite", action="store_true", help="replace what a non-empty --out holds")
     args = p.parse_args(argv)
-
-    from opendit_lite.families.tiny_pipelines import save_tiny_pipeline
-
+    check_output_path(args.out, "--out", folder=True)  # a file above it, or a folder this user cannot write to
+    with heavy_imports():
+        from opendit_lite.families.tiny_pipelines import save_tiny_pipeline
     start = time.time()
     save_tiny_pipeline(args.family, args.out, seed=args.seed, overwrite=args.overwrite)
     print(f"wrote a tiny {args.family} pipeline to {args.out} in {time.time() - start:.1f} s")

@@ -3,8 +3,12 @@
 * ``image.py``: the image dataset, the model with its input geometry resolved from the data, the VAE;
 * ``video.py``: the clip dataset and its buckets, the caption encoder, the per-frame VAE, the
   text-to-video model and its geometry;
-* ``diffusers_model.py``: a diffusers family's model from ``model.path`` or ``model.config``, its
-  recipe and its denoiser (the family found through ``opendit_lite.families``);
+* ``diffusers_model.py``: a diffusers family's model from ``model.path``, ``model.config`` or
+  ``model.pipeline``'s transformer, its recipe and its denoiser (the family found through
+  ``opendit_lite.families``);
+* ``pipeline.py``: a run from a diffusers pipeline folder (``model.pipeline``): the folder's checks and
+  what it settles in the config, its encoders, the shift of its scheduler and the denoiser fed what
+  the pipeline feeds its transformer;
 * ``family.py``: a model's family (image or video, as its class declares) checked against the script;
 * ``parallelize.py``: ``parallelize_from_config``, the one place config fields meet ``parallelize``
   (training, LiteGen and sampling);

@@ -3,6 +3,10 @@ and its denoiser for the video trainer and sampler.
 
 The model comes from exactly one of:
 
+* ``model.pipeline``: a diffusers pipeline folder, its ``transformer/`` (``builders/pipeline.py`` checks
+  the folder and conditions the model as the pipeline does); Wan 2.2 A14B's two experts, ``transformer/``
+  and ``transformer_2/``, as one ``NoiseExperts`` or the one ``model.expert`` names
+  (``builders/pipeline_experts.py``);
 * ``model.path``: a local diffusers folder (``config.json`` and the weights, as ``save_pretrained``
   writes them, or a pipeline's ``transformer/`` folder), loaded by ``from_pretrained`` with
   nothing downloaded;
@@ -24,7 +28,7 @@ import torch.nn as nn
 
 from ..errors import ConfigError
 from ..families import FamilyDenoiser, Recipe, family_adapter, family_class_names, is_family
-from .pipeline_experts import build_experts, component_path
+from .pipeline_experts import build_experts, trained_components
 
 __all__ = ["build_diffusers_model", "check_family_inputs", "diffusers_config", "family_adapter", "family_denoiser",
            "family_names", "family_recipe", "is_family", "resolve_family_text"]
@@ -40,15 +44,29 @@ def _diffusers_class(name: str) -> type:
     return getattr(diffusers, name)
 
 
+def model_folder(cfg) -> Optional[str]:
+    """The local folder the model loads from: ``model.path``, or the pipeline's (first) trained
+    transformer (``transformer/``; Wan 2.2's ``transformer_2/`` when the low-noise expert trains alone)."""
+    m = cfg.model
+    return os.path.join(m.pipeline, trained_components(cfg)[0]) if getattr(m, "pipeline", None) else m.path
+
+
 def diffusers_config(cfg) -> Dict:
     """The model's full diffusers config: ``model.config`` or the folder's ``config.json``, over the
     class's defaults (read from its constructor, nothing is built)."""
     m = cfg.model
+    if getattr(m, "pipeline", None):
+        path = model_folder(cfg)
+        with open(os.path.join(path, "config.json")) as f:
+            given = json.load(f)
+        params = inspect.signature(_diffusers_class(m.name).__init__).parameters
+        defaults = {k: p.default for k, p in params.items() if p.default is not inspect.Parameter.empty}
+        return {**defaults, **{k: v for k, v in given.items() if not k.startswith("_")}}
     if m.path and m.config:
         raise ConfigError(f"'model.path' and 'model.config' both set for {m.name}: give the local folder to load "
                           f"(model.path) or the constructor arguments of a random initialisation (model.config), "
                           f"not both.")
-    path = m.path or component_path(cfg)  # Wan 2.2's experts: the pipeline's (first trained) transformer
+    path = m.path
     if not path and not m.config:
         raise ConfigError(f"{m.name} needs 'model.path' (a local diffusers folder with config.json, loaded with "
                           f"from_pretrained; nothing is downloaded) or 'model.config' (the constructor arguments of "
@@ -83,17 +101,17 @@ def build_diffusers_model(cfg) -> nn.Module:
     m = cfg.model
     cls = _diffusers_class(m.name)
     diffusers_config(cfg)  # the checks above
-
     def load(path: str) -> nn.Module:
         try:
             return cls.from_pretrained(path, local_files_only=True)
         except (OSError, ValueError, EnvironmentError) as e:
-            raise ConfigError(f"Cannot load {m.name} from {path!r}: {e}") from None
+            where = "'model.pipeline'" if getattr(m, "pipeline", None) else "'model.path'"
+            raise ConfigError(f"Cannot load {m.name} from {where} {path!r}: {e}") from None
 
     experts = build_experts(cfg, load)  # Wan 2.2 A14B, both experts: NoiseExperts
     if experts is not None:
         return experts
-    path = m.path or component_path(cfg)
+    path = model_folder(cfg)
     if path:
         return load(path)
     try:

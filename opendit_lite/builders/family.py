@@ -23,10 +23,11 @@ def config_family(cfg) -> str:
 
 def config_schema(tree: dict) -> type:
     """The schema of a raw config tree (a YAML file's): ``VideoTrainConfig`` when its ``model.name``
-    is a registered video model, or (an unregistered name) when it has a ``text_encoder`` section;
-    else ``TrainConfig``."""
-    name = (tree.get("model") or {}).get("name")
-    if is_family(name):  # a diffusers family: trained by train_video.py
+    is a registered video model or it names a ``model.pipeline``, or (an unregistered name) when it has
+    a ``text_encoder`` section; else ``TrainConfig``."""
+    model = tree.get("model") or {}
+    name = model.get("name")
+    if is_family(name) or model.get("pipeline"):  # a diffusers family (or its pipeline): trained by train_video.py
         return VideoTrainConfig
     video = model_family(name) == "video" if name in MODELS else "text_encoder" in tree
     return VideoTrainConfig if video else TrainConfig

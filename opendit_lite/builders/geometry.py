@@ -48,6 +48,15 @@ def latent_folder_size(cfg) -> Optional[Tuple[int, int]]:
 
 def latent_buckets(cfg, buckets=None, downsample: Optional[int] = None) -> List[LatentBucket]:
     """The config's buckets (or its one clip/image shape) in latent units."""
+    if getattr(cfg.model, "pipeline", None):  # the pipeline's own VAE: its frame and pixel ratios
+        from .pipeline import latent_clip_shape
+        from .video import video_buckets
+
+        buckets = buckets or video_buckets(dataclasses.replace(cfg, bucket_batch="auto")) or []
+        shapes = [(b.name, b.shape) for b in buckets] or [
+            (f"{cfg.data.num_frames}x{cfg.data.image_size}x{cfg.data.image_size}",
+             (cfg.data.num_frames, cfg.data.image_size, cfg.data.image_size))]
+        return [LatentBucket(name, *latent_clip_shape(cfg, *shape)[1:]) for name, shape in shapes]
     down = downsample or config_downsample(cfg)
     if config_family(cfg) == "video":
         if buckets is None and cfg.data.buckets:

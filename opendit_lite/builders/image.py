@@ -31,29 +31,33 @@ def with_bad_sample_skipping(build, cfg):
     return dataset
 
 
-def resolve_model_geometry(cfg: TrainConfig, dataset=None, vae=None) -> None:
+def resolve_model_geometry(cfg: TrainConfig, dataset=None, vae=None, fed_data: bool = True) -> None:
     """Fill ``model.input_size``/``in_channels``/``num_classes`` left as None from the data (and the
     VAE's downsampling and latent channels), in place, so the saved config alone rebuilds the model
-    (sample.py relies on that)."""
+    (sample.py relies on that). When the data is ``fed_data`` to the model (training), a size or
+    channel count set in the config that the data does not have is refused before the model is built."""
     m = cfg.model
-    if m.input_size is None or m.in_channels is None:
-        meta = getattr(dataset, "meta", None)  # precomputed latents describe themselves
-        if meta:
-            size, channels = [meta["height"], meta["width"]], meta["channels"]
-        elif vae is not None:
-            downsample = 2 ** (len(vae.config.block_out_channels) - 1)  # one halving per extra level
-            size, channels = [cfg.data.image_size // downsample] * 2, vae.config.latent_channels
-        else:
-            size, channels = [cfg.data.image_size] * 2, 3
-        m.input_size = m.input_size or size
-        m.in_channels = m.in_channels or channels
-    meta = getattr(dataset, "meta", None)
-    if meta and ((meta["channels"], meta["height"], meta["width"]) != (m.in_channels, *model_input_hw(cfg))):
-        raise ConfigError(f"The latents in '{cfg.data.path}' are {meta['channels']} x {meta['height']} x "
-                          f"{meta['width']} (channels x height x width), but the model is set for {m.in_channels} x "
-                          f"{' x '.join(map(str, model_input_hw(cfg)))} (model.in_channels, model.input_size): "
-                          f"remove model.input_size and model.in_channels to take them from the latents, or "
-                          f"extract latents of that size.")
+    meta = getattr(dataset, "meta", None)  # precomputed latents describe themselves
+    if meta:
+        size, channels = [meta["height"], meta["width"]], meta["channels"]
+        source, remedy = f"The latents in '{cfg.data.path}'", "extract latents of that size"
+    elif vae is not None:
+        downsample = 2 ** (len(vae.config.block_out_channels) - 1)  # one halving per extra level
+        size, channels = [cfg.data.image_size // downsample] * 2, vae.config.latent_channels
+        source = (f"The VAE latents of data.image_size={cfg.data.image_size} images ({downsample}x downsampling, "
+                  f"{channels} latent channels)")
+        remedy = "set data.image_size to the model's size times the VAE's downsampling"
+    else:
+        size, channels = [cfg.data.image_size] * 2, 3
+        source = f"The images in pixel space (no vae.path), data.image_size={cfg.data.image_size} RGB,"
+        remedy = "set data.image_size to the model's size (or vae.path to train on latents)"
+    m.input_size = m.input_size or size
+    m.in_channels = m.in_channels or channels
+    if fed_data and (channels, *size) != (m.in_channels, *model_input_hw(cfg)):  # its patch embedding would refuse
+        raise ConfigError(f"{source} are {channels} x {size[0]} x {size[1]} (channels x height x width), but the "
+                          f"model is set for {m.in_channels} x {' x '.join(map(str, model_input_hw(cfg)))} "
+                          f"(model.in_channels, model.input_size): remove model.input_size and model.in_channels to "
+                          f"take them from the data, or {remedy}.")
     if m.num_classes is None:
         classes = getattr(dataset, "classes", None)
         if not classes:

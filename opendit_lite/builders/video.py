@@ -15,7 +15,7 @@ import torch.nn as nn
 
 from ..data.buckets import Bucket, BucketBatchSampler, parse_buckets
 from ..data.video_csv import VideoCSVDataset
-from ..data.video_latents import VideoLatentDataset, video_latent_meta
+from ..data.video_latents import PIPELINE_FORMAT, VideoLatentDataset, video_latent_meta
 from ..data.video_shapes import MovingShapesDataset, caption_states
 from ..distributed.mesh import node_group
 from ..encoders.video_vae import VideoVAE
@@ -33,9 +33,10 @@ def video_buckets(cfg) -> Optional[List[Bucket]]:
     """The parsed ``data.buckets``, or None for one fixed clip shape."""
     if not cfg.data.buckets:
         return None
-    if cfg.data.type == "latents":
+    if cfg.data.type == "latents" and not getattr(cfg.model, "pipeline", None):
         raise ConfigError("data.buckets needs each sample's own size and reads clips at the bucket's: use "
-                          "data.type=shapes or csv (precomputed latents have one fixed size).")
+                          "data.type=shapes or csv (precomputed latents have one fixed size), or latents extracted "
+                          "from a pipeline (model.pipeline), which record each clip's size.")
     try:
         buckets = parse_buckets(cfg.data.buckets)
     except ValueError as e:
@@ -65,6 +66,19 @@ def _video_dataset(cfg, buckets: Optional[Sequence[Bucket]] = None):
         return VideoCSVDataset(d.path, num_frames=d.num_frames, frame_interval=d.frame_interval,
                                image_size=d.image_size)
     return VideoLatentDataset(d.path)
+
+
+def check_latents_without_pipeline(path: str) -> None:
+    """Latents extracted from a pipeline (``scripts/extract_latents.py --pipeline``) hold every input that
+    pipeline feeds its transformer: only a run from that pipeline (``model.pipeline``) reads them."""
+    try:
+        meta = video_latent_meta(path)
+    except ValueError as e:
+        raise ConfigError(f"'data.path': {e}; extract the latents again.") from None
+    if meta.get("format") == PIPELINE_FORMAT:
+        raise ConfigError(f"the latents in {path!r} were extracted from the pipeline {meta.get('pipeline')!r} "
+                          f"(scripts/extract_latents.py --pipeline) and hold what that pipeline feeds its transformer: "
+                          f"train them with model.pipeline={meta.get('pipeline')} (and no model.path / model.config).")
 
 
 class CaptionEncoder:
@@ -137,6 +151,17 @@ def resolve_video_geometry(cfg, dataset, vae: Optional[VideoVAE], caption_width:
     else:
         channels, frames, size = 3, cfg.data.num_frames, [cfg.data.image_size] * 2
     caption_width = caption_width or getattr(dataset, "caption_channels", None)  # shapes: its word vectors
+    # The models take clips of any frame count and size, but not another channel count or caption width.
+    source = (f"the latents in {cfg.data.path!r}" if cfg.data.type == "latents" else
+              "the VAE's latents" if vae is not None else "the clips in pixel space (no vae.path)")
+    if m.in_channels is not None and m.in_channels != channels:
+        raise ConfigError(f"model.in_channels={m.in_channels}, but {source} have {channels} channels: remove "
+                          f"model.in_channels to take it from the data, or set it to {channels}.")
+    if (not is_family(m.name) and m.caption_channels is not None and caption_width is not None
+            and m.caption_channels != caption_width):  # a family's: check_family_inputs
+        raise ConfigError(f"model.caption_channels={m.caption_channels}, but the caption states are {caption_width} "
+                          f"wide (text_encoder.kind={cfg.text_encoder.kind}): remove model.caption_channels to take "
+                          f"it from the text encoder, or set it to {caption_width}.")
     m.in_channels = m.in_channels or channels
     m.num_frames = m.num_frames or frames
     m.input_size = m.input_size or size

@@ -63,12 +63,34 @@ def read_meta(ckpt_dir: str) -> Dict[str, Any]:
         raise CheckpointError(f"cannot read {path}: {e}") from e
     if not isinstance(meta, dict) or "version" not in meta or "files" not in meta:
         raise CheckpointError(f"{path} is not checkpoint metadata (no 'version'/'files' entries)")
+    check_meta_values(meta, path)
     if meta["version"] > FORMAT_VERSION:
         raise CheckpointError(
             f"{path} has format version {meta['version']}, newer than this opendit_lite's "
             f"{FORMAT_VERSION}; upgrade opendit_lite to load it"
         )
     return meta
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+# What save_checkpoint writes in meta.json, by key: anything else is a damaged or hand-edited file that
+# would fail later, deep in a resume (a negative step seeds the data order with it) or not at all.
+_META_VALUES = (("version", lambda v: _is_int(v) and v >= 1, "a format version >= 1"),
+                ("step", lambda v: _is_int(v) and v >= 0, "a step >= 0"),
+                ("world_size", lambda v: _is_int(v) and v >= 1, "a world size >= 1"),
+                ("files", lambda v: isinstance(v, dict), "the manifest of the checkpoint's files"),
+                ("extra_state", lambda v: isinstance(v, dict), "a mapping of the run's state"))
+
+
+def check_meta_values(meta: Dict[str, Any], path: str) -> None:
+    """The entries of checkpoint metadata ``meta`` (read from ``path``) that are present have the
+    types and ranges ``save_checkpoint`` writes; a CheckpointError names the first that does not."""
+    for key, valid, what in _META_VALUES:
+        if key in meta and not valid(meta[key]):
+            raise CheckpointError(f"{path} is damaged: its '{key}' is {meta[key]!r}, not {what}")
 
 
 def is_checkpoint_dir(path: str) -> bool:

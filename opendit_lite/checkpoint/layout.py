@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..distributed.ranks import from_rank0, global_rank
 from ..errors import CheckpointError, ConfigError
-from .catalog import META_FILE, checkpoint_name, list_checkpoints, verify_checkpoint
+from .catalog import META_FILE, check_meta_values, checkpoint_name, list_checkpoints, verify_checkpoint
 
 # LiteGen's file suffixes, by what the file holds.
 SUFFIXES = {"model": ".pth", "optimizer": ".optim_state.pth", "ema": ".ema.pth"}
@@ -165,9 +165,16 @@ def saved_config(ckpt: str) -> Dict[str, Any]:
         return {}
     try:
         with open(meta) as f:
-            return json.load(f).get("extra_state", {}).get("config", {})
-    except (OSError, ValueError, AttributeError) as e:
+            values = json.load(f)
+    except (OSError, ValueError) as e:
         raise CheckpointError(f"cannot read {meta}: {e}") from None
+    if not isinstance(values, dict):
+        raise CheckpointError(f"{meta} is damaged: it holds a {type(values).__name__}, not checkpoint metadata")
+    check_meta_values(values, meta)
+    config = values.get("extra_state", {}).get("config", {})
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{meta} is damaged: its extra_state.config is {config!r}, not the run's config")
+    return config
 
 
 def check_saved_model(ckpt: str, key: str, model_name: str) -> None:

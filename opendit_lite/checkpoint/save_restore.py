@@ -9,16 +9,20 @@ partitioned state into the same strategy-independent files; that is what makes a
 at 2 ranks load at 1 and the reverse. The EMA and the booster plugin are reached through two small
 interfaces (``EMAState``, ``MasterWeightShards``), so any EMA or plugin with those methods works.
 
-Atomicity. Everything is written under ``<name>.tmp-<uid>``; after a barrier (all ranks finished
-writing) rank 0 writes ``meta.json`` and renames the folder to its final name. A process killed
-before the rename leaves only the ``*.tmp-*`` folder, which ``catalog.find_latest_checkpoint`` never
-returns; a later run of the same experiment removes it at start-up (``litter.py``). The root must be
-a file system every rank sees.
+Atomicity. Everything is written under ``<name>.tmp-<uid>``, one part after the other (folders,
+model, optimizer, LR scheduler, EMA, RNG, master shards); after each part the ranks agree that every
+one of them wrote its share (``files.PartialCopy``); then rank 0 writes ``meta.json`` and renames
+the folder to its final name. A process killed before the rename leaves only the ``*.tmp-*`` folder,
+which ``catalog.find_latest_checkpoint`` never returns; a later run of the same experiment removes
+it at start-up (``litter.py``). The root must be a file system every rank sees.
 
-Room. Before writing, rank 0 checks the free space against the size of the newest checkpoint of
-the experiment; a save that still fails for want of room (ENOSPC, EFBIG, EDQUOT, EROFS) removes its
-partial folder and raises :class:`StorageError`, leaving every complete checkpoint in place, so a
-retry with ``auto_resume`` continues from the newest one once space is freed.
+Room. Before writing, rank 0 checks the free space against the size of the newest checkpoint of the
+experiment; a save that still fails for want of room (ENOSPC, EFBIG, EDQUOT, EROFS) on any rank, or
+whose partial folder disappears, ends on every rank with the same :class:`StorageError` (the rank
+and the part named) after the part that failed; rank 0 then removes the partial folder. Every
+complete checkpoint stays in place, so a retry with ``auto_resume`` continues from the newest one
+once space is freed. No rank waits for one that has left: the agreement replaces the barriers
+between parts.
 
 Safety and integrity. Loading never unpickles arbitrary objects: weights are safetensors, and the
 torch files (optimizer shards, LR scheduler, RNG) are read with ``weights_only`` forced on, also
@@ -48,7 +52,7 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 
-from ..distributed.ranks import barrier, collective_device, from_rank0, global_rank, global_world_size, peer_lost
+from ..distributed.ranks import barrier, collective_device, from_rank0, global_rank, global_world_size
 from ..distributed.rng import get_rng_state, set_rng_state
 from ..errors import CheckpointError, StorageError
 from .catalog import (
@@ -68,7 +72,8 @@ from .catalog import (
     read_meta,
     verify_checkpoint,
 )
-from .files import atomic_path, load_torch_file, storage_failure, weights_only_loads
+from .files import WriteFailed, collective_write, load_torch_file, weights_only_loads
+from .write_failures import storage_failure
 
 logger = logging.getLogger(__name__)
 
@@ -208,17 +213,26 @@ def save_checkpoint(
         raise StorageError(problem)
     try:
         _write(booster, final, step, model, optimizer, lr_scheduler, ema, extra, finite, masters, exp_name, run_id)
-    except Exception as e:
+    except WriteFailed as e:  # the same on every rank; the paragraph adds what the run folder holds
+        if e.kind == "storage":
+            raise StorageError(_storage_paragraph(final, e.cause(global_world_size()), ckpt_dir_root, exp_name)) from e
+        raise StorageError(f"saving {final!r} was abandoned: {e.cause(global_world_size())}, by another process "
+                           f"or a clean-up of the folder. {_newest(ckpt_dir_root, exp_name).capitalize()}; rerun the "
+                           f"same command with auto_resume=true to continue from it.") from e
+    except CheckpointError:
+        raise
+    except Exception as e:  # outside the agreed steps (e.g. publishing): the storage's failure, if it is one
         reason = storage_failure(e)
         if reason is not None:
             raise StorageError(_storage_paragraph(final, reason, ckpt_dir_root, exp_name)) from e
-        if global_world_size() > 1 and peer_lost(e):  # the rank that failed says why (rank 0 prints it)
-            raise CheckpointError(f"saving {final!r} was abandoned on rank {rank}: another rank failed while "
-                                  f"saving; every complete checkpoint is kept.") from e
         raise
 
     if keep_last and rank == 0:
-        _prune(ckpt_dir_root, exp_name, keep_last, final, run_id)
+        try:
+            _prune(ckpt_dir_root, exp_name, keep_last, final, run_id)
+        except (OSError, CheckpointError) as e:  # the new checkpoint is complete: a failed clean-up is not fatal
+            logger.warning("keep_last=%d: could not remove an older checkpoint of %s (%s); it is kept", keep_last,
+                           exp_name, e)
     barrier()
     return final
 
@@ -251,67 +265,87 @@ def _room_problem(root: str, exp_name: str, step: int) -> Optional[str]:
             f"auto_resume=true to continue from step {found[-1][0]}.")
 
 
-def _storage_paragraph(final: str, reason: str, root: str, exp_name: str) -> str:
+def _newest(root: str, exp_name: str) -> str:
     found = list_checkpoints(root, exp_name)
-    newest = f"the newest is step {found[-1][0]}" if found else "there is none yet"
+    return (f"every complete checkpoint is kept (the newest is step {found[-1][0]})" if found
+            else "every complete checkpoint is kept (there is none yet)")
+
+
+def _storage_paragraph(final: str, reason: str, root: str, exp_name: str) -> str:
     try:
         free = f"{_free_bytes(root)} bytes free"
     except OSError:
         free = "its free space unknown"
-    return (f"saving {final!r} failed: {reason}. The partial folder was removed and every complete checkpoint "
-            f"is kept ({newest}); {root!r} has {free}. Free space, raise the quota or file-size limit, or set "
+    return (f"saving {final!r} failed: {reason}. The partial folder was removed and {_newest(root, exp_name)}; "
+            f"{root!r} has {free}. Free space, raise the quota or file-size limit, or set "
             f"checkpoint_dir to another disk, then rerun the same command with auto_resume=true.")
 
 
 def _write(booster, final: str, step: int, model, optimizer, lr_scheduler, ema, extra, finite, masters,
            exp_name: str, run_id) -> None:
-    """The collective write of one checkpoint folder, published atomically as ``final``."""
+    """The collective write of one checkpoint folder, published atomically as ``final``. Each part is
+    one agreed step of the partial copy (``files.PartialCopy``): a part that one rank cannot write
+    ends the save on every rank with the same error, right after that part."""
     rank, world = global_rank(), global_world_size()
-    with atomic_path(final) as tmp:
-        if rank == 0:
-            os.makedirs(os.path.join(tmp, RNG_DIR))
-        barrier()
-        booster.save_model(model, os.path.join(tmp, MODEL_DIR), shard=True, use_safetensors=True)
+    with collective_write(final) as copy:
+        tmp = copy.path
+        copy.step("checkpoint folders", lambda: rank == 0 and _make_folders(tmp, masters is not None))
+        copy.step("model", lambda: booster.save_model(model, os.path.join(tmp, MODEL_DIR), shard=True,
+                                                      use_safetensors=True))
         if optimizer is not None:
-            booster.save_optimizer(optimizer, os.path.join(tmp, OPTIMIZER_DIR), shard=True)
+            copy.step("optimizer state", lambda: booster.save_optimizer(optimizer, os.path.join(tmp, OPTIMIZER_DIR),
+                                                                        shard=True))
         if lr_scheduler is not None:
-            booster.save_lr_scheduler(lr_scheduler, os.path.join(tmp, LR_SCHEDULER_FILE))
+            copy.step("LR scheduler", lambda: booster.save_lr_scheduler(lr_scheduler,
+                                                                        os.path.join(tmp, LR_SCHEDULER_FILE)))
         if ema is not None:
-            ema_state = ema.state_dict(only_rank_0=True)  # collective; only rank 0 holds the result
-            if rank == 0:
-                save_file({k: v.detach().cpu().contiguous() for k, v in ema_state.items()},
-                          os.path.join(tmp, EMA_FILE))
-        torch.save(get_rng_state(), os.path.join(tmp, RNG_DIR, f"rank{rank:05d}.pt"))
+            copy.step("EMA", lambda: _save_ema(ema, os.path.join(tmp, EMA_FILE), rank == 0))
+        copy.step("RNG state", lambda: torch.save(get_rng_state(), os.path.join(tmp, RNG_DIR, f"rank{rank:05d}.pt")))
         if masters is not None:
-            if rank == 0:
-                os.makedirs(os.path.join(tmp, MASTER_DIR))
-            barrier()
-            save_file(masters, os.path.join(tmp, MASTER_DIR, f"rank{rank:05d}.safetensors"))
-        barrier()  # every rank's files are on disk before rank 0 lists them
-        if rank == 0:
-            meta = {
-                "format": "opendit_lite.checkpoint",
-                "version": FORMAT_VERSION,
-                "step": int(step),
-                "exp_name": exp_name,
-                "world_size": world,
-                "dp_size": getattr(booster.plugin, "dp_size", world),
-                "sp_size": getattr(booster.plugin, "sp_size", 1),
-                "zero_degree": getattr(booster.plugin, "zero_degree", None),
-                "has_optimizer": optimizer is not None,
-                "has_ema": ema is not None,
-                "has_lr_scheduler": lr_scheduler is not None,
-                "has_master_shards": masters is not None,
-                "finite": finite,
-                "run_id": run_id,
-                "torch_version": torch.__version__,
-                "extra_state": extra,
-                "files": manifest(tmp),
-            }
-            with open(os.path.join(tmp, META_FILE), "w") as f:
-                json.dump(meta, f, indent=1)
-                f.flush()
-                os.fsync(f.fileno())
+            copy.step("fp32 master weights",
+                      lambda: save_file(masters, os.path.join(tmp, MASTER_DIR, f"rank{rank:05d}.safetensors")))
+        # Every rank's files are on disk (the steps agreed) before rank 0 lists them.
+        meta = {
+            "format": "opendit_lite.checkpoint",
+            "version": FORMAT_VERSION,
+            "step": int(step),
+            "exp_name": exp_name,
+            "world_size": world,
+            "dp_size": getattr(booster.plugin, "dp_size", world),
+            "sp_size": getattr(booster.plugin, "sp_size", 1),
+            "zero_degree": getattr(booster.plugin, "zero_degree", None),
+            "has_optimizer": optimizer is not None,
+            "has_ema": ema is not None,
+            "has_lr_scheduler": lr_scheduler is not None,
+            "has_master_shards": masters is not None,
+            "finite": finite,
+            "run_id": run_id,
+            "torch_version": torch.__version__,
+            "extra_state": extra,
+        }
+        copy.step("metadata", lambda: rank == 0 and _write_meta(tmp, meta))
+
+
+def _make_folders(tmp: str, masters: bool) -> None:
+    """The partial folder and the sub-folders every rank writes a file of its own into."""
+    os.makedirs(os.path.join(tmp, RNG_DIR))
+    if masters:
+        os.makedirs(os.path.join(tmp, MASTER_DIR))
+
+
+def _save_ema(ema: EMAState, path: str, is_main: bool) -> None:
+    state = ema.state_dict(only_rank_0=True)  # collective; only rank 0 holds the result
+    if is_main:
+        save_file({k: v.detach().cpu().contiguous() for k, v in state.items()}, path)
+
+
+def _write_meta(tmp: str, meta: Dict[str, Any]) -> None:
+    """``meta.json``, the completion marker, with the manifest of every file written (rank 0)."""
+    meta = dict(meta, files=manifest(tmp))
+    with open(os.path.join(tmp, META_FILE), "w") as f:
+        json.dump(meta, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 # --------------------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ Nothing is unpickled beyond tensors (safetensors, or ``torch.load(weights_only=T
 
 import json
 import os
-from typing import Dict
+from typing import Dict, List
 
 import torch
 import torch.nn as nn
@@ -23,13 +23,25 @@ from .layout import companion_path
 from .original_dit import load_original_dit_checkpoint
 
 
-def _read_sharded_safetensors(folder: str) -> Dict[str, torch.Tensor]:
+def weights_folder(path: str) -> str:
+    """The folder whose .safetensors files :func:`read_weights` reads for folder ``path``: its
+    ``model/`` (a checkpoint folder), else ``path`` itself (a sharded weight folder)."""
+    model_dir = os.path.join(path, MODEL_DIR)
+    return model_dir if os.path.isdir(model_dir) else path
+
+
+def weight_files(folder: str) -> List[str]:
+    """The .safetensors files of ``folder``: those its ``*.safetensors.index.json`` names, else every
+    one in it ([] when there are none)."""
     index = [f for f in os.listdir(folder) if f.endswith(".safetensors.index.json")]
     if index:
         with open(os.path.join(folder, index[0])) as f:
-            files = sorted(set(json.load(f)["weight_map"].values()))
-    else:
-        files = sorted(f for f in os.listdir(folder) if f.endswith(".safetensors"))
+            return sorted(set(json.load(f)["weight_map"].values()))
+    return sorted(f for f in os.listdir(folder) if f.endswith(".safetensors"))
+
+
+def _read_sharded_safetensors(folder: str) -> Dict[str, torch.Tensor]:
+    files = weight_files(folder)
     if not files:
         raise FileNotFoundError(f"no .safetensors weights in {folder!r}")
     state: Dict[str, torch.Tensor] = {}
@@ -45,8 +57,7 @@ def _read_sharded_safetensors(folder: str) -> Dict[str, torch.Tensor]:
 def read_weights(path: str, use_ema: bool = True) -> Dict[str, torch.Tensor]:
     """The state dict stored at ``path`` (see the module docstring for the accepted layouts)."""
     if os.path.isdir(path):
-        model_dir = os.path.join(path, MODEL_DIR)
-        state = _read_sharded_safetensors(model_dir if os.path.isdir(model_dir) else path)
+        state = _read_sharded_safetensors(weights_folder(path))
         ema = os.path.join(path, EMA_FILE)
         if use_ema and os.path.exists(ema):
             state.update(load_file(ema))  # the EMA covers the trainable weights; frozen ones come from model/

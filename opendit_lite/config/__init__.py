@@ -1,5 +1,6 @@
 from .loader import (
     ConfigError,
+    check_sections,
     from_dict,
     from_object,
     load_config,
@@ -21,10 +22,11 @@ from .schema import (
     TrainConfig,
     VAEConfig,
 )
+from .video_schema import train_script_schema
 
 __all__ = [
-    "ConfigError", "from_dict", "from_object", "load_config", "parse_cli", "parse_overrides",
+    "ConfigError", "check_sections", "from_dict", "from_object", "load_config", "parse_cli", "parse_overrides",
     "read_yaml", "resolve_aliases", "to_dict",
     "validate", "validate_world", "DataConfig", "DiffusionConfig", "EMAConfig", "EncoderConfig",
-    "ModelConfig", "SampleConfig", "TrainConfig", "VAEConfig",
+    "ModelConfig", "SampleConfig", "TrainConfig", "VAEConfig", "train_script_schema",
 ]

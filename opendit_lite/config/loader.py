@@ -285,12 +285,36 @@ def _read_yaml(path: str) -> Dict[str, Any]:
     return data
 
 
+def check_sections(tree: Dict[str, Any], source: str, schema=TrainConfig, prefix: str = "") -> None:
+    """Every section of ``schema`` that ``tree`` (from ``source``, e.g. "config file 'x.yaml'") sets is a
+    mapping or null: a section given as a list or a number would otherwise be replaced without a word
+    by a ``section.key=value`` override, or fail deep inside a reader of the config."""
+    fields, hints = _fields(schema), _hints(schema)
+    for name, value in tree.items():
+        tp = hints.get(name) if name in fields else None
+        if tp is None or not dataclasses.is_dataclass(tp) or value is None:
+            continue
+        key = prefix + str(name)
+        if not isinstance(value, dict):
+            kind = "a list" if isinstance(value, list) else f"the {type(value).__name__} {value!r}"
+            raise ConfigError(f"'{key}' must be a mapping of keys to values (a section), but {source} gives it {kind}. "
+                              f"Write it as '{key}:' followed by indented 'name: value' lines, as in "
+                              f"configs/demo.yaml, or set single keys as {key}.<name>=<value>.")
+        check_sections(value, source, tp, key + ".")
+
+
 def load_config(path: Optional[str] = None, overrides: Sequence[str] = (), schema=TrainConfig):
     """Defaults < YAML file < ``key=value`` overrides, type-checked and range-checked.
 
-    ``schema`` is the top-level dataclass: ``TrainConfig`` or a subclass (e.g. the video one)."""
+    ``schema`` is the top-level dataclass: ``TrainConfig`` or a subclass (e.g. the video one), or a
+    function choosing it from the file's and the command line's settings (``train_script_schema``)."""
     tree = resolve_aliases(_read_yaml(path) if path else {})
-    cfg = _build(schema, _merge(tree, resolve_aliases(parse_overrides(overrides))))
+    top = resolve_aliases(parse_overrides(overrides))
+    if not dataclasses.is_dataclass(schema):
+        schema = schema(_merge(tree, top))
+    check_sections(tree, f"config file '{path}'", schema)
+    check_sections(top, "the command line", schema)
+    cfg = _build(schema, _merge(tree, top))
     validate(cfg)
     return cfg
 
@@ -321,16 +345,27 @@ def _meaning(key: str, f: dataclasses.Field) -> str:
     return f" Meaning of {key}: {f.metadata['help']}." if f.metadata.get("help") else ""
 
 
+def _optional_list(tp) -> bool:
+    """Whether ``tp`` is ``Optional[List[...]]``."""
+    args = typing.get_args(tp) if typing.get_origin(tp) is typing.Union else ()
+    return type(None) in args and any(typing.get_origin(a) is list for a in args)
+
+
 def check_ranges(cfg, prefix: str = "") -> None:
     """Every number of ``cfg`` (a schema dataclass, nested sections included) against its field's
     declared range (``schema._f``'s ``at_least``/``at_most``/``above``/``below``), and every float
     for finiteness: the one place numbers are range-checked. A violation is a ConfigError naming
     the key, the allowed range, what the field means and the value given."""
+    hints = _hints(type(cfg))
     for f in dataclasses.fields(cfg):
         key, value = prefix + f.name, getattr(cfg, f.name)
         if dataclasses.is_dataclass(value):
             check_ranges(value, key + ".")
             continue
+        if isinstance(value, list) and not value and _optional_list(hints[f.name]):
+            # null is the field's default meaning; an empty list would silently mean it too, or nothing
+            raise ConfigError(f"'{key}' is an empty list: give at least one item, or remove the key (null) for its "
+                              f"default.{_meaning(key, f)}")
         items = value if isinstance(value, (list, tuple)) else [value]
         for item in items:
             if isinstance(item, bool) or not isinstance(item, (int, float)):
@@ -376,9 +411,6 @@ def validate(cfg: TrainConfig) -> None:
     if unknown:
         raise ConfigError(f"'logger' lists {unknown}; the metric sinks are {', '.join(LOGGERS)} "
                           f"(metrics.jsonl is always written).")
-    if cfg.lora.targets is not None and not cfg.lora.targets:
-        raise ConfigError("'lora.targets' is an empty list: name at least one layer, or remove the key for the "
-                          "model's usual targets.")
     if cfg.lora.base_precision != "none" and not cfg.lora.rank:
         raise ConfigError(f"'lora.base_precision'={cfg.lora.base_precision} stores the frozen base of a LoRA run in "
                           f"low precision, but lora.rank=0 trains every weight: set lora.rank > 0 or "
@@ -468,7 +500,7 @@ def parse_cli(argv: Sequence[str], description: str, schema=TrainConfig):
     argv = list(argv)
     if "-h" in argv or "--help" in argv:
         print(f"{description}\n\nusage: {program_name()} [--config FILE.yaml] [--debug] [key=value ...]\n\n"
-              f"keys:{format_help(schema)}")
+              f"keys:{format_help(schema if dataclasses.is_dataclass(schema) else schema({}))}")
         sys.exit(0)
     path = None
     rest = []

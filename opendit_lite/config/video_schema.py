@@ -9,29 +9,37 @@ messages come from ``opendit_lite.config.loader`` with ``schema=VideoTrainConfig
 """
 
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import Any, Dict, List, Optional
 
 from .schema import BaseSampleConfig, DiffusionConfig, TrainConfig, _f, _section
 
-TEXT_ENCODER_KINDS = ("shapes", "t5", "clip")
+TEXT_ENCODER_KINDS = ("shapes", "t5", "clip", "pipeline")
+# Settings of the moving-shapes demo, taken when a config leaves them null and trains no pipeline.
+DEMO_MODEL, DEMO_CAPTION_TOKENS, DEMO_FRAMES, DEMO_IMAGE_SIZE = "STDiT-tiny", 8, 4, 16
 
 
 @dataclass
 class VideoModelConfig:
-    name: str = _f("STDiT-tiny", "registered video model, e.g. STDiT-XL/2, Vchitect-XL, STDiT-tiny, or a diffusers "
-                                 "class of the families trained today (WanTransformer3DModel, FluxTransformer2DModel, "
-                                 "SD3Transformer2DModel, CogVideoXTransformer3DModel, "
-                                 "HunyuanVideoTransformer3DModel, LTXVideoTransformer3DModel)")
+    name: Optional[str] = _f(None, "registered video model, e.g. STDiT-XL/2, Vchitect-XL, STDiT-tiny, or a "
+                                   "diffusers class of the families trained today (WanTransformer3DModel, "
+                                   "FluxTransformer2DModel, SD3Transformer2DModel, CogVideoXTransformer3DModel, "
+                                   "HunyuanVideoTransformer3DModel, LTXVideoTransformer3DModel); null: "
+                                   "model.pipeline's transformer, else STDiT-tiny")
+    pipeline: Optional[str] = _f(None, "a local diffusers pipeline folder (model_index.json; a released model as "
+                                       "save_pretrained writes it): its transformer is trained, conditioned as the "
+                                       "pipeline conditions it, with its VAE, text encoders and scheduler settings")
+    guidance: Optional[float] = _f(None, "model.pipeline of a guidance-distilled model (Flux dev, HunyuanVideo): the "
+                                         "guidance value trained with; null: the pipeline's default guidance_scale",
+                                   above=0)
     path: Optional[str] = _f(None, "diffusers class: local folder with its config.json and weights (from_pretrained, "
                                    "nothing downloaded)")
     config: Optional[dict] = _f(None, "diffusers class: constructor arguments of a random initialisation, e.g. "
                                       "{num_layers: 2, num_attention_heads: 4, attention_head_dim: 16}")
-    pipeline: Optional[str] = _f(None, "a diffusers pipeline folder (model_index.json)")
-    expert: Optional[str] = _f(None, "a pipeline with two experts (Wan 2.2 A14B: transformer_2 and boundary_ratio): "
-                                     "'both' trains both, each sample going to the expert whose noise range holds "
-                                     "its time (transformer at or above boundary_ratio x 1000, transformer_2 "
-                                     "below, as WanPipeline runs them); 'high_noise' (transformer) or 'low_noise' "
-                                     "(transformer_2) trains that one on its own range; null: both",
+    expert: Optional[str] = _f(None, "model.pipeline with two experts (Wan 2.2 A14B: transformer_2 and "
+                                     "boundary_ratio): 'both' trains both, each sample going to the expert whose "
+                                     "noise range holds its time (transformer at or above boundary_ratio x 1000, "
+                                     "transformer_2 below, as WanPipeline runs them); 'high_noise' (transformer) or "
+                                     "'low_noise' (transformer_2) trains that one on its own range; null: both",
                                choices=("both", "high_noise", "low_noise", None))
     input_size: Optional[List[int]] = _f(None, "model input frame size [H, W] (latent or pixel); None: from data and "
                                                "VAE", at_least=1)
@@ -52,10 +60,11 @@ class VideoDataConfig:
                      "latents": "a folder of .pt files written by opendit_lite.data.video_latents.save_video_latents"}
     type: str = _f("shapes", "dataset kind", choices=("shapes", "csv", "latents"))
     path: Optional[str] = _f(None, "CSV file of (path, text) rows, or a precomputed-latent folder")
-    num_frames: int = _f(4, "frames per clip", at_least=1)
+    num_frames: Optional[int] = _f(None, "frames per clip; null: 4 (shapes), 1 for an image model, the latents' "
+                                         "(latents)", at_least=1)
     frame_interval: int = _f(3, "csv: take every n-th frame of the video", at_least=1)
-    image_size: int = _f(16, "frame side in pixels (shapes: generated size; csv: short side resize + centre crop)",
-                         at_least=1)
+    image_size: Optional[int] = _f(None, "frame side in pixels (shapes: generated size, null: 16; csv: short side "
+                                         "resize + centre crop; latents: null, the latents')", at_least=1)
     num_samples: int = _f(256, "shapes: number of generated clips", at_least=1)
     buckets: Optional[List[dict]] = _f(None, "clip shapes to train on together (images are frames: 1), each "
                                              "{frames, resolution + aspect_ratio or height + width, batch_size, "
@@ -78,10 +87,13 @@ class VideoDiffusionConfig(DiffusionConfig):
 
 @dataclass
 class TextEncoderConfig:
-    kind: str = _f("shapes", "caption encoder: t5 / clip from a local folder, or 'shapes', the embedded "
-                             "per-word vectors of the moving-shapes data (no download)", choices=TEXT_ENCODER_KINDS)
+    kind: Optional[str] = _f(None, "caption encoder: t5 / clip from a local folder, 'shapes', the embedded per-word "
+                                   "vectors of the moving-shapes data (no download), or 'pipeline', model.pipeline's "
+                                   "own text encoders; null: pipeline with model.pipeline, else shapes",
+                             choices=TEXT_ENCODER_KINDS + (None,))
     path: Optional[str] = _f(None, "local folder with the text model and its tokenizer (t5, clip)")
-    max_length: int = _f(8, "caption tokens per sample (120 for Open-Sora's T5)", at_least=1)
+    max_length: Optional[int] = _f(None, "caption tokens per sample (120 for Open-Sora's T5); null: 8, or with "
+                                         "model.pipeline the tokens its pipeline gives the transformer", at_least=1)
 
 
 @dataclass
@@ -133,3 +145,39 @@ class VideoTrainConfig(TrainConfig):
     text_encoder: TextEncoderConfig = _section(TextEncoderConfig, "caption encoder")
     sample: VideoSampleConfig = _section(VideoSampleConfig, "sample_video.py settings")
     export: ExportConfig = _section(ExportConfig, "the diffusers folder written at the end of training")
+
+    def __post_init__(self):
+        """The settings left null take the moving-shapes demo's values, unless the run trains a pipeline
+        (``model.pipeline``), which gives them instead (``builders.pipeline.resolve_pipeline``): its
+        transformer's class is read here (a cheap JSON read), the rest when the pipeline is checked."""
+        m, t, d = self.model, self.text_encoder, self.data
+        if m.pipeline:
+            m.name = m.name or _transformer_class(m.pipeline)
+            return
+        m.name = m.name or DEMO_MODEL
+        t.kind = t.kind or "shapes"
+        t.max_length = t.max_length or DEMO_CAPTION_TOKENS
+        d.num_frames = d.num_frames or DEMO_FRAMES
+        d.image_size = d.image_size or DEMO_IMAGE_SIZE
+
+
+def _transformer_class(pipeline: str) -> Optional[str]:
+    """The class of the pipeline folder's transformer (None when it cannot be read: the pipeline's checks
+    say why)."""
+    import json
+    import os
+
+    try:
+        with open(os.path.join(pipeline, "transformer", "config.json")) as f:
+            name = json.load(f).get("_class_name")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return name if isinstance(name, str) else None
+
+
+def train_script_schema(tree: Dict[str, Any]):
+    """train.py's schema for the settings ``tree`` (the file's and the command line's, merged): a released
+    image model's pipeline folder (``model.pipeline``: Flux, SD3) trains as 1-frame clips with the video
+    trainer, so its config is a video one; anything else is an image config."""
+    model = tree.get("model")
+    return VideoTrainConfig if isinstance(model, dict) and model.get("pipeline") else TrainConfig

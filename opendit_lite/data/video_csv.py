@@ -48,7 +48,7 @@ def _read_rows(path: str, f) -> List[Tuple[str, str]]:
     if not reader.fieldnames or not {"path", "text"} <= set(reader.fieldnames):
         raise ValueError(f"{path}: the CSV needs a header with 'path' and 'text' columns, got {reader.fieldnames}")
     root = os.path.dirname(os.path.abspath(path))
-    rows, dropped, uncaptioned = [], [], 0
+    rows, dropped, uncaptioned = [], [], []
     for line, row in enumerate(reader, start=2):
         video = (row.get("path") or "").strip()
         full = video if os.path.isabs(video) else os.path.join(root, video)
@@ -56,13 +56,19 @@ def _read_rows(path: str, f) -> List[Tuple[str, str]]:
             dropped.append(f"line {line}: {video or '(no path)'}")
             continue
         caption = (row.get("text") or "").strip()
-        uncaptioned += not caption
+        if not caption:
+            uncaptioned.append(line)
         rows.append((full, caption))
     if dropped:
         print(f"warning: {path}: skipping {len(dropped)} row(s) whose video is missing or empty, e.g. {dropped[0]}",
               file=sys.stderr)
     if uncaptioned:
-        print(f"warning: {path}: {uncaptioned} row(s) have an empty caption", file=sys.stderr)
+        lines = ", ".join(map(str, uncaptioned[:10])) + (f" and {len(uncaptioned) - 10} more" if len(uncaptioned) > 10
+                                                         else "")
+        every = " (every row: is the caption column named 'text'?)" if len(uncaptioned) == len(rows) else ""
+        print(f"warning: {path}: {len(uncaptioned)} row(s) have an empty caption{every}, on line(s) {lines}; they "
+              f"train as the empty caption. Write their captions in the 'text' column, or remove the rows.",
+              file=sys.stderr)
     if not rows:
         raise ValueError(f"{path}: no row names an existing, non-empty video file")
     return rows

@@ -5,6 +5,12 @@
 ``scripts/extract_latents.py --family`` also writes ``meta.json`` (``write_video_latent_meta``):
 the family and transformer class they were encoded for, the count and shapes; the trainer reads it
 (``video_latent_meta``) to refuse latents made for another model.
+
+Latents extracted from a diffusers pipeline folder (``--pipeline``; ``meta.json`` says
+``format: pipeline``, with the pipeline's fingerprint and each file's pixel size) hold the pipeline's
+own text inputs instead of states and mask: ``text``, a mapping of transformer keyword to tensor
+(``save_pipeline_latents``, read by ``PipelineLatentDataset``), and ``null_text.pt`` holds what the
+pipeline feeds its unconditional branch (``save_null_text``).
 """
 
 import glob
@@ -44,6 +50,82 @@ def video_latent_meta(folder: str) -> Dict:
             return json.load(f)
     except (OSError, ValueError) as e:
         raise ValueError(f"cannot read {path}: {e}") from None
+
+
+PIPELINE_FORMAT = "pipeline"
+NULL_TEXT = "null_text.pt"
+
+
+def save_pipeline_latents(folder: str, index: int, latents: torch.Tensor, text: Dict[str, torch.Tensor],
+                          caption: str) -> str:
+    """One clip of a pipeline's latents [C, T, h, w] and its text inputs (keyword -> tensor, one sample's)."""
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"{index:08d}.pt")
+    torch.save({"latents": latents.cpu(), "text": {k: v.cpu() for k, v in text.items()}, "caption": caption}, path)
+    return path
+
+
+def save_null_text(folder: str, text: Dict[str, torch.Tensor]) -> str:
+    """The pipeline's unconditional text inputs ([1, ...] per keyword) beside its latents."""
+    path = os.path.join(folder, NULL_TEXT)
+    torch.save({k: v.cpu() for k, v in text.items()}, path)
+    return path
+
+
+def load_null_text(folder: str) -> Dict[str, torch.Tensor]:
+    path = os.path.join(folder, NULL_TEXT)
+    if not os.path.isfile(path):
+        raise ValueError(f"{folder!r} holds no {NULL_TEXT} (what the pipeline feeds its unconditional branch): "
+                         f"extract the latents again with scripts/extract_latents.py --pipeline")
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def _read_item(path: str, keys) -> Dict:
+    try:
+        item = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # pickled objects (weights_only refuses them), truncated, not a torch file
+        raise ValueError(f"cannot read video latents {path!r} as tensors ({type(e).__name__}: "
+                         f"{' '.join(str(e).split())[:160]})") from None
+    missing = [k for k in keys if not isinstance(item, dict) or k not in item]
+    if missing:
+        raise ValueError(f"video latents {path!r} lack {', '.join(missing)}")
+    return item
+
+
+class PipelineLatentDataset(Dataset):
+    """item = (latents [C, T, h, w], text inputs {keyword: tensor}, caption); ``sample_shapes`` are the
+    clips' pixel sizes (frames, height, width), recorded at extraction, for buckets: an index
+    ``(i, T, H, W)`` reads clip i, which must be of that size (latents cannot be resized)."""
+
+    def __init__(self, folder: str, sizes: Dict[str, list]):
+        self.files = sorted(glob.glob(os.path.join(folder, "*.pt")))
+        self.files = [f for f in self.files if os.path.basename(f) != NULL_TEXT]
+        if not self.files:
+            raise ValueError(f"no .pt latent files in {folder!r}; extract them with scripts/extract_latents.py "
+                             f"--pipeline")
+        unknown = [os.path.basename(f) for f in self.files if os.path.basename(f) not in sizes]
+        if unknown:
+            raise ValueError(f"{folder!r}: meta.json records no size for {len(unknown)} file(s), e.g. {unknown[0]}; "
+                             f"extract the folder again")
+        self.sizes = [tuple(sizes[os.path.basename(f)]) for f in self.files]
+        _read_item(self.files[0], ("latents", "text", "caption"))
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    @property
+    def sample_shapes(self):
+        return self.sizes
+
+    def __getitem__(self, index):
+        if isinstance(index, tuple):
+            index, *shape = index
+            if tuple(shape) != self.sizes[index]:
+                raise ValueError(f"{self.files[index]} holds a {'x'.join(map(str, self.sizes[index]))} clip, not "
+                                 f"the {'x'.join(map(str, shape))} of its bucket: latents are not resized; list "
+                                 f"their exact sizes in data.buckets")
+        item = _read_item(self.files[index], ("latents", "text", "caption"))
+        return item["latents"], item["text"], item["caption"]
 
 
 class VideoLatentDataset(Dataset):

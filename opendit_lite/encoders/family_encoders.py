@@ -83,6 +83,12 @@ def load_family_text_encoder(spec: FamilyEncoders, path: str, what: str, max_len
         raise ConfigError(f"{what} holds a {model_type or 'model without model_type'} text model; the "
                           f"{spec.transformer} family encodes captions with {' or '.join(spec.text_models)}.")
     model_cls = getattr(transformers, TEXT_MODEL_CLASSES[model_type])
+    from .pipeline_folder import has_tokenizer
+
+    if not has_tokenizer(tokenizer_path or path):  # transformers would make one from the config alone: all <unk>
+        raise ConfigError(f"the tokenizer folder {tokenizer_path or path!r} holds no tokenizer files, so captions "
+                          f"would be encoded as unknown tokens: give the tokenizer's folder (a pipeline's tokenizer/) "
+                          f"or save it beside the encoder.")
     try:
         tokenizer = transformers.AutoTokenizer.from_pretrained(tokenizer_path or path, local_files_only=True)
     except (OSError, ValueError) as e:

@@ -66,6 +66,14 @@ def load_text_encoder(kind: str, path: str, max_length: int, dtype: torch.dtype 
     if not os.path.isdir(path):
         raise FileNotFoundError(f"text encoder folder {path!r} not found: point text_encoder.path at a local "
                                 f"folder with the model and tokenizer (save_pretrained output); nothing is downloaded")
+    from .pipeline_folder import TOKENIZER_FILES, has_tokenizer
+
+    if not has_tokenizer(path):  # transformers would make one from the model config alone: every word <unk>
+        files = ", ".join(TOKENIZER_FILES)
+        raise FileNotFoundError(f"text encoder folder {path!r} holds no tokenizer (none of {files}),"
+                                f" so captions would be encoded as unknown tokens: save the tokenizer beside the model "
+                                f"(a pipeline keeps it in the matching tokenizer*/ folder), or train from the whole "
+                                f"pipeline with model.pipeline")
     import transformers
 
     model_cls = {"t5": transformers.T5EncoderModel, "clip": transformers.CLIPTextModel}.get(kind)

@@ -6,13 +6,22 @@ local path (``eval.inception_path``; nothing is downloaded).
 
 The pieces are usable on their own: ``load_inception`` (the feature extractor), ``load_reference``
 (statistics from an .npz or an image folder), ``score_images`` (any feature extractor, e.g. a tiny
-random one in tests) and ``generate_samples``.
+random one in tests) and ``generate_samples``. They are imported on first use, so that the command
+checks its settings before torch is imported.
 """
 
-from .features import FeatureFn, extract_features, load_inception
-from .images import load_images
-from .metrics import score_images
-from .reference import Reference, load_reference
+import importlib
 
-__all__ = ["FeatureFn", "Reference", "extract_features", "load_images", "load_inception", "load_reference",
-           "score_images"]
+_LAZY = {
+    "FeatureFn": "features", "extract_features": "features", "load_inception": "features",
+    "load_images": "images", "score_images": "metrics", "Reference": "reference", "load_reference": "reference",
+}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = sorted(_LAZY)

@@ -17,20 +17,28 @@ their features) and the reference and samples files are checked before anything 
 
 import os
 
-from opendit_lite.utils.quiet import quiet_third_party_startup
+from opendit_lite.utils.exit_codes import exit_at_once_on_stop_signals, heavy_imports, script_main
+
+if __name__ == "__main__":
+    exit_at_once_on_stop_signals()  # a Ctrl-C or SIGTERM during the imports below: exit 130 at once
+
+from opendit_lite.utils.quiet import quiet_third_party_startup  # noqa: E402
 
 quiet_third_party_startup()  # before colossalai is imported
 
-from opendit_lite.config import parse_cli
-from opendit_lite.evaluate.generate import generate_samples
-from opendit_lite.evaluate.run import check_eval_config, score
-from opendit_lite.sampling import sampling_ranks
-from opendit_lite.utils.exit_codes import script_main
+# No torch below: a config error ends before the seconds of importing torch, timm and Colossal-AI.
+from opendit_lite.config import parse_cli  # noqa: E402
+from opendit_lite.evaluate.settings import check_eval_settings  # noqa: E402
 
 
 @script_main
 def main(argv) -> dict:
     cfg = parse_cli(argv, __doc__)
+    check_eval_settings(cfg)
+    with heavy_imports():
+        from opendit_lite.evaluate.generate import generate_samples
+        from opendit_lite.evaluate.run import check_eval_config, score
+        from opendit_lite.sampling import sampling_ranks
     check_eval_config(cfg)
     out_dir = cfg.eval.output_dir or os.path.join(cfg.results_dir, cfg.exp_name, "eval")
     samples = cfg.eval.samples

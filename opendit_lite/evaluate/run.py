@@ -6,25 +6,17 @@ import os
 
 import torch
 
-from ..config import ConfigError
 from .features import load_inception
 from .images import check_images_file, load_images
 from .metrics import score_images
 from .reference import check_reference_file, load_reference
+from .settings import check_eval_settings
 
 
 def check_eval_config(cfg) -> None:
     """What can be checked before sampling starts, so a bad setting does not cost a sampling run."""
+    check_eval_settings(cfg)
     e = cfg.eval
-    if e.samples and not os.path.isfile(e.samples):
-        raise ConfigError(f"'eval.samples' {e.samples!r} does not exist.")
-    if e.reference and not os.path.exists(e.reference):
-        raise ConfigError(f"'eval.reference' {e.reference!r} does not exist.")
-    if e.precision_recall and not e.reference:
-        raise ConfigError("'eval.precision_recall' compares with reference images: set eval.reference.")
-    if not e.score and (e.reference or e.precision_recall):
-        raise ConfigError("'eval.score'=false only writes samples, but eval.reference / eval.precision_recall ask "
-                          "for metrics: remove them, or set eval.score=true with eval.inception_path.")
     if e.samples:
         check_images_file(e.samples)  # the files' formats from their headers: cheap, so first
     if e.reference:

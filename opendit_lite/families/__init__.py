@@ -5,10 +5,13 @@ their pieces out to the mechanisms that look them up (capabilities, sequence par
 AdaLN); every entry point that builds, parallelizes, plans or samples a model imports it.
 
 ``FamilyDenoiser`` wraps a model with its family's adapter into the ``(x, t, y, mask)`` denoiser
-every objective and sampler calls. Adding a family: ``docs/adding_a_family.md``.
+every objective and sampler calls; ``PipelineDenoiser`` (``pipeline_denoiser.py``) wraps the
+transformer of a run from a diffusers pipeline folder, fed what that pipeline feeds it (each
+family's ``<family>/conditioning.py``). Adding a family: ``docs/adding_a_family.md``.
 
 Training recipes (objective, training-time distribution, shift), as each family's release trains
-and samples (each in its ``<family>/adapter.py``):
+and samples (each in its ``<family>/adapter.py``; a run from a pipeline folder takes the shift of the
+pipeline's own scheduler instead):
 
 | family | objective | times | shift |
 |---|---|---|---|
@@ -25,6 +28,7 @@ calls the model; the other pieces name diffusers' classes.
 
 from . import cogvideox, flux, hunyuan_video, ltx_video, sd3, wan  # noqa: F401  (registers the six families)
 from .adapter_base import FamilyAdapter, Recipe
+from .conditioning_base import PipelineConditioning
 from .family_denoiser import FamilyDenoiser
 from .registry import (
     FAMILIES,
@@ -33,6 +37,7 @@ from .registry import (
     family_adapter,
     family_class_names,
     family_of,
+    family_of_pipeline,
     find_family,
     is_family,
     register_family,
@@ -40,6 +45,6 @@ from .registry import (
 )
 from .step_cache_spec import StepCacheSpec
 
-__all__ = ["FAMILIES", "Family", "FamilyAdapter", "FamilyDenoiser", "Recipe", "Release", "StepCacheSpec",
-           "family_adapter", "family_class_names", "family_of", "find_family", "is_family", "register_family",
-           "unregistered_pieces"]
+__all__ = ["FAMILIES", "Family", "FamilyAdapter", "FamilyDenoiser", "PipelineConditioning", "Recipe", "Release",
+           "StepCacheSpec", "family_adapter", "family_class_names", "family_of", "family_of_pipeline", "find_family",
+           "is_family", "register_family", "unregistered_pieces"]

@@ -16,12 +16,16 @@ specific to it:
   for extracting latents (``scripts/extract_latents.py --family``);
 * ``step_cache`` (``<family>/step_cache.py``): what sampling's step caches need beyond diffusers'
   hooks (TeaCache's signal, the first block's timestep-modulated input, or why there is none);
+* ``pipeline``: the family's diffusers pipeline class (``FluxPipeline``), the one statement of it: a
+  pipeline folder of that class trains this family (``family_of_pipeline``), and a trained model
+  goes back to it (its LoRA adapters through that class's own ``save_lora_weights``,
+  ``interop.export_lora``, which ``<pipeline>.load_lora_weights`` reads);
+* ``conditioning`` (``<family>/conditioning.py``): what that pipeline feeds its transformer, which a
+  run from a pipeline folder (``model.pipeline``) trains on;
+* ``tiny`` (``<family>/tiny.py``): tiny random pipelines of the family's released layouts
+  (``tiny_pipelines.py``, ``scripts/make_tiny_pipeline.py``).
 * ``releases`` (in the record): the transformer configs of released checkpoints, so that the planner
   (``python -m opendit_lite.plan``) plans a config naming one whose folder is not on this machine.
-
-Export needs one name per family, ``pipeline``: a trained model goes back to its diffusers class by
-that class's name (``interop.export_family``), its LoRA adapters through the pipeline class's own
-``save_lora_weights`` (``interop.export_lora``), which ``<pipeline>.load_lora_weights`` reads.
 
 ``register_family`` checks the record (its pieces name the same class and family), then fans the
 pieces out to the mechanisms that look them up by class in their own tables, below this package in
@@ -47,7 +51,9 @@ from ..parallel.diffusers_sp import FAMILIES as SP_SPECS
 from ..parallel.diffusers_sp import register_family_spec
 from ..parallel.diffusers_sp.spec_types import FamilySpec
 from .adapter_base import FamilyAdapter
+from .conditioning_base import PipelineConditioning
 from .step_cache_spec import StepCacheSpec
+from .tiny_parts import TinyPipeline
 
 
 @dataclass(frozen=True)
@@ -70,7 +76,7 @@ class Family:
 
     name: str                          # its folder under opendit_lite/families/ ("wan", "hunyuan_video")
     class_name: str                    # the diffusers transformer class (``model.name`` in a config)
-    pipeline: str                      # the diffusers pipeline class whose LoRA files and folders the export writes
+    pipeline: str                      # the diffusers pipeline class: its conditioning, LoRA files and folders
     module: str                        # the diffusers module defining that class
     block_lists: Tuple[str, ...]       # capability: the block lists, in forward order
     lora_targets: Tuple[str, ...]      # capability: the layers LoRA adapts by default
@@ -79,6 +85,8 @@ class Family:
     fused_norms: FusedNorms            # fused_adaln's block swaps
     encoding: FamilyEncoders           # VAE, latent normalisation, text encoder
     step_cache: StepCacheSpec          # sampling's step caches: TeaCache's signal
+    conditioning: PipelineConditioning  # what its diffusers pipeline feeds the transformer
+    tiny: Tuple[TinyPipeline, ...]     # tiny random pipelines of its released layouts
     aliases: Tuple[str, ...] = ()      # other short names ``find_family`` takes
     releases: Tuple[Release, ...] = ()  # released checkpoints' transformer configs (for the planner)
 
@@ -109,6 +117,8 @@ def _check_record(family: Family) -> None:
         problems.append("step_cache has no TeaCache signal and says no reason (no_teacache)")
     if not family.block_lists or not family.lora_targets:
         problems.append("block_lists and lora_targets must be non-empty")
+    if not family.pipeline or not family.tiny:
+        problems.append("pipeline and tiny must be non-empty")
     if problems:
         raise ValueError(f"family {family.name!r} ({family.class_name}): " + "; ".join(problems))
     for other in FAMILIES.values():
@@ -150,6 +160,11 @@ def _class_name(name_or_model: Union[str, nn.Module, type, None]) -> Optional[st
         return name_or_model
     cls = name_or_model if isinstance(name_or_model, type) else type(name_or_model)
     return cls.__name__
+
+
+def family_of_pipeline(pipeline_class: str) -> Optional[Family]:
+    """The family whose pipeline class is ``pipeline_class``; None if none."""
+    return next((f for f in FAMILIES.values() if f.pipeline == pipeline_class), None)
 
 
 def _by_class(class_name: Optional[str]) -> Optional[Family]:

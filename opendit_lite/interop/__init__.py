@@ -5,33 +5,26 @@ folders their own class loads, or their LoRA adapters alone as their pipeline's 
 ``pipeline_links`` writes a pipeline folder around freshly written transformers, linking the
 untouched components; ``family_checkpoint`` exports a family run's checkpoint (imported from there:
 it reads checkpoints and needs the families registered); ``pretrained_files`` gives exported files
-the mode of a plain file and checks pretrained folders coming in."""
+the mode of a plain file and checks pretrained folders coming in. The names below are imported on
+first use, so that the scripts check their arguments (``pretrained_files`` needs no torch) before
+torch and diffusers are imported."""
 
-from .diffusers_dit import (
-    diffusers_dit_config,
-    diffusers_to_dit_state_dict,
-    dit_to_diffusers_state_dict,
-    from_diffusers_dit,
-    timestep_frequency_mismatch,
-    to_diffusers_dit,
-    use_meta_timestep_frequencies,
-)
-from .diffusers_export import LORA_MODES, LORA_WEIGHT_NAME, export_family, export_lora, unwrap_model
-from .pretrained_files import check_pretrained_folder, make_readable
+import importlib
 
-__all__ = [
-    "LORA_MODES",
-    "LORA_WEIGHT_NAME",
-    "export_family",
-    "export_lora",
-    "make_readable",
-    "unwrap_model",
-    "check_pretrained_folder",
-    "diffusers_dit_config",
-    "diffusers_to_dit_state_dict",
-    "dit_to_diffusers_state_dict",
-    "from_diffusers_dit",
-    "timestep_frequency_mismatch",
-    "to_diffusers_dit",
-    "use_meta_timestep_frequencies",
-]
+_LAZY = {
+    **{name: "diffusers_dit" for name in ("diffusers_dit_config", "diffusers_to_dit_state_dict",
+                                          "dit_to_diffusers_state_dict", "from_diffusers_dit",
+                                          "timestep_frequency_mismatch", "to_diffusers_dit",
+                                          "use_meta_timestep_frequencies")},
+    **{name: "diffusers_export" for name in ("LORA_MODES", "export_family", "export_lora", "unwrap_model")},
+    **{name: "pretrained_files" for name in ("LORA_WEIGHT_NAME", "check_pretrained_folder", "make_readable")},
+}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = sorted(_LAZY)

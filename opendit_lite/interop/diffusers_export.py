@@ -37,9 +37,8 @@ import torch
 import torch.nn as nn
 
 from ..errors import ConfigError
-from .pretrained_files import make_readable
+from .pretrained_files import LORA_WEIGHT_NAME, make_readable
 
-LORA_WEIGHT_NAME = "pytorch_lora_weights.safetensors"  # the file name diffusers' LoRA loaders look for
 LORA_MODES = ("merged", "adapter")  # a LoRA run's export: the adapters merged into a full model, or alone
 ADAPTER = "default"  # the adapter name peft gives apply_lora's adapters
 # Path segments that wrappers of the whole model add to every key.
@@ -149,11 +148,10 @@ def export_family(model: nn.Module, output: str, *, state: Optional[Dict[str, to
     return make_readable(output)
 
 
-def export_lora(model: nn.Module, output: str, *, state: Optional[Dict[str, torch.Tensor]] = None,
-                pipeline: Optional[str] = None) -> str:
+def export_lora(model: nn.Module, output: str, *, state: Optional[Dict[str, torch.Tensor]] = None) -> str:
     """Write the LoRA adapters of ``model`` (a diffusers transformer with peft adapters, as trained),
     and nothing else, as ``<output>/pytorch_lora_weights.safetensors`` with ``save_lora_weights`` of
-    the pipeline class ``pipeline`` (None: the family's, ``Family.pipeline``); returns ``output``.
+    its family's pipeline class (``Family.pipeline``); returns ``output``.
     ``state``: the weights to take the adapters from (the EMA's; None: the model's own)."""
     import diffusers
     from peft.utils import get_peft_model_state_dict
@@ -164,18 +162,16 @@ def export_lora(model: nn.Module, output: str, *, state: Optional[Dict[str, torc
     if ADAPTER not in getattr(plain, "peft_config", {}):
         raise ConfigError(f"{type(plain).__name__} has no LoRA adapters to export (lora.rank 0 trains every weight): "
                           f"export the whole model (export_family) instead.")
-    if pipeline is None:
-        family = family_of(diffusers_class(plain))
-        if family is None:
-            raise ConfigError(f"{diffusers_class(plain).__name__} is not the transformer of a registered family; name "
-                              f"the diffusers pipeline whose LoRA format to write (pipeline=...).")
-        pipeline = family.pipeline
+    family = family_of(diffusers_class(plain))
+    if family is None:
+        raise ConfigError(f"{diffusers_class(plain).__name__} is not the transformer of a registered family, so no "
+                          f"pipeline's LoRA format is known for it; export the whole model (export_family) instead.")
     adapters = get_peft_model_state_dict(plain, state_dict=state, adapter_name=ADAPTER)
     if not adapters:
         raise ConfigError("the weights given hold none of the model's LoRA adapters (no lora_A / lora_B entries): "
                           "export the checkpoint of the LoRA run itself.")
     os.makedirs(output, exist_ok=True)
-    getattr(diffusers, pipeline).save_lora_weights(
+    getattr(diffusers, family.pipeline).save_lora_weights(
         output, transformer_lora_layers={k: v.contiguous() for k, v in adapters.items()},
         transformer_lora_adapter_metadata=plain.peft_config[ADAPTER].to_dict(), weight_name=LORA_WEIGHT_NAME)
     return make_readable(output)

@@ -32,19 +32,16 @@ from ..checkpoint.files import atomic_path
 from ..checkpoint.weights import read_weights
 from ..distributed.ranks import from_rank0, global_rank
 from ..errors import CheckpointError, ConfigError
-from ..families import family_of, is_family
+from ..families import is_family
 from ..models.experts import expert_components
 from ..models.lora import apply_lora
 from .diffusers_export import export_family, export_lora
-from .pipeline_links import link_pipeline, read_model_index
+from .pipeline_links import link_pipeline
 
 
 def _component_folder(model: dict, component: str) -> Optional[str]:
-    """The folder the run loaded ``component`` from: ``model.path`` for a one-transformer run, else the
-    pipeline's sub-folder."""
-    if model.get("expert") is None and model.get("path"):
-        return model["path"]
-    return os.path.join(model["pipeline"], component) if model.get("pipeline") else None
+    """The folder the run loaded ``component`` from: the pipeline's sub-folder, else ``model.path``."""
+    return os.path.join(model["pipeline"], component) if model.get("pipeline") else model.get("path")
 
 
 def _family_config(model: dict, component: str = "transformer") -> dict:
@@ -55,8 +52,9 @@ def _family_config(model: dict, component: str = "transformer") -> dict:
     folder = _component_folder(model, component)
     config = os.path.join(folder or "", "config.json")
     if not folder or not os.path.isfile(config):
-        raise ConfigError(f"the run's model {model.get('name')} was loaded from {folder!r}, whose config.json is "
-                          f"needed to rebuild it and is no longer there; restore that folder.")
+        where = f"model.pipeline's {component}" if model.get("pipeline") else "model.path"
+        raise ConfigError(f"the run's model {model.get('name')} was loaded from {where} {folder!r}, whose "
+                          f"config.json is needed to rebuild it and is no longer there; restore that folder.")
     with open(config) as f:
         return json.load(f)
 
@@ -77,13 +75,6 @@ def family_model_skeleton(model: dict, lora: Optional[dict] = None, component: s
             apply_lora(skeleton, rank=lora["rank"], alpha=lora["alpha"], dropout=lora.get("dropout", 0.0),
                        targets=lora.get("targets"))
     return skeleton
-
-
-def _pipeline_class(model: dict) -> str:
-    """The pipeline class whose LoRA format to write: the source pipeline's, else the family's."""
-    if model.get("pipeline"):
-        return read_model_index(model["pipeline"])["_class_name"]
-    return family_of(model["name"]).pipeline
 
 
 def export_family_checkpoint(model: dict, lora: Optional[dict], checkpoint: str, output: str, *,
@@ -127,7 +118,7 @@ def _write(model: dict, skeletons: Dict[str, nn.Module], checkpoint: str, folder
     if lora_mode == "adapter":  # the adapters alone; the low-noise expert's in transformer_2/
         for component, skeleton in skeletons.items():
             out = folder if component == "transformer" else os.path.join(folder, component)
-            export_lora(skeleton, out, state=parts[component], pipeline=_pipeline_class(model))
+            export_lora(skeleton, out, state=parts[component])  # the family's pipeline class
         return
     if model.get("pipeline"):  # a pipeline folder: the trained transformers fresh, the rest linked
         link_pipeline(model["pipeline"], folder, trained=list(skeletons))

@@ -14,47 +14,28 @@ when the run folder is moved or copied elsewhere on the machine (a relative link
 both moved together); it needs the source pipeline to stay where it was, as the run itself did.
 """
 
-import json
 import os
 import shutil
-from typing import Dict, List, Sequence
+from typing import List, Sequence
 
+from ..encoders.pipeline_folder import INDEX, components, read_pipeline_index
 from ..errors import ConfigError
-
-MODEL_INDEX = "model_index.json"
-
-
-def read_model_index(folder: str) -> Dict:
-    """The pipeline's ``model_index.json`` as a dict; a ConfigError when ``folder`` holds none."""
-    path = os.path.join(folder, MODEL_INDEX)
-    if not os.path.isfile(path):
-        raise ConfigError(f"{folder!r} holds no {MODEL_INDEX}, so it is not a diffusers pipeline folder: point "
-                          f"model.pipeline at the folder save_pretrained wrote (model_index.json, transformer/, "
-                          f"vae/, ...).")
-    with open(path) as f:
-        return json.load(f)
-
-
-def pipeline_components(folder: str) -> List[str]:
-    """The components ``model_index.json`` lists (a ``[library, class]`` pair, not null), in its order."""
-    index = read_model_index(folder)
-    return [name for name, value in index.items()
-            if not name.startswith("_") and isinstance(value, list) and len(value) == 2 and value[0] is not None]
 
 
 def link_pipeline(source: str, output: str, trained: Sequence[str]) -> List[str]:
     """Fill ``output`` (created if needed) with ``source``'s ``model_index.json`` and an absolute link to
     each of its components not in ``trained``; returns the linked names. The trained components must
-    be ones ``source`` lists; the caller writes them into ``output/<name>/``."""
-    components = pipeline_components(source)
-    unknown = sorted(set(trained) - set(components))
+    be ones ``source`` lists (``read_pipeline_index`` checks the folder); the caller writes them into
+    ``output/<name>/``."""
+    listed = list(components(read_pipeline_index(source, "the run's model.pipeline")))
+    unknown = sorted(set(trained) - set(listed))
     if unknown:
         raise ConfigError(f"the pipeline {source!r} has no component {', '.join(unknown)} (its components: "
-                          f"{', '.join(components)}), so the trained model cannot take its place there.")
+                          f"{', '.join(listed)}), so the trained model cannot take its place there.")
     os.makedirs(output, exist_ok=True)
-    shutil.copyfile(os.path.join(source, MODEL_INDEX), os.path.join(output, MODEL_INDEX))
+    shutil.copyfile(os.path.join(source, INDEX), os.path.join(output, INDEX))
     linked = []
-    for name in components:
+    for name in listed:
         target = os.path.realpath(os.path.join(source, name))
         if name in trained or not os.path.exists(target):
             continue

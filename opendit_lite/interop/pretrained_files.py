@@ -7,6 +7,8 @@
 * ``check_pretrained_folder``: a folder about to be read with ``from_pretrained`` must hold a
   config and safetensors weights. Pickled weights (``.bin``, ``.pt``) are refused before any loader
   sees them: unpickling runs code, and the loaders' own refusal is a traceback.
+* ``LORA_WEIGHT_NAME``: the file a LoRA export writes and diffusers' LoRA loaders read (a name the
+  export script checks before torch is imported).
 """
 
 import os
@@ -14,6 +16,7 @@ import os
 from ..errors import ConfigError
 
 PICKLED = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+LORA_WEIGHT_NAME = "pytorch_lora_weights.safetensors"  # the file name diffusers' LoRA loaders look for
 
 
 def _plain_file_mode() -> int:

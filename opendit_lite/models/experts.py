@@ -39,10 +39,17 @@ def expert_components(expert: Optional[str]) -> Tuple[str, ...]:
     return ("transformer",) if expert is None else EXPERT_COMPONENTS[expert]
 
 
+def runs_high_noise(timestep, boundary: float):
+    """Whether the high-noise expert (``transformer``) denoises at ``timestep`` (a number, or a tensor of
+    them: a bool tensor): at or above ``boundary``, WanPipeline's rule. The one statement of it: the
+    training model (``NoiseExperts``) and the tests that compare with the pipeline route by it."""
+    return timestep >= boundary
+
+
 def expert_time_range(expert: str, boundary_ratio: float) -> Tuple[float, float]:
     """The flow times [lo, hi) that ``expert`` denoises in the pipeline: [boundary_ratio, 1] for the
-    high-noise expert (timestep = time x num_train_timesteps >= the boundary), [0, boundary_ratio)
-    for the low-noise one, everything for both."""
+    high-noise expert (``runs_high_noise``: time x num_train_timesteps >= the boundary), [0,
+    boundary_ratio) for the low-noise one, everything for both."""
     return {"both": (0.0, 1.0), "high_noise": (boundary_ratio, 1.0), "low_noise": (0.0, boundary_ratio)}[expert]
 
 
@@ -74,7 +81,7 @@ class NoiseExperts(nn.Module):
         if timestep.shape != (B,):
             raise ValueError(f"NoiseExperts routes each sample by its one timestep: timestep must be [B] = "
                              f"[{B}], got {tuple(timestep.shape)} (per-token timesteps have no single expert)")
-        high = timestep >= self.boundary                                            # [B] bool
+        high = runs_high_noise(timestep, self.boundary)                             # [B] bool
         outputs, order, touch = [], [], None
         for take, (_, expert) in zip((high, ~high), self.experts()):
             index = take.nonzero().flatten()                                        # [b] samples of this expert

@@ -18,19 +18,23 @@ import os
 import sys
 from typing import Optional
 
-from ..builders.family import config_schema
-from ..config import ConfigError, from_dict, parse_overrides, read_yaml
-from ..utils.exit_codes import script_main
-from . import Speed, plan_config, plan_precision
-from .fragment import config_fragment
+from ..utils.exit_codes import exit_at_once_on_stop_signals, heavy_imports, script_main
 
+if __name__ == "__main__":
+    exit_at_once_on_stop_signals()  # a Ctrl-C or SIGTERM during the imports below: exit 130 at once
 
-class _Parser(argparse.ArgumentParser):
-    """argparse's mistakes (a missing option, a value that is not a number) as one ConfigError paragraph,
-    ended by ``script_main`` with exit 2, instead of the usage block."""
-
-    def error(self, message):
-        raise ConfigError(f"{message}. Run python -m opendit_lite.plan --help for the options.")
+# No torch here: the options and the config are checked before the planner's imports (seconds).
+from ..config import (  # noqa: E402
+    ConfigError,
+    TrainConfig,
+    check_sections,
+    from_dict,
+    parse_overrides,
+    read_yaml,
+    validate_world,
+)
+from ..config.video_schema import VideoTrainConfig  # noqa: E402
+from ..utils.options import OptionParser  # noqa: E402
 
 
 def machine_host_gib() -> Optional[float]:
@@ -71,10 +75,27 @@ def _merged(tree: dict, top: dict) -> dict:
     return out
 
 
+def _check_config(tree: dict) -> None:
+    """What the schemas alone can refuse (an unknown key, a bad value), before the model registry is
+    imported to tell which schema the model takes: a config that neither the image nor the video
+    schema accepts is refused with the error of the one its sections point to (a text_encoder
+    section: the video one)."""
+    video_first = "text_encoder" in tree
+    schemas = (VideoTrainConfig, TrainConfig) if video_first else (TrainConfig, VideoTrainConfig)
+    first = None
+    for schema in schemas:
+        try:
+            from_dict(schema, tree)
+            return
+        except ConfigError as e:
+            first = first or e
+    raise first
+
+
 @script_main
 def main(argv) -> int:
-    p = _Parser(prog="python -m opendit_lite.plan", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OptionParser(prog="python -m opendit_lite.plan", description=__doc__,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", required=True, help="a train.py or train_video.py YAML config")
     p.add_argument("--gpu-memory", type=lambda t: _number(t, float, "the memory per device (GiB)", 0, False),
                    required=True, help="memory per device in GiB, e.g. 80")
@@ -95,23 +116,40 @@ def main(argv) -> int:
                    help="keep the config's zero_degree/sp_size/selective_ratio/ac_offload, memory.blocks_to_swap and "
                         "lora.base_precision; only size the buckets")
     p.add_argument("--tflops", type=lambda t: _number(t, float, "the achieved TFLOP/s", 0, False),
-                   default=Speed.tflops, help="achieved bf16 matmul TFLOP/s of the device (step-time costs)")
+                   default=None, help="achieved bf16 matmul TFLOP/s of the device (step-time costs; default: the "
+                                     "planner's assumed device)")
     p.add_argument("--h2d-gbps", type=lambda t: _number(t, float, "the host-to-device GB/s", 0, False),
-                   default=Speed.h2d_gbps, help="pinned host-to-device copy GB/s (cost of swapping, offload)")
+                   default=None, help="pinned host-to-device copy GB/s (cost of swapping, offload; default: the "
+                                       "planner's assumed device)")
     p.add_argument("overrides", nargs="*", help="key=value config overrides")
     args = p.parse_args(argv)
     if args.min_batch > args.max_batch:
         raise ConfigError(f"--min-batch {args.min_batch} is larger than --max-batch {args.max_batch}.")
-    tree = _merged(read_yaml(args.config), parse_overrides(args.overrides))
+    file_tree, top = read_yaml(args.config), parse_overrides(args.overrides)
+    # Sections before merging, which would replace a list section by an override's mapping (the video
+    # schema declares every section the image schema does).
+    check_sections(file_tree, f"config file '{args.config}'", VideoTrainConfig)
+    check_sections(top, "the command line", VideoTrainConfig)
+    tree = _merged(file_tree, top)
+    _check_config(tree)
+    with heavy_imports():
+        from ..builders.family import config_schema
+        from . import plan_config, plan_precision
+        from .fragment import config_fragment
+        from .weight_costs import Speed
     # Built without load_config's checks of data paths: planning needs no data.
     cfg = from_dict(config_schema(tree), tree)
+    if args.keep_settings:  # the run as configured must be able to start at this world size
+        validate_world(cfg, args.world_size)
     precision = plan_precision(cfg)
+    given = {"tflops": args.tflops, "h2d_gbps": args.h2d_gbps}
+    speed = Speed(**{k: v for k, v in given.items() if v is not None})
     host_gib = args.host_memory if args.host_memory is not None else machine_host_gib()
     result, buckets, shape = plan_config(cfg, args.gpu_memory, args.world_size, max_batch=args.max_batch,
                                          min_batch=args.min_batch, reserve_gib=args.reserve,
                                          fixed=args.keep_settings, precision=precision,
                                          ranks_per_node=args.gpus_per_node,
-                                         speed=Speed(tflops=args.tflops, h2d_gbps=args.h2d_gbps), host_gib=host_gib)
+                                         speed=speed, host_gib=host_gib)
     host = ("host memory not checked (this machine does not report its RAM: --host-memory)" if host_gib is None
             else f"{host_gib:.1f} GiB host memory per node" + ("" if args.host_memory is not None
                                                                else " (this machine's; --host-memory)"))

@@ -51,7 +51,7 @@ Decisions:
   times and step once; LowLevelZero adds the reduced gradients up internally, Gemini does so with
   ``gemini_kwargs={"enable_gradient_accumulation": True}``. Scale the loss by 1/accum_steps.
 - **Process group.** When no default process group exists the plugin creates it with
-  ``opendit_lite.distributed.launch.init_distributed()``: from torchrun's environment, or a world
+  ``opendit_lite.distributed.process_group.init_distributed()``: from torchrun's environment, or a world
   of one for a plain ``python`` process (gloo on CPU, NCCL on CUDA). The plugin does not call
   ``colossalai.launch``.
 - **Precision.** A name ("fp32", "tf32", "bf16", "fp16" with dynamic loss scaling in every
@@ -77,8 +77,8 @@ from torch.optim import Optimizer
 from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler
 
-from ..distributed.launch import init_distributed
 from ..distributed.mesh import block_groups, build_data_seq_mesh, default_node_size
+from ..distributed.process_group import init_distributed
 from ..ema import ShardedEMA, create_sharded_ema, update_sharded_ema
 from ..optim import AdamWEMA
 from ..precision import (
@@ -395,7 +395,7 @@ class OpenDiTPlugin(DPPluginBase):
     # ------------------------------------------------------------------ EMA
 
     # The EMA's logic is in opendit_lite.ema; the plugin keeps the EMA of the model it boosted and
-    # these two entry points, which the Booster snippet of the README and LiteGen users call.
+    # these two entry points, which the Booster snippet of docs/library_api.md and LiteGen users call.
 
     def create_ema(self, model: ModelWrapper, optimizer: Optional[OptimizerWrapper] = None) -> ShardedEMA:
         """Create the sharded fp32 EMA of ``model`` (boosted by this plugin), equal to its current

@@ -41,7 +41,7 @@ def load_image_model(cfg, ranks: SamplingRanks) -> Tuple[nn.Module, str, Optiona
     else:
         if cfg.model.num_classes is None:
             dataset = build_dataset_from_config(cfg)
-        resolve_model_geometry(cfg, dataset, vae)
+        resolve_model_geometry(cfg, dataset, vae, fed_data=False)  # sampling starts from noise of the model's size
     check_sampler(cfg)
     model = load_denoiser(build_model_from_config(cfg), cfg, ckpt, ranks)
     return model, ckpt, vae, dataset

@@ -10,8 +10,8 @@ import torch
 import torch.distributed as dist
 
 from ..config import ConfigError
-from ..distributed.launch import cleanup_distributed, init_distributed
 from ..distributed.mesh import build_data_seq_mesh, cfg_parallel_groups
+from ..distributed.process_group import cleanup_distributed, init_distributed
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,10 @@ def find_video_checkpoint(cfg) -> str:
                           f"written by train_video.py.")
     path = cfg.text_encoder.path
     adopt_trained_sections(cfg, saved, ("model", "diffusion", "text_encoder"))
+    if cfg.model.pipeline:
+        raise ConfigError(f"{ckpt!r} was trained from the pipeline folder {cfg.model.pipeline!r}; sample_video.py "
+                          f"does not sample through that pipeline in this version: load the run's diffusers/ export "
+                          f"into the pipeline ({cfg.model.name}.from_pretrained, or load_lora_weights) and call it.")
     cfg.text_encoder.path = path or cfg.text_encoder.path
     check_sampler(cfg)
     if not pixel_space(cfg) and not cfg.vae.path:

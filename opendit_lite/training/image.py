@@ -51,3 +51,21 @@ def periodic_image_evaluation(cfg: TrainConfig, log):
 IMAGE_TRAINER = TrainerSpec(name="image", schema=TrainConfig, prepare_data=prepare_image_data,
                             build_model=build_image_model, describe=describe_image_input,
                             evaluator=periodic_image_evaluation)
+
+
+def image_script_trainer(cfg) -> TrainerSpec:
+    """train.py's trainer for the parsed config ``cfg`` (``config.train_script_schema`` chose its schema):
+    the image trainer, or for a config naming the pipeline folder of an image family (``model.pipeline``:
+    Flux, SD3) the video trainer, which trains it on images as 1-frame clips, conditioned as its pipeline
+    conditions it. A video family's pipeline is refused, naming train_video.py."""
+    from ..builders.pipeline import pipeline_folder
+    from .video import VIDEO_TRAINER
+
+    pipeline = getattr(cfg.model, "pipeline", None)
+    if not pipeline:
+        return IMAGE_TRAINER
+    family = pipeline_folder(pipeline).family
+    if not family.adapter.image_only:
+        raise ConfigError(f"'model.pipeline' {pipeline!r} is a {family.class_name} pipeline, a video model: train it "
+                          f"with train_video.py (the same config); train.py trains the image pipelines (Flux, SD3).")
+    return VIDEO_TRAINER

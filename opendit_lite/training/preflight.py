@@ -17,6 +17,7 @@ import uuid
 from ..builders.family import check_model_family
 from ..checkpoint.catalog import META_FILE, list_checkpoints
 from ..checkpoint.layout import check_saved_model, checkpoint_root, wants_resume
+from ..checkpoint.weights import weight_files, weights_folder
 from ..config import ConfigError
 from ..errors import CheckpointError
 
@@ -61,7 +62,15 @@ def check_checkpoint_of_model(path: str, key: str, model_name: str) -> None:
             raise ConfigError(f"'{key}' {path!r} is not a complete checkpoint folder (it has no {META_FILE}: its save "
                               f"was interrupted, or it is another kind of folder). Pick a <exp_name>_step<N> folder "
                               f"written by training, or use auto_resume=true to take the newest complete one.")
-        return  # init_from may be a Colossal-AI sharded weight folder
+        try:  # init_from may be a sharded weight folder: it must hold weights
+            found = weight_files(weights_folder(path))
+        except (OSError, ValueError, KeyError) as e:
+            raise ConfigError(f"'{key}' {path!r}: its weight index cannot be read ({e}).") from None
+        if not found:
+            raise ConfigError(f"'{key}' {path!r} is a folder without .safetensors weights (in it or in its model/): "
+                              f"point it at a checkpoint folder, a sharded weight folder, a .safetensors file or an "
+                              f"original DiT .pt.")
+        return
     if not os.path.isdir(path):
         return  # init_from: a weight file (.pt/.safetensors); load_weights checks it
     try:

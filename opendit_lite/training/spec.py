@@ -20,13 +20,19 @@ class TrainingData:
     ``opendit_lite.precision.Precision``, which ``bucket_batch: auto`` plans with), when given,
     replaces the distributed sampler with one that sets each batch's samples and size (the bucket sampler of
     ``data/buckets.py``: the trainer then streams with ``BucketBatches``); ``loss_weight(batch)``
-    scales a batch's loss (a bucket's ``loss_weight``)."""
+    scales a batch's loss (a bucket's ``loss_weight``); ``objective(x_shape)``, when given, is the
+    objective of a batch of clean inputs of that shape (a shift per bucket: the token-count shift of
+    Flux and LTX-Video), else the config's; ``denoiser(model, wrapped)``, when given, is what the
+    objective calls, in place of the spec's (a run from a pipeline folder, whose denoiser holds what the
+    data encoded once: the pipeline's unconditional text)."""
 
     dataset: Any
     # loader batch -> (x [B, ...] the clean input of the objective, extra model keyword arguments)
     model_inputs: Callable[[Any], Tuple[torch.Tensor, dict]]
     batch_sampler: Optional[Callable[..., Any]] = None
     loss_weight: Optional[Callable[[Any], float]] = None
+    objective: Optional[Callable[[Tuple[int, ...]], Any]] = None
+    denoiser: Optional[Callable[[nn.Module, nn.Module], Callable]] = None
 
 
 @dataclass(frozen=True)

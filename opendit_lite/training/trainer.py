@@ -11,7 +11,6 @@ objective.
 import contextlib
 import os
 import sys
-from typing import Optional, Sequence
 
 import torch
 
@@ -21,17 +20,17 @@ from ..builders.parallelize import parallelize_from_config
 from ..checkpoint.layout import checkpoint_root, wants_resume
 from ..checkpoint.litter import remove_orphaned_tmp
 from ..checkpoint.weights import load_weights
-from ..config import ConfigError, parse_cli, to_dict, validate_world
+from ..config import ConfigError, to_dict, validate_world
 from ..data.indexed import IndexedDataset
 from ..diffusion.loss import objective_loss
 from ..diffusion.sampling_utils import SampleGenerators
-from ..distributed.launch import cleanup_distributed, init_distributed
+from ..distributed.process_group import cleanup_distributed, init_distributed
 from ..distributed.seed import seed_everything
 from ..ema import ema_horizon_note, ema_warmup_on
 from ..families import is_family
 from ..models import MODELS, registered_class
 from ..models.capabilities import check_sp_mode, condition_dropout_kwarg
-from ..utils.exit_codes import ignore_stop_signals, script_main
+from ..utils.exit_codes import ignore_stop_signals
 from .loop import build_booster, run_steps, write_run_config
 from .preflight import check_disk_space, check_training_inputs, check_writable
 from .run_lock import RunLock, experiment_lock_name
@@ -86,7 +85,10 @@ def train(spec: TrainerSpec, cfg, info) -> str:
         return resumed
     # What the objective calls: the boosted model, or (a diffusers family) it through its adapter;
     # the capabilities are declared by the serial model's class or by that denoiser.
-    denoiser = spec.denoiser(cfg, model, state.model) if spec.denoiser is not None else state.model
+    if data.denoiser is not None:
+        denoiser = data.denoiser(model, state.model)
+    else:
+        denoiser = spec.denoiser(cfg, model, state.model) if spec.denoiser is not None else state.model
     declared = model if denoiser is state.model else denoiser
     drop_kwarg = condition_dropout_kwarg(declared) if cfg.model.class_dropout_prob > 0 else None
 
@@ -100,7 +102,8 @@ def train(spec: TrainerSpec, cfg, info) -> str:
         if drop_kwarg is not None:
             u = draws.uniform((len(draws),), x.device, torch.float32)      # [B]
             model_kwargs[drop_kwarg] = u < cfg.model.class_dropout_prob
-        loss = objective_loss(objective, denoiser, x, model_kwargs, draws)
+        batch_objective = objective if data.objective is None else data.objective(tuple(x.shape))
+        loss = objective_loss(batch_objective, denoiser, x, model_kwargs, draws)
         return loss * data.loss_weight(batch) if data.loss_weight is not None else loss
 
     path = run_steps(state, cfg, booster, log, batch_loss, device=info.device, after_save=after_save)
@@ -124,15 +127,11 @@ def evaluation_hook(spec: TrainerSpec, cfg, log):
     return spec.evaluator(cfg, log)
 
 
-def run_trainer(spec: TrainerSpec, description: str, argv: Optional[Sequence[str]] = None) -> str:
-    """A script's ``main``: parse ``[--config FILE] key=value ...``, check the settings before any
-    process group starts, train, and tear the process group down. Errors end as ``script_main``
-    says: a bad input exits with 2, a non-finite loss with 3, a stop signal with 130."""
-    return script_main(lambda args: _run_trainer(spec, description, args))(argv)
-
-
-def _run_trainer(spec: TrainerSpec, description: str, argv: Sequence[str]) -> str:
-    cfg = parse_cli(argv, description, schema=spec.schema)
+def train_from_config(spec: TrainerSpec, cfg) -> str:
+    """What train.py and train_video.py run once their config is parsed (before they import this
+    module, so that a config error ends before torch is imported; their ``script_main`` turns the
+    errors into exit codes): check the settings across sections before any process group starts,
+    train, and tear the process group down; returns the final checkpoint's path."""
     if spec.validate is not None:
         spec.validate(cfg)
     if cfg.sp_size > 1 and cfg.model.name in MODELS and registered_class(cfg.model.name) is not None:

@@ -17,6 +17,7 @@ from ..builders.diffusers_model import (
 )
 from ..builders.family import check_model_family
 from ..builders.objective import build_training_objective
+from ..builders.pipeline import resolve_pipeline
 from ..builders.pipeline_experts import expert_objective_range, resolve_expert
 from ..builders.video import (
     CaptionEncoder,
@@ -25,6 +26,7 @@ from ..builders.video import (
     build_video_dataset,
     build_video_model,
     check_bucket_shapes,
+    check_latents_without_pipeline,
     load_caption_encoder,
     load_video_vae,
     model_clip_shape,
@@ -41,25 +43,34 @@ from ..errors import ConfigError
 from ..interop.family_checkpoint import export_family_checkpoint
 from ..parallel.modes import ulysses_heads_error
 from ..precision import Precision
+from .pipeline_data import prepare_pipeline_data
 from .spec import TrainerSpec, TrainingData
 
 
 def validate_video_config(cfg) -> None:
-    """Cross-section checks of the video schema (the loader checks each field on its own)."""
+    """Cross-section checks of the video schema (the loader checks each field on its own); a run from a
+    pipeline folder first takes what the folder settles (``builders.pipeline.resolve_pipeline``)."""
+    if cfg.model.pipeline:
+        resolve_pipeline(cfg)
+    resolve_expert(cfg)  # Wan 2.2's two experts: model.expert filled, so the saved config says what trains
     kind = cfg.text_encoder.kind
     if cfg.data.type == "shapes" and kind != "shapes":
         raise ConfigError(f"data.type=shapes carries its own word-vector caption states, so text_encoder.kind must "
                           f"be 'shapes' (got {kind!r}); use data.type=csv to train with a {kind} encoder.")
-    if cfg.data.num_frames < 1 or cfg.data.image_size < 1 or cfg.text_encoder.max_length < 1:
-        raise ConfigError("'data.num_frames', 'data.image_size' and 'text_encoder.max_length' must be positive.")
     m = cfg.model
     if not is_family(m.name):
         check_model_family(m.name, "video")  # an unknown name lists the zoo's and the diffusers classes
     if not is_family(m.name) and (m.path or m.config):
         raise ConfigError(f"'model.path' and 'model.config' are for the diffusers classes; {m.name} is a model of the "
                           f"zoo (built from model.name and the data): remove them.")
+    if not is_family(m.name) and m.guidance is not None:
+        raise ConfigError(f"model.guidance sets a diffusers pipeline's guidance embedding; {m.name} has none: remove "
+                          f"it.")
+    if is_family(m.name) and not m.pipeline:
+        check_family_without_pipeline(cfg)
+    if cfg.data.type == "latents" and not m.pipeline:
+        check_latents_without_pipeline(cfg.data.path)
     if is_family(m.name):  # model.path / model.config and the heads checked before anything starts
-        resolve_expert(cfg)  # Wan 2.2's two experts: model.expert filled, so the saved config says what trains
         heads = diffusers_config(cfg)["num_attention_heads"]
         if cfg.sp_size > 1 and cfg.sp_mode == "ulysses" and heads % cfg.sp_size:
             raise ulysses_heads_error(heads, cfg.sp_size, f"{m.name}'s attention")
@@ -68,6 +79,21 @@ def validate_video_config(cfg) -> None:
     if not is_family(m.name):  # the zoo's video models: rectified flow with logit-normal times unless set
         d.objective = d.objective or "rflow"
         d.timestep_sampling = d.timestep_sampling or "logit-normal"
+
+
+def check_family_without_pipeline(cfg) -> None:
+    """A diffusers family without ``model.pipeline`` (a random init, or ``model.path``) trains on the
+    embedded data, pixels or precomputed latents: encoding clips or captions for it takes its pipeline's
+    own VAE, text encoders and conditioning, which only ``model.pipeline`` gives."""
+    m = cfg.model
+    if cfg.vae.path:
+        raise ConfigError(f"vae.path encodes clips frame by frame with an image AutoencoderKL scaled by "
+                          f"vae.scale_factor, which is not how {m.name}'s pipeline encodes them: set model.pipeline to "
+                          f"the pipeline folder (its VAE and normalisation are used) and remove vae.path and "
+                          f"model.path.")
+    if m.guidance is not None:
+        raise ConfigError("model.guidance sets the guidance value a pipeline's transformer is trained with: it needs "
+                          "model.pipeline.")
 
 
 def exports_diffusers(cfg) -> bool:
@@ -150,6 +176,8 @@ def batch_to_inputs(batch, captions: Optional[CaptionEncoder], vae: Optional[Vid
 
 
 def prepare_video_data(cfg, device, sp_group=None) -> TrainingData:
+    if cfg.model.pipeline:
+        return prepare_pipeline_data(cfg, device, sp_group)
     buckets = video_buckets(cfg)
     family = is_family(cfg.model.name)
     if family:  # the caption width is the model's: the shapes data draws its word vectors at it
@@ -173,21 +201,27 @@ def prepare_video_data(cfg, device, sp_group=None) -> TrainingData:
 
     def batch_sampler(model, dp_rank: int, dp_size: int, world_size: int, log,
                       precision: Precision) -> BucketBatchSampler:
-        sized = buckets
-        check_bucket_shapes(sized, model_patch_size(cfg, model), vae.downsample if vae is not None else 1)
-        if cfg.bucket_batch == "auto":
-            from ..plan import plan_bucket_batches
-
-            sized = plan_bucket_batches(cfg, sized, world_size, precision, log)
-        sampler = build_bucket_sampler(sized, dataset, dp_rank, dp_size, cfg.global_seed)
-        log.write(sampler.describe())
-        return sampler
+        check_bucket_shapes(buckets, model_patch_size(cfg, model), vae.downsample if vae is not None else 1)
+        return sized_bucket_sampler(cfg, buckets, dataset, dp_rank, dp_size, world_size, log, precision)
 
     # Each sample's loss is the mean over its elements, so a clip and an image count alike; a
     # bucket's loss_weight scales its samples (a batch holds one bucket, of one pixel shape).
     weights = bucket_loss_weights(buckets)
     return TrainingData(dataset, model_inputs, batch_sampler=batch_sampler,
                         loss_weight=lambda batch: weights[tuple(batch[0].shape[2:])])
+
+
+def sized_bucket_sampler(cfg, buckets, dataset, dp_rank: int, dp_size: int, world_size: int, log,
+                         precision: Precision) -> BucketBatchSampler:
+    """The data-parallel rank's bucket sampler, its batch sizes planned for ``bucket_batch: auto``; its
+    description goes to the log."""
+    if cfg.bucket_batch == "auto":
+        from ..plan import plan_bucket_batches
+
+        buckets = plan_bucket_batches(cfg, buckets, world_size, precision, log)
+    sampler = build_bucket_sampler(buckets, dataset, dp_rank, dp_size, cfg.global_seed)
+    log.write(sampler.describe())
+    return sampler
 
 
 def describe_video_input(cfg) -> str:

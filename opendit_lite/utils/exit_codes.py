@@ -7,6 +7,7 @@ the paragraph and the exit code instead of a pointer to its traceback docs. ``--
 command line (or ``OPENDIT_DEBUG=1`` in the environment) shows the traceback as well.
 """
 
+import contextlib
 import functools
 import json
 import os
@@ -15,12 +16,13 @@ import sys
 import threading
 import time
 import traceback
-from typing import Callable, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 from ..errors import EXIT_INTERRUPTED, EXIT_NON_FINITE, USER_ERRORS, CheckpointError, NonFiniteError, RunInterrupted  # noqa: F401  (their former home; raised by the trainers)
 
 DEBUG_FLAG, DEBUG_ENV = "--debug", "OPENDIT_DEBUG"
 ELASTIC_EXIT_DELAY_S = 2.0
+ELASTIC_PEER_WAIT_S = 5.0
 
 
 def _is_rank0() -> bool:
@@ -32,6 +34,7 @@ def _paragraph(error: BaseException) -> str:
         return "interrupted before a checkpoint was written; rerun with auto_resume=true to continue from the last one."
     text = " ".join(str(error).split()) or type(error).__name__
     if isinstance(error, CheckpointError):
+        text += "" if text.endswith((".", "?", "!")) else "."
         text += (" Point resume_from/init_from/sample.ckpt at a complete checkpoint folder, or use auto_resume=true "
                  "to take the newest one that verifies.")
     return text
@@ -54,10 +57,36 @@ def write_elastic_error(text: str) -> None:
         # Every rank fails alike; torchrun stops the others at the first exit, so give rank 0 a moment
         # to print the paragraph before this rank's exit ends the run.
         time.sleep(ELASTIC_EXIT_DELAY_S)
+    else:
+        _wait_for_local_peers(path)
+
+
+def _wait_for_local_peers(path: str) -> None:
+    """Rank 0, before it exits: wait (at most ELASTIC_PEER_WAIT_S) until the other ranks of this node
+    have written their error files too. A config error ends a rank in a fraction of a second, and
+    torchrun stops the other ranks at the first exit: a rank still starting up would be stopped
+    before it could write its file, and the summary would show torchrun's pointer to its docs for
+    it. The files sit side by side as ``<attempt folder>/<local rank>/error.json`` (torch's layout);
+    any other layout is not waited for."""
+    local_rank, local_world = os.environ.get("LOCAL_RANK", "0"), int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    folder = os.path.dirname(path)
+    if local_world <= 1 or os.path.basename(folder) != local_rank:
+        return
+    peers = [os.path.join(os.path.dirname(folder), str(r), os.path.basename(path)) for r in range(local_world)
+             if str(r) != local_rank]
+    deadline = time.monotonic() + ELASTIC_PEER_WAIT_S
+    while time.monotonic() < deadline and not all(os.path.exists(p) for p in peers):
+        time.sleep(0.05)
 
 
 def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
+
+
+def _exit_at_once(signum, frame) -> None:
+    if _is_rank0():
+        os.write(2, b"stopped: interrupted; nothing further was written.\n")
+    os._exit(EXIT_INTERRUPTED)
 
 
 def exit_at_once_on_stop_signals() -> None:
@@ -65,13 +94,24 @@ def exit_at_once_on_stop_signals() -> None:
     ``script_main`` runs ends the process at once with exit code 130 and one line, no traceback.
     Nothing has been written yet, and an exception raised in the middle of a library's import could
     be swallowed or leave it half-imported, hence ``os._exit``."""
-    def _exit(signum, frame):
-        if _is_rank0():
-            os.write(2, b"stopped: interrupted; nothing further was written.\n")
-        os._exit(EXIT_INTERRUPTED)
-
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, _exit)
+        signal.signal(sig, _exit_at_once)
+
+
+@contextlib.contextmanager
+def heavy_imports() -> Iterator[None]:
+    """Around the imports a script makes once its settings are checked (torch, Colossal-AI, timm:
+    seconds): a Ctrl-C or SIGTERM meanwhile ends the process as :func:`exit_at_once_on_stop_signals`
+    says; the handlers before the block are put back after it."""
+    if not _main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, _exit_at_once) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def script_main(fn: Callable[[Sequence[str]], object]) -> Callable[[Optional[Sequence[str]]], object]:

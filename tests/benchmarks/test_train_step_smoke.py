@@ -224,11 +224,12 @@ def test_config_run_reuses_compiled_graphs_across_batch_sizes(bench):
 
 def test_rows_are_written_after_every_configuration(bench, tmp_path, monkeypatch):
     """A run cut while measuring its second configuration keeps the first one's row on disk."""
-    import opendit_lite.distributed.launch as launch
+    import opendit_lite.distributed.process_group as process_group
 
     train_step, _ = bench
-    monkeypatch.setattr(launch, "init_distributed", lambda: launch.DistInfo(0, 1, 0, 1, torch.device("cpu")))
-    monkeypatch.setattr(launch, "cleanup_distributed", lambda: None)
+    monkeypatch.setattr(process_group, "init_distributed",
+                        lambda: process_group.DistInfo(0, 1, 0, 1, torch.device("cpu")))
+    monkeypatch.setattr(process_group, "cleanup_distributed", lambda: None)
     measured = []
 
     def timed_row(run, info, batch, warmup_steps, steps):

@@ -9,6 +9,7 @@ pipeline's.
 ``noise`` is given as latent clips [B, C, T, h, w] (images: T = 1) and put into the pipeline's own
 latent layout with its own helpers (Flux's and LTX-Video's packing, CogVideoX's frame-major order);
 at the first step of a flow pipeline (sigma 1) the transformer's ``hidden_states`` are that noise.
+``model_latents`` maps a step's ``hidden_states`` back to latent clips.
 
 Classifier-free guidance comes in two layouts: Wan and HunyuanVideo call the transformer twice per
 step (the conditional call first), SD3, CogVideoX and LTX-Video once on a doubled batch (the
@@ -103,6 +104,24 @@ def pipeline_latents(pipe, noise: torch.Tensor) -> torch.Tensor:
     if name == "CogVideoXPipeline":
         return noise.transpose(1, 2)                                                  # [B, T, C, h, w]
     return noise                                                                      # [B, C, T, h, w]
+
+
+def model_latents(pipe, latents: torch.Tensor, shape) -> torch.Tensor:
+    """The inverse of ``pipeline_latents``: the pipeline's ``latents`` (its transformer's ``hidden_states``)
+    -> latent clips of ``shape`` [B, C, T, h, w] (images: T = 1)."""
+    name = type(pipe).__name__
+    B, C, T, h, w = shape
+    if name == "FluxPipeline":
+        scale = pipe.vae_scale_factor
+        return pipe._unpack_latents(latents, h * scale, w * scale, scale).unsqueeze(2)      # [B, C, 1, h, w]
+    if name == "StableDiffusion3Pipeline":
+        return latents.unsqueeze(2)
+    if name == "LTXPipeline":
+        return pipe._unpack_latents(latents, T, h, w, pipe.transformer_spatial_patch_size,
+                                    pipe.transformer_temporal_patch_size)
+    if name == "CogVideoXPipeline":
+        return latents.transpose(1, 2)
+    return latents
 
 
 def capture(pipe, prompt, noise: Optional[torch.Tensor] = None, stop_after_step: Optional[int] = None,

@@ -16,11 +16,13 @@ from opendit_lite.converter import adaln_model_notes
 from opendit_lite.converter.adaln_protocol import ADALN_BLOCK_FAMILIES
 from opendit_lite.errors import ConfigError
 from opendit_lite.families import FAMILIES, Family, find_family, register_family, unregistered_pieces
+from opendit_lite.families.tiny_pipelines import TINY_PIPELINES
 from opendit_lite.models.capabilities import block_lists, lora_targets
 from opendit_lite.parallel import FAMILIES as SP_SPECS
 
 FOLDER = os.path.dirname(families.__file__)
-PIECES = {"__init__.py", "adapter.py", "sp_spec.py", "fused_norms.py", "encoding.py", "step_cache.py"}
+PIECES = {"__init__.py", "adapter.py", "sp_spec.py", "fused_norms.py", "encoding.py", "conditioning.py", "tiny.py",
+          "step_cache.py"}
 EXPECTED = {"wan", "hunyuan_video", "cogvideox", "ltx_video", "flux", "sd3"}
 
 
@@ -69,6 +71,8 @@ def test_the_record_names_one_class_and_is_found_every_way(name):
     assert find_family(name) is find_family(family.class_name) is family
     for alias in family.aliases:
         assert find_family(alias) is family
+    assert families.family_of_pipeline(family.pipeline) is family  # the pipeline it reproduces points back to it
+    assert family.tiny and all(t.name in TINY_PIPELINES and TINY_PIPELINES[t.name] is t for t in family.tiny)
 
 
 def test_old_short_names_still_find_their_family():

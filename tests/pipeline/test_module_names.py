@@ -23,6 +23,8 @@ ALLOWED = {
     "sp_spec.py": FAMILY_PIECE,
     "fused_norms.py": FAMILY_PIECE,
     "encoding.py": FAMILY_PIECE,
+    "conditioning.py": FAMILY_PIECE,
+    "tiny.py": FAMILY_PIECE,
     "step_cache.py": FAMILY_PIECE,
 }
 

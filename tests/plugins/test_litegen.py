@@ -1,6 +1,6 @@
 """The LiteGen facade: the five-argument initialize on tiny models (2 gloo ranks, ZeRO-2), LiteGen's
 file names, and the load priority init_from < resume_from < auto_resume; in one plain process
-(no torchrun), the README's snippet and a LiteGen run whose checkpoints sample.py reads.
+(no torchrun), docs/library_api.md's snippet and a LiteGen run whose checkpoints sample.py reads.
 
 One spawn runs the whole facade story (process start-up dominates the cost); the naming, config
 and classification rules are checked in-process.

@@ -21,7 +21,7 @@ def world_of_4(monkeypatch):
 
 
 def test_creates_the_process_group_when_none_exists(monkeypatch):
-    """A plain `python` process: the plugin starts the one-rank group itself (the README snippet
+    """A plain `python` process: the plugin starts the one-rank group itself (the snippet of docs/library_api.md
     test runs that for real, in a subprocess)."""
     import opendit_lite.plugins.opendit_plugin as plugin_module
 
@@ -56,7 +56,7 @@ def test_fp8_needs_a_capable_gpu(world_of_4):
 
 
 def test_precision_as_a_name_or_a_resolved_value(world_of_4, monkeypatch):
-    """The README's ``OpenDiTPlugin(precision="bf16")`` and the trainers' resolved ``Precision`` alike."""
+    """docs/library_api.md's ``OpenDiTPlugin(precision="bf16")`` and the trainers' resolved ``Precision`` alike."""
     import opendit_lite.plugins.opendit_plugin as plugin_module
     from opendit_lite.precision import resolve_precision
 

@@ -1,4 +1,4 @@
-"""A new user's first hour, in a plain `python` process (no torchrun): the README's Booster snippet
+"""A new user's first hour, in a plain `python` process (no torchrun): docs/library_api.md's Booster snippet
 runs as written, and a LiteGen run's checkpoints are read by sample.py.
 
 Each case is a subprocess with torchrun's variables removed, so the process group the plugin or
@@ -26,16 +26,16 @@ def plain_python(args, cwd):
     return proc
 
 
-def readme_block(heading: str) -> str:
-    """The first ```python block after ``heading`` in README.md."""
-    text = open(os.path.join(ROOT, "README.md")).read()
+def page_block(heading: str) -> str:
+    """The first ```python block after ``heading`` in docs/library_api.md."""
+    text = open(os.path.join(ROOT, "docs", "library_api.md")).read()
     section = text[text.index(heading):]
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
-def test_readme_booster_snippet_runs_in_plain_python(tmp_path):
+def test_library_api_booster_snippet_runs_in_plain_python(tmp_path):
     script = tmp_path / "snippet.py"
-    script.write_text(readme_block("### The plugin with Colossal-AI's Booster"))
+    script.write_text(page_block("\n## The plugin with Colossal-AI's Booster"))
     proc = plain_python([str(script)], cwd=tmp_path)
     assert "step 1: loss" in proc.stdout
     assert "parallelize:" in proc.stdout  # the report, printed

@@ -4,6 +4,7 @@ checkpoint verifies. Fault tests run train.py in a subprocess, bounded in time; 
 ``main`` in this process (as test_bad_inputs does)."""
 
 import os
+import re
 import resource
 import shutil
 import signal
@@ -84,18 +85,22 @@ def test_file_size_limit_during_a_save_then_a_retry_in_place(scripts, capsys, tr
 
 
 @pytest.mark.slow
-def test_file_size_limit_during_a_two_rank_save(trained, tmp_path):
-    """Under torchrun the rank that cannot write says why, the others abandon the save without a
-    traceback, and every rank ends with exit code 2 (the 1-process checkpoints resume at 2 ranks)."""
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_file_size_limit_during_a_two_rank_save(trained, tmp_path, ranks):
+    """Under torchrun every rank learns that rank 0 could not write the model, rank 0 says why, and
+    every rank ends with exit code 2, no traceback (the 1-process checkpoints resume at 2 and 4 ranks).
+    Every part on every rank: tests/checkpoint/test_save_failures.py."""
     out, ckpts = copy_run(trained, tmp_path)
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           "train.py", *train_args(out, "max_steps=3", "auto_resume=true")],
-                          cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT, preexec_fn=_limit_file_size,
-                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+                           str(ranks), "train.py", *train_args(out, "max_steps=3", "auto_resume=true")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT * ranks // 2,
+                          preexec_fn=_limit_file_size, env=dict(os.environ, OMP_NUM_THREADS="1"))
     text = proc.stdout + proc.stderr
-    assert proc.returncode != 0 and text.count("exitcode  : 2 ") == 2, text  # torchrun's summary, per rank
+    assert proc.returncode != 0 and text.count("exitcode  : 2 ") >= 1, text  # torchrun's summary
+    assert not re.search(r"exitcode  : (?!2 )", text), text  # no rank ended otherwise
     errors = [line for line in text.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and f"saving '{ckpts}/{EXP}_step3' failed:" in errors[0], text
+    assert len(errors) == 1 and f"saving '{ckpts}/{EXP}_step3' failed: " in errors[0], text
+    assert "(writing the model on rank 0)" in errors[0], text
     frames = [line for line in text.splitlines() if 'File "' in line]  # "[rank1]:   File ..." included
     assert not [f for f in frames if "opendit_lite" in f or "train.py" in f], text
     assert no_litter(ckpts) == [] and not os.path.exists(os.path.join(out, EXP, LOCK_FILE))
@@ -226,33 +231,77 @@ def test_a_shared_checkpoint_dir_is_locked_per_experiment(scripts, capsys, tmp_p
 # --------------------------------------------------------------------------------------------------
 
 def _signal_when(tmp_path, ready, sig=signal.SIGTERM):
-    """Start train.py, send ``sig`` once ``ready()`` holds; (exit code, stderr, seconds to exit)."""
+    """Start train.py, send ``sig`` once ``ready(pid)`` holds; (exit code, stderr, seconds to exit)."""
     proc = subprocess.Popen([sys.executable, "train.py", *train_args(tmp_path, "max_steps=100000", "log_every=1000")],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + TIMEOUT
-    while not ready() and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.02)
+    while not ready(proc.pid) and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.005)
     sent = time.time()
     proc.send_signal(sig)
     out, err = proc.communicate(timeout=TIMEOUT)
     return proc.returncode, out + err, time.time() - sent
 
 
+def _catches(pid: int, sig: int) -> bool:
+    """Whether process ``pid`` has put a handler of its own in place for ``sig`` (the SigCgt mask of
+    /proc/<pid>/status): the script's first statement does, before it imports anything else."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            mask = next(line.split()[1] for line in f if line.startswith("SigCgt:"))
+    except (OSError, StopIteration):
+        return False
+    return bool(int(mask, 16) >> (sig - 1) & 1)
+
+
+def _has_mapped(pid: int, library: str) -> bool:
+    """Whether process ``pid`` has ``library`` (a shared object's name) in its memory map."""
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            return library in f.read()
+    except OSError:
+        return False
+
+
+def _after_the_handler(delay: float):
+    """A ``ready(pid)`` that holds ``delay`` seconds after the process was first seen catching SIGTERM."""
+    seen = []
+
+    def ready(pid: int) -> bool:
+        if not seen and _catches(pid, signal.SIGTERM):
+            seen.append(time.time())
+        return bool(seen) and time.time() > seen[0] + delay
+
+    return ready
+
+
+@pytest.mark.skipif(not os.path.exists(f"/proc/{os.getpid()}/status"), reason="reads a process's signals from /proc")
 def test_sigterm_during_the_imports_exits_130_at_once(tmp_path):
-    """Signals at several moments of the imports (and, on a fast machine, just after them)."""
-    for delay in (0.2, 0.6, 1.2, 2.5):
-        start = time.time()
-        code, err, took = _signal_when(tmp_path / str(delay), lambda: time.time() > start + delay)
-        assert code == 130 and "Traceback" not in err, (delay, err)
-        assert len([line for line in err.splitlines() if line.startswith("stopped:")]) == 1, (delay, err)
-        ckpts = tmp_path / str(delay) / EXP / "checkpoints"
-        assert took < 15 and (not ckpts.exists() or os.listdir(ckpts) == []), (delay, took, err)
+    """"During the imports" is any moment from the script's first statement, which puts the stop
+    handler in place, to the run holding its folder: the config's checks, then torch, timm and
+    Colossal-AI. The moments are read from the process itself, not from a clock, so a loaded machine
+    changes nothing: as soon as the handler is in place (the config not yet read), once torch's
+    library is being loaded, and at fixed delays after the handler. (A signal before the
+    interpreter reaches the first statement meets the default action, death by the signal, with
+    nothing written; no code of the script can run that early.)"""
+    moments = {
+        "handler in place": lambda pid: _catches(pid, signal.SIGTERM),
+        "torch loading": lambda pid: _catches(pid, signal.SIGTERM) and _has_mapped(pid, "libtorch"),
+        "0.5 s after the handler": _after_the_handler(0.5),
+        "1.5 s after the handler": _after_the_handler(1.5),
+    }
+    for name, ready in moments.items():
+        code, err, took = _signal_when(tmp_path / name.replace(" ", "_"), ready)
+        assert code == 130 and "Traceback" not in err, (name, code, err)
+        assert len([line for line in err.splitlines() if line.startswith("stopped:")]) == 1, (name, err)
+        ckpts = tmp_path / name.replace(" ", "_") / EXP / "checkpoints"
+        assert took < 15 and (not ckpts.exists() or os.listdir(ckpts) == []), (name, took, err)
 
 
 def test_sigterm_during_start_up_exits_130_without_partial_files(tmp_path):
     """The signal arrives once the run holds its folder (lock taken, nothing trained yet)."""
     lock = tmp_path / EXP / LOCK_FILE
-    code, err, took = _signal_when(tmp_path, lock.exists)
+    code, err, took = _signal_when(tmp_path, lambda pid: lock.exists())
     assert code == 130 and "Traceback" not in err, err
     assert "stopped: interrupted before a checkpoint was written" in err and took < 30, (took, err)
     assert not lock.exists()

@@ -50,4 +50,4 @@ def test_bad_family_or_output_is_one_paragraph(tmp_path, capsys):
     assert not (tmp_path / "x").exists()
     file = tmp_path / "file"
     file.write_text("")
-    assert "existing file" in _refused(capsys, "--family", "flux", "--out", str(file))
+    assert "is a file, not a folder" in _refused(capsys, "--family", "flux", "--out", str(file))

@@ -1,10 +1,11 @@
-"""train_video.py on a Wan 2.2 A14B pipeline folder (the tiny one, two experts and boundary_ratio):
-LoRA on both experts in one run (each sample to the expert of its time), both checkpointed and
-resumed to the same weights and EMA, both exported as the pipeline's LoRA files that WanPipeline
-loads (transformer_2's with load_into_transformer_2) with no warning and the trained experts'
-outputs; a full fine-tune exports a pipeline folder (the experts written fresh, the other
-components linked) that DiffusionPipeline.from_pretrained loads, also after the run folder moved;
-one expert alone trains and exports by itself; model.expert without two experts exits 2."""
+"""train_video.py on a Wan 2.2 A14B pipeline folder (``model.pipeline``: the tiny one, two experts and
+boundary_ratio, trained on latents extracted from it): LoRA on both experts in one run (each sample
+to the expert of its time), both checkpointed and resumed to the same weights and EMA, both exported
+as the pipeline's LoRA files that WanPipeline loads (transformer_2's with load_into_transformer_2)
+with no warning and the trained experts' outputs; a full fine-tune exports a pipeline folder (the
+experts written fresh, the other components linked) that DiffusionPipeline.from_pretrained loads,
+also after the run folder moved; one expert alone trains (on its own noise range) and exports by
+itself; model.expert without two experts exits 2."""
 
 import os
 import shutil
@@ -21,10 +22,9 @@ LORA = "pytorch_lora_weights.safetensors"
 
 
 def run_args(pipeline: str, data: str, results: str, steps: int, *extra):
-    return ["model.name=WanTransformer3DModel", f"model.pipeline={pipeline}", "data.type=latents",
-            f"data.path={data}", "text_encoder.max_length=8", "precision=fp32", f"max_steps={steps}",
-            "global_batch_size=2", "lr=5e-3", "log_every=1", "ckpt_every=2", "exp_name=e", f"results_dir={results}",
-            "logger=[]", *extra]
+    return [f"model.pipeline={pipeline}", "data.type=latents", f"data.path={data}", "precision=fp32",
+            f"max_steps={steps}", "global_batch_size=2", "lr=5e-3", "log_every=1", "ckpt_every=2", "exp_name=e",
+            f"results_dir={results}", "logger=[]", *extra]
 
 
 def final_checkpoint(run: str) -> str:
@@ -34,7 +34,8 @@ def final_checkpoint(run: str) -> str:
 @pytest.fixture(scope="module")
 def wan22(tiny_pipeline, tmp_path_factory):
     root = tmp_path_factory.mktemp("experts")
-    return tiny_pipeline("wan22"), wan_latents(str(root / "latents")), root
+    pipeline = tiny_pipeline("wan22")
+    return pipeline, wan_latents(pipeline, root), root
 
 
 @pytest.fixture(scope="module")
@@ -121,14 +122,14 @@ def test_a_full_fine_tune_exports_a_pipeline_folder_with_the_rest_linked(wan22, 
 def test_one_expert_alone_trains_and_exports_by_itself(wan22, tmp_path, capsys):
     from opendit_lite.config import load_config
     from opendit_lite.config.video_schema import VideoTrainConfig
-    from opendit_lite.training.video import validate_video_config, video_objective
+    from opendit_lite.training.video import prepare_video_data, validate_video_config
 
     pipeline, data, _ = wan22
     args = run_args(pipeline, data, str(tmp_path), 1, "lora.rank=2", "model.expert=low_noise")
     cfg = load_config(None, args, schema=VideoTrainConfig)
     validate_video_config(cfg)
-    cfg.diffusion.objective, cfg.diffusion.timestep_sampling, cfg.diffusion.shift = "rflow", "uniform", 5.0  # Wan's
-    assert video_objective(cfg).time_range == (0.0, 0.875)  # times of the low-noise range only
+    objective = prepare_video_data(cfg, torch.device("cpu")).objective((2, 16, 1, 4, 4))
+    assert objective.time_range == (0.0, 0.875)  # times of the low-noise range only
     main("train_video", args)
     run = os.path.join(tmp_path, "e")
     assert not any(k.startswith("transformer") for k in read_weights(final_checkpoint(run), use_ema=False))

@@ -4,7 +4,6 @@ against the normalisation written out here), caption states of its text encoder,
 latent dataset reads; two gloo ranks share the rows and give the one-rank files; bad inputs end
 with exit 2 and one paragraph."""
 
-import importlib.util
 import json
 import os
 
@@ -16,17 +15,13 @@ from PIL import Image
 from opendit_lite.data.video_latents import VideoLatentDataset
 from tests.distributed import run_distributed
 from tests.family_assets import VAES, save_tiny_pipeline, tiny_text_model, tiny_vae
+from tests.pipeline_runs import extract_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CAPTIONS = ("a red square moving left", "a blue disc", "green disc moving up fast")
 
 
-def _script():
-    path = os.path.join(ROOT, "scripts", "extract_latents.py")
-    spec = importlib.util.spec_from_file_location("extract_latents", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+_script = extract_script
 
 
 def _write_video(path, frames: int, height: int = 20, width: int = 28):

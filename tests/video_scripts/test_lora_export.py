@@ -1,10 +1,11 @@
-"""A LoRA run of a released model's transformer (a tiny Wan pipeline saved by the test) exports, by
-default, ``<run dir>/diffusers/pytorch_lora_weights.safetensors`` alone (no copy of the base),
-written by the pipeline's own ``save_lora_weights``; ``WanPipeline.load_lora_weights`` reads it
-with no warning from diffusers or peft, and the EMA it holds (warmed up as diffusers' EMAModel,
-the default for LoRA runs) carries most of what 60 steps taught the adapters: the pipeline's
-output moves from the base's by at least half as much as with the trained adapters themselves.
-An EMA decay whose horizon would erase a LoRA run is a one-line warning with the share it keeps."""
+"""A LoRA run of a released model's transformer (``model.pipeline``: a tiny Wan pipeline saved by the
+test, trained on latents extracted from it) exports, by default,
+``<run dir>/diffusers/pytorch_lora_weights.safetensors`` alone (no copy of the base), written by the
+pipeline's own ``save_lora_weights``; ``WanPipeline.load_lora_weights`` reads it with no warning from
+diffusers or peft, and the EMA it holds (warmed up as diffusers' EMAModel, the default for LoRA runs)
+carries most of what 60 steps taught the adapters: the pipeline's output moves from the base's by at
+least half as much as with the trained adapters themselves. An EMA decay whose horizon would erase a
+LoRA run is a one-line warning with the share it keeps."""
 
 import io
 import logging
@@ -16,28 +17,21 @@ import pytest
 import torch
 
 from opendit_lite.families.tiny_pipelines import TINY_CALLS
+from tests.pipeline_runs import extracted_latents
 from tests.video_scripts.test_family_scripts import main
 
 PROMPT = "a red square moving right"
-LATENT = (16, 1, 4, 4)  # [C, T, h, w] of the tiny Wan transformer (16 latent channels), 8 caption tokens of width 32
 
 
-def wan_latents(folder: str, count: int = 4) -> str:
-    """Random latent clips with caption states at the tiny Wan transformer's sizes, as extract_latents writes."""
-    from opendit_lite.data.video_latents import save_video_latents
-
-    g = torch.Generator().manual_seed(0)
-    for i in range(count):
-        save_video_latents(folder, i, torch.randn(*LATENT, generator=g), torch.randn(8, 32, generator=g),
-                           torch.arange(8) < 6, PROMPT)
-    return folder
+def wan_latents(pipeline: str, root, count: int = 4) -> str:
+    """``count`` one-frame 16-pixel clips captioned PROMPT, extracted from ``pipeline`` (latents [16, 1, 4, 4])."""
+    return extracted_latents(pipeline, root, [PROMPT] * count)
 
 
 def lora_run_args(pipeline: str, data: str, results: str, steps: int):
-    return ["model.name=WanTransformer3DModel", f"model.path={pipeline}/transformer", "data.type=latents",
-            f"data.path={data}", "text_encoder.max_length=8", "precision=fp32", f"max_steps={steps}",
-            "global_batch_size=2", "lr=5e-3", "log_every=20", "ckpt_every=0", "lora.rank=4", "lora.alpha=4",
-            "exp_name=lora", f"results_dir={results}", "logger=[]"]
+    return [f"model.pipeline={pipeline}", "data.type=latents", f"data.path={data}", "precision=fp32",
+            f"max_steps={steps}", "global_batch_size=2", "lr=5e-3", "log_every=20", "ckpt_every=0", "lora.rank=4",
+            "lora.alpha=4", "exp_name=lora", f"results_dir={results}", "logger=[]"]
 
 
 class LoadLog:
@@ -92,7 +86,7 @@ def lora_run(tiny_pipeline, tmp_path_factory):
     """60 LoRA steps on the tiny Wan pipeline's transformer, exported by default."""
     root = tmp_path_factory.mktemp("lora")
     pipeline = tiny_pipeline("wan")
-    main("train_video", lora_run_args(pipeline, wan_latents(str(root / "latents")), str(root), 60))
+    main("train_video", lora_run_args(pipeline, wan_latents(pipeline, root), str(root), 60))
     return pipeline, str(root / "lora")
 
 
@@ -119,7 +113,7 @@ def test_the_default_export_is_the_lora_file_alone_and_holds_most_of_what_was_le
 
 
 def test_a_long_ema_horizon_on_a_short_lora_run_is_one_warning(tiny_pipeline, tmp_path, capsys):
-    data = wan_latents(str(tmp_path / "latents"))
+    data = wan_latents(tiny_pipeline("wan"), tmp_path)
     main("train_video", [*lora_run_args(tiny_pipeline("wan"), data, str(tmp_path), 2), "ema.warmup=false",
                          "export.diffusers=false"])
     err = capsys.readouterr().err

@@ -1,15 +1,17 @@
 """HunyuanVideo (diffusers' ``HunyuanVideoTransformer3DModel``): its record in the families registry, built from
 the pieces in this folder (``adapter.py``, ``sp_spec.py``, ``fused_norms.py``, ``encoding.py``,
-``step_cache.py``) and its capabilities, with its released checkpoints' shapes for the planner; registered on
-import."""
+``conditioning.py``, ``tiny.py``, ``step_cache.py``), its capabilities and its released checkpoints' shapes
+for the planner; registered on import."""
 
 from ..lora_targets import CONTEXT_FEED_FORWARD, FEED_FORWARD, JOINT_ATTENTION, SINGLE_STREAM_MLP
 from ..registry import Family, Release, register_family
 from .adapter import HunyuanVideoAdapter
+from .conditioning import CONDITIONING
 from .encoding import ENCODING
 from .fused_norms import FUSED_NORMS
 from .sp_spec import SP_SPEC
 from .step_cache import STEP_CACHE
+from .tiny import TINY
 
 FAMILY = register_family(Family(
     name="hunyuan_video",
@@ -23,6 +25,8 @@ FAMILY = register_family(Family(
     fused_norms=FUSED_NORMS,
     encoding=ENCODING,
     step_cache=STEP_CACHE,
+    conditioning=CONDITIONING,
+    tiny=TINY,
     aliases=("hunyuanvideo",),
     releases=(Release("hunyuanvideo-community/HunyuanVideo", dict(
         in_channels=16, out_channels=16, num_attention_heads=24, attention_head_dim=128, num_layers=20,

@@ -20,13 +20,13 @@ ranks, a decision that depends on the tensors is taken from sums all-reduced ove
 share the batch (``cache_hooks.agreed_change``), so every rank skips the same steps; PAB and
 MagCache decide from the step alone.
 
-* ``settings.py``: ``resolve_cache`` (the kinds' defaults, settings of other kinds refused);
+* ``cache_settings.py``: ``resolve_cache`` (the kinds' defaults, settings of other kinds refused);
 * ``apply.py``: ``apply_step_cache`` and ``StepCache``, the handle the sampler drives;
 * ``cache_hooks.py``, ``calibrate.py``, ``model_parts.py``: the hooks, MagCache's calibration, what
   the hooks read of a model's blocks and attention.
 """
 
 from .apply import StepCache, StepRecord, apply_step_cache
-from .settings import DEFAULTS, resolve_cache
+from .cache_settings import DEFAULTS, resolve_cache
 
 __all__ = ["DEFAULTS", "StepCache", "StepRecord", "apply_step_cache", "resolve_cache"]

@@ -1,0 +1,282 @@
+"""Config -> a run from a diffusers pipeline folder (``model.pipeline``): the folder's checks and what it
+settles in the config, its encoders, and the pieces a training step needs to feed the transformer what
+the pipeline feeds it (the family's ``conditioning``, ``families/<family>/conditioning.py``).
+
+``resolve_pipeline(cfg)`` (before anything starts) reads the folder: the family from its pipeline class
+and transformer, ``model.name`` (given: it must be that transformer's class), the caption tokens
+(``text_encoder.kind: pipeline``, ``max_length`` the tokens its pipeline gives the transformer), the
+clip sizes (image models: 1 frame; video: ``frame_ratio x n + 1`` frames, e.g. Wan's 4n + 1; sides
+that split into whole latent patches), and refuses what would train on conditions the pipeline never
+produces (another text encoder, another VAE, the embedded shapes data, a guidance value for a model
+without a guidance embedding, latents extracted from another pipeline or at other sizes). A folder of
+two experts (Wan 2.2 A14B's ``transformer_2``) trains both, or the one ``model.expert`` names
+(``builders/pipeline_experts.py``).
+
+``PipelineEncoders`` turn a clip batch into what training from the CSV route and
+``scripts/extract_latents.py --pipeline`` (the latents route) both store and train on: the latents of
+the pipeline's VAE, normalised as its ``__call__`` expects them before decoding (the posterior mean),
+and the per-sample text inputs of its ``encode_prompt``.
+"""
+
+import functools
+import json
+import os
+from dataclasses import dataclass
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
+
+import torch
+import torch.nn as nn
+
+from ..data.video_latents import PIPELINE_FORMAT, video_latent_meta
+from ..encoders.family_encoders import encode_family_latents
+from ..encoders.pipeline_folder import (
+    TRANSFORMERS,
+    components,
+    load_pipeline,
+    pipeline_fingerprint,
+    read_pipeline_index,
+)
+from ..errors import ConfigError
+from ..families import FAMILIES, Family, Recipe, family_of, family_of_pipeline
+from ..families.pipeline_denoiser import PipelineDenoiser
+
+
+@dataclass(frozen=True)
+class PipelineFolder:
+    """What a pipeline folder holds: its model index, family, transformer class and experts
+    (``transformer``, and Wan 2.2 A14B's ``transformer_2``)."""
+
+    path: str
+    index: Dict[str, Any]
+    family: Family
+    experts: Tuple[str, ...]
+
+    @property
+    def pipeline_class(self) -> str:
+        return self.index["_class_name"]
+
+    def transformer_folder(self, expert: str = "transformer") -> str:
+        return os.path.join(self.path, expert)
+
+    def transformer_config(self, expert: str = "transformer") -> Dict[str, Any]:
+        with open(os.path.join(self.transformer_folder(expert), "config.json")) as f:
+            return json.load(f)
+
+
+def pipeline_folder(path: str, what: str = "'model.pipeline'") -> PipelineFolder:
+    """The pipeline folder ``path``, checked (``read_pipeline_index``) and matched to its family."""
+    index = read_pipeline_index(path, what)
+    try:
+        with open(os.path.join(path, "transformer", "config.json")) as f:
+            transformer = json.load(f).get("_class_name")
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{what} {path!r}: its transformer/config.json cannot be read ({e}); copy the whole "
+                          f"pipeline folder.") from None
+    family = family_of_pipeline(index["_class_name"])
+    if family is None:
+        by_model = family_of(transformer)
+        trained = ", ".join(f.pipeline for f in FAMILIES.values())
+        if by_model is not None:
+            raise ConfigError(f"{what} {path!r} is a {index['_class_name']}; the {by_model.name} family trains "
+                              f"{transformer} as {by_model.pipeline} conditions it: give "
+                              f"that pipeline's folder.")
+        raise ConfigError(f"{what} {path!r} is a {index['_class_name']} (transformer {transformer}), which no family "
+                          f"trains; the pipelines trained today are: {trained}.")
+    if transformer != family.class_name:
+        raise ConfigError(f"{what} {path!r} is a {index['_class_name']} whose transformer/ holds a {transformer}, "
+                          f"not the {family.class_name} that pipeline runs.")
+    experts = tuple(name for name in TRANSFORMERS if name in components(index))
+    return PipelineFolder(path, index, family, experts)
+
+
+@functools.lru_cache(maxsize=8)
+def light_pipeline(path: str):
+    """The pipeline of ``path`` with no text encoders, no transformers and its VAE on the meta device:
+    its scale factors, ``__call__`` defaults and scheduler, at the cost of reading configs."""
+    return load_pipeline(path, text=False, meta_vae=True)
+
+
+# --------------------------------------------------------------------------------------------------
+# The config
+# --------------------------------------------------------------------------------------------------
+
+def resolve_pipeline(cfg) -> PipelineFolder:
+    """Check ``model.pipeline`` against the rest of the config and fill what it settles, in place
+    (module docstring); returns the folder."""
+    m, t, d = cfg.model, cfg.text_encoder, cfg.data
+    folder = pipeline_folder(m.pipeline)
+    family, conditioning = folder.family, folder.family.conditioning
+    if m.name not in (None, family.class_name):
+        raise ConfigError(f"'model.pipeline' {m.pipeline!r} is a {folder.pipeline_class} of the {family.name} family "
+                          f"({family.class_name}), but model.name is {m.name}: remove model.name (it is read from the "
+                          f"pipeline), or give a pipeline of {m.name}.")
+    if m.path or m.config:
+        raise ConfigError("'model.pipeline' gives the transformer (its transformer/ folder): remove model.path and "
+                          "model.config.")
+    pipe = light_pipeline(m.pipeline)
+    tokens = conditioning.text_tokens(pipe)
+    if t.kind not in (None, "pipeline") or t.path:
+        raise ConfigError(f"'model.pipeline' encodes captions with the pipeline's own text encoders, as "
+                          f"{folder.pipeline_class} does; text_encoder.kind={t.kind!r}"
+                          f"{f' / text_encoder.path={t.path!r}' if t.path else ''} would train on states that "
+                          f"pipeline never produces: remove text_encoder.kind and text_encoder.path.")
+    if t.max_length not in (None, tokens):
+        raise ConfigError(f"{folder.pipeline_class} gives its transformer {tokens} caption tokens, but "
+                          f"text_encoder.max_length={t.max_length}: remove text_encoder.max_length (it is read from "
+                          f"the pipeline).")
+    if cfg.vae.path:
+        raise ConfigError(f"'model.pipeline' encodes clips with the pipeline's own VAE (its vae/ folder, normalised as "
+                          f"{folder.pipeline_class} decodes them): remove vae.path.")
+    if cfg.encoder.fsdp:
+        raise ConfigError("encoder.fsdp shards a text_encoder.path encoder over the ranks; the pipeline's own text "
+                          "encoders run whole on every rank: remove encoder.fsdp (to encode once instead, extract "
+                          "the latents with scripts/extract_latents.py --pipeline and train on data.type=latents).")
+    if d.type == "shapes":
+        raise ConfigError("'model.pipeline' trains on your captioned images or clips: set data.type=csv (a CSV with "
+                          "path,text columns) or data.type=latents (a folder written by scripts/extract_latents.py "
+                          "--pipeline); the embedded shapes data carries its own word-vector captions.")
+    config = folder.transformer_config()
+    if m.guidance is not None and not conditioning.guided(config):
+        raise ConfigError(f"model.guidance={m.guidance:g} sets the guidance embedding of a guidance-distilled model, "
+                          f"but {family.class_name} in {m.pipeline!r} has none: remove model.guidance.")
+    if d.type == "latents":
+        _check_latents(cfg, folder, pipe)
+    _resolve_sizes(cfg, folder, pipe)
+    m.name, t.kind, t.max_length = family.class_name, "pipeline", tokens
+    return folder
+
+
+def _resolve_sizes(cfg, folder: PipelineFolder, pipe) -> None:
+    """``data.num_frames`` / ``image_size`` (or every bucket) fit the pipeline: 1 frame for an image model,
+    ``frame_ratio x n + 1`` frames for a video model, sides of whole latent patches."""
+    d, family = cfg.data, folder.family
+    adapter, conditioning = family.adapter, family.conditioning
+    config = folder.transformer_config()
+    ratio, pixels = conditioning.frame_ratio(pipe), conditioning.pixel_ratio(pipe)
+    _, ph, pw = adapter.patch_size(config)
+    side = pixels * max(ph, pw)
+    if adapter.image_only:
+        if d.num_frames not in (None, 1) or any(b.get("frames", 1) != 1 for b in d.buckets or []):
+            raise ConfigError(f"{family.class_name} is an image model: it trains on images (1-frame clips); remove "
+                              f"data.num_frames (and frames from data.buckets).")
+        d.num_frames = 1
+    shapes = [(b.get("frames", 1), b.get("height"), b.get("width")) for b in d.buckets or []]
+    if d.type == "csv" and not d.buckets:
+        if d.num_frames is None:
+            raise ConfigError(f"data.num_frames is not set: give the frames per clip to train {family.class_name} on "
+                              f"({ratio} x n + 1, e.g. {ratio * 4 + 1}), or data.buckets.")
+        if d.image_size is None:
+            raise ConfigError(f"data.image_size is not set: give the side in pixels to train {family.class_name} on "
+                              f"(a multiple of {side}), or data.buckets.")
+    shapes.append((d.num_frames, d.image_size, d.image_size))
+    for frames, height, width in shapes:
+        if frames is not None and not adapter.image_only and (frames - 1) % ratio:
+            raise ConfigError(f"{folder.pipeline_class}'s VAE encodes {ratio} x n + 1 frames (its first frame alone, "
+                              f"then {ratio} per latent frame), but the data asks for {frames}: use "
+                              f"{(frames - 1) // ratio * ratio + 1} or {((frames - 1) // ratio + 1) * ratio + 1}.")
+        if frames is not None and not adapter.image_only:
+            latent = conditioning.latent_frames(pipe, frames)
+            pt = adapter.patch_size(config)[0]
+            if latent % pt:
+                raise ConfigError(f"{frames} frames make {latent} latent frames, which do not split into "
+                                  f"{family.class_name}'s {pt}-frame patches: choose a frame count whose latent "
+                                  f"frames are a multiple of {pt}.")
+        for value in (height, width):
+            if value is not None and value % side:
+                raise ConfigError(f"{family.class_name} from {folder.path!r} takes sides of whole {side}-pixel patches "
+                                  f"(VAE {pixels}x, patches {ph}x{pw}), but the data asks for {value} pixels: use a "
+                                  f"multiple of {side}.")
+
+
+def _check_latents(cfg, folder: PipelineFolder, pipe) -> None:
+    """Latents extracted by ``scripts/extract_latents.py --pipeline`` from this pipeline, at the sizes asked for."""
+    d = cfg.data
+    meta = video_latent_meta(d.path)
+    if meta.get("format") != PIPELINE_FORMAT:
+        raise ConfigError(f"'data.path' {d.path!r} holds no latents extracted from a pipeline (its meta.json does not "
+                          f"say format={PIPELINE_FORMAT!r}): extract them with scripts/extract_latents.py --pipeline "
+                          f"{folder.path}.")
+    fingerprint = pipeline_fingerprint(folder.path)
+    if meta.get("fingerprint") != fingerprint:
+        raise ConfigError(f"the latents in {d.path!r} were extracted from the pipeline {meta.get('pipeline')!r} "
+                          f"(fingerprint {meta.get('fingerprint')}), whose VAE, text encoders or settings differ from "
+                          f"'model.pipeline' {folder.path!r} (fingerprint {fingerprint}): extract them again with "
+                          f"--pipeline {folder.path}, or train that pipeline.")
+    sizes = sorted({tuple(s) for s in meta.get("pixel_sizes", [])})
+    asked = [(d.num_frames, d.image_size, d.image_size)] + [
+        (b.get("frames", 1), b.get("height"), b.get("width")) for b in d.buckets or []]
+    listed = ", ".join("x".join(map(str, s)) for s in sizes)
+    for frames, height, width in asked:
+        if not any(all(a in (None, b) for a, b in zip((frames, height, width), s)) for s in sizes):
+            raise ConfigError(f"the latents in {d.path!r} were extracted at {listed} "
+                              f"pixels (frames x height x width), but the config asks for "
+                              f"{'x'.join('?' if v is None else str(v) for v in (frames, height, width))}: remove "
+                              f"data.num_frames / data.image_size (the latents give them), or extract the latents at "
+                              f"that size.")
+    if not d.buckets:
+        if len(sizes) > 1:
+            raise ConfigError(f"the latents in {d.path!r} come in {len(sizes)} sizes "
+                              f"({listed}): list them in data.buckets (each "
+                              f"with its batch_size) to train on all of them.")
+        if sizes:
+            d.num_frames, d.image_size = sizes[0][0], sizes[0][1]
+
+
+# --------------------------------------------------------------------------------------------------
+# The run's pieces
+# --------------------------------------------------------------------------------------------------
+
+def pipeline_recipe(cfg, x_shape: Sequence[int]) -> Recipe:
+    """The family's objective and time distribution with the shift the pipeline's scheduler samples
+    latent clips of ``x_shape`` (B, C, T, h, w) with."""
+    folder = pipeline_folder(cfg.model.pipeline)
+    family, config = folder.family, folder.transformer_config()
+    published = family.adapter.recipe(config, tokens=0)
+    shift = family.conditioning.shift(light_pipeline(cfg.model.pipeline), tuple(x_shape), config)
+    return Recipe(published.objective, published.timestep_sampling, shift)
+
+
+def latent_clip_shape(cfg, frames: int, height: int, width: int) -> Tuple[int, int, int, int]:
+    """(C, T, h, w) of the latents of a ``frames x height x width`` pixel clip."""
+    folder = pipeline_folder(cfg.model.pipeline)
+    family, pipe = folder.family, light_pipeline(cfg.model.pipeline)
+    ratio = family.conditioning.pixel_ratio(pipe)
+    channels = family.adapter.latent_channels(folder.transformer_config())
+    return channels, family.conditioning.latent_frames(pipe, frames), height // ratio, width // ratio
+
+
+class PipelineEncoders:
+    """The pipeline's VAE and text encoders (loaded on ``device``, text in ``text_dtype``): clip batches
+    to the latents and text inputs its ``__call__`` gives the transformer."""
+
+    def __init__(self, folder: PipelineFolder, device, text_dtype: Optional[torch.dtype] = None):
+        self.folder, self.family = folder, folder.family
+        self.pipe = load_pipeline(folder.path, device=device, text_dtype=text_dtype)
+        self.device = torch.device(device)
+
+    @torch.no_grad()
+    def encode(self, clips: torch.Tensor, captions: Sequence[str]) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
+        """clips [B, 3, T, H, W] in [-1, 1], captions -> (latents [B, C, T', h, w], text inputs [B, ...])."""
+        latents = encode_family_latents(self.family.encoding, self.pipe.vae, clips.to(self.device), sample=False)
+        return latents, self.encode_text(captions)
+
+    @torch.no_grad()
+    def encode_text(self, captions: Sequence[str]) -> Dict[str, torch.Tensor]:
+        return self.family.conditioning.encode_text(self.pipe, list(captions))
+
+    def null_text(self) -> Dict[str, torch.Tensor]:
+        """What the pipeline feeds its unconditional branch: the empty prompt encoded, [1, ...]."""
+        return self.encode_text([""])
+
+
+def pipeline_denoiser(cfg, model: nn.Module, null_text: Mapping[str, torch.Tensor],
+                      call: Optional[nn.Module] = None) -> PipelineDenoiser:
+    """``model`` (the pipeline's transformer) called with the inputs its pipeline gives it; ``call`` is
+    what to call instead of it (the booster's wrapper)."""
+    folder = pipeline_folder(cfg.model.pipeline)
+    family = folder.family
+    constants = family.conditioning.constants(light_pipeline(cfg.model.pipeline), model.config, cfg.model.guidance)
+    device = next(model.parameters()).device
+    null = {k: v.to(device) for k, v in null_text.items()}
+    return PipelineDenoiser(family.conditioning, family.adapter, call if call is not None else model,
+                            model.config, constants, null)

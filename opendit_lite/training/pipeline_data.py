@@ -1,0 +1,134 @@
+"""The data of a run from a diffusers pipeline folder (``model.pipeline``), for the video trainer:
+captioned images or clips from a CSV (``data.type: csv``), encoded while training by the pipeline's
+own VAE and text encoders, or the same tensors extracted once (``data.type: latents``, written by
+``scripts/extract_latents.py --pipeline``). Either way a batch becomes ``(latents [B, C, T, h, w],
+{transformer keyword: text input [B, ...]})``, the denoiser feeds the transformer what the pipeline
+feeds it (``builders.pipeline.pipeline_denoiser``), and each batch is trained with the shift the
+pipeline's scheduler samples its latent shape with (Flux's and LTX-Video's depends on the token count:
+one per bucket).
+"""
+
+from typing import Dict, Tuple
+
+from ..builders.objective import objective_for
+from ..builders.pipeline import (
+    PipelineEncoders,
+    latent_clip_shape,
+    pipeline_denoiser,
+    pipeline_folder,
+    pipeline_recipe,
+)
+from ..builders.pipeline_experts import expert_objective_range
+from ..builders.video import bucket_loss_weights, build_video_dataset, video_buckets
+from ..data.buckets import assign_bucket
+from ..data.video_latents import PipelineLatentDataset, load_null_text, video_latent_meta
+from ..errors import ConfigError
+from ..precision import resolve_precision
+from .spec import TrainingData
+
+
+def _latent_dataset(cfg) -> PipelineLatentDataset:
+    meta = video_latent_meta(cfg.data.path)
+    try:
+        return PipelineLatentDataset(cfg.data.path, meta.get("files", {}))
+    except ValueError as e:
+        raise ConfigError(f"'data.path': {e}.") from None
+
+
+def _check_latent_buckets(dataset: PipelineLatentDataset, buckets) -> None:
+    """Every latent clip of a bucketed run trains in the bucket of its own size (latents cannot be resized)."""
+    shapes = {b.shape for b in buckets}
+    for size in sorted(set(dataset.sample_shapes)):
+        if size in shapes:
+            continue
+        j = assign_bucket(buckets, size)
+        if j is not None:
+            raise ConfigError(f"latent clips of {'x'.join(map(str, size))} pixels would train in bucket "
+                              f"{buckets[j].name}, of another size; latents are not resized: add a bucket of "
+                              f"exactly their size to data.buckets.")
+
+
+def prepare_pipeline_data(cfg, device, sp_group=None) -> TrainingData:
+    folder = pipeline_folder(cfg.model.pipeline)
+    family, m, d = folder.family, cfg.model, cfg.data
+    config = folder.transformer_config()
+    buckets = video_buckets(cfg)
+    m.caption_channels = family.adapter.text_width(config)
+    if d.type == "csv":
+        dataset = build_video_dataset(cfg, buckets)
+        precision = resolve_precision(cfg.precision, device.type)
+        text_dtype = precision.autocast_dtype or precision.param_dtype  # the encoders in the run's compute dtype
+        encoders = PipelineEncoders(folder, device, text_dtype=text_dtype)
+        null_text = encoders.null_text()
+
+        def model_inputs(batch):
+            clips, captions = batch                                         # [B, 3, T, H, W], B captions
+            return encoders.encode(clips, captions)                         # latents [B, C, T', h, w], text
+
+        def pixel_shape(batch):
+            return tuple(batch[0].shape[2:])                               # (T, H, W) of the clips
+    else:
+        dataset = _latent_dataset(cfg)
+        if buckets:
+            _check_latent_buckets(dataset, buckets)
+        null_text = load_null_text(d.path)
+
+        def model_inputs(batch):
+            latents, text, _ = batch                                        # [B, C, T, h, w], {key: [B, ...]}
+            return (latents.to(device, non_blocking=True),
+                    {k: v.to(device, non_blocking=True) for k, v in text.items()})
+    # The model geometry the config records: the first bucket's (or the one clip size's) latents.
+    if buckets:
+        frames, height, width = buckets[0].shape
+    elif d.type == "latents":  # their one recorded size (rectangular ones included)
+        frames, height, width = video_latent_meta(d.path)["pixel_sizes"][0]
+    else:
+        frames, height, width = d.num_frames, d.image_size, d.image_size
+    C, T, h, w = latent_clip_shape(cfg, frames, height, width)
+    m.in_channels, m.num_frames, m.input_size = C, T, [h, w]
+    diffusion = cfg.diffusion
+    recipe = pipeline_recipe(cfg, (1, C, T, h, w))
+    diffusion.objective = diffusion.objective or recipe.objective
+    diffusion.timestep_sampling = diffusion.timestep_sampling or recipe.timestep_sampling
+    per_shape = diffusion.shift is None  # the pipeline's shift for each latent shape (a bucket's token count)
+    if per_shape and not buckets:
+        diffusion.shift = recipe.shift
+    objectives: Dict[Tuple[int, ...], object] = {}
+    time_range = expert_objective_range(cfg)  # one expert of Wan 2.2's pair: its own noise range
+
+    def objective(x_shape):
+        key = tuple(x_shape[1:])
+        if key not in objectives:
+            shift = pipeline_recipe(cfg, x_shape).shift if per_shape else diffusion.shift
+            objectives[key] = objective_for(diffusion.objective, diffusion.timestep_sampling, shift,
+                                            diffusion.diffusion_steps, time_range=time_range)
+        return objectives[key]
+
+    def denoiser(model, call):
+        return pipeline_denoiser(cfg, model, null_text, call)
+
+    if not buckets:
+        return TrainingData(dataset, model_inputs, objective=objective, denoiser=denoiser)
+
+    def batch_sampler(model, dp_rank: int, dp_size: int, world_size: int, log, precision):
+        from .video import sized_bucket_sampler  # the sizes were checked against the pipeline already
+
+        return sized_bucket_sampler(cfg, buckets, dataset, dp_rank, dp_size, world_size, log, precision)
+
+    weights = bucket_loss_weights(buckets)
+
+    def loss_weight(batch):  # a batch holds one bucket, of one pixel shape
+        return weights[pixel_shape(batch) if d.type == "csv" else _latent_pixel_shape(batch, cfg)]
+
+    return TrainingData(dataset, model_inputs, batch_sampler=batch_sampler, loss_weight=loss_weight,
+                        objective=objective, denoiser=denoiser)
+
+
+def _latent_pixel_shape(batch, cfg) -> Tuple[int, int, int]:
+    """The pixel size (frames, height, width) of a batch of latents, from the buckets whose latents have
+    its shape."""
+    latents = batch[0]
+    for bucket in video_buckets(cfg):
+        if tuple(latent_clip_shape(cfg, *bucket.shape)[1:]) == tuple(latents.shape[2:]):
+            return bucket.shape
+    raise ConfigError(f"a batch of latents {tuple(latents.shape[1:])} matches no bucket of data.buckets.")

@@ -1,0 +1,129 @@
+"""docs/finetune_released_model.md's commands, run as the page writes them, on tiny random pipelines:
+each ``bash`` block of its "Flux" and "Wan" sections is read from the page, its folders moved from
+``/tmp`` and ``/data`` into the test's own, and every line run from a checkout-like folder (``configs/``,
+``scripts/`` and the entry scripts linked, so the run goes to its ``outputs/``): make_tiny_pipeline.py
+builds the pipeline folder, ``printf`` writes the CSV of your data (the test puts the image or clip it
+names beside it), train.py / train_video.py train the LoRA with configs/flux_lora.yaml or
+configs/wan_lora.yaml, and the page's ``python -c`` loads the default export into the family's pipeline
+with ``load_lora_weights`` (no missing or unexpected key) and generates. Python lines run in this
+process; ``torchrun`` (Wan at sp_size=2) on two gloo ranks, whose losses equal one process's."""
+
+import os
+import shlex
+import subprocess
+import sys
+from typing import List
+from unittest import mock
+
+import numpy as np
+import pytest
+
+from tests.pipeline_runs import ROOT, load_script, write_clip, write_csv, write_image
+from tests.video_scripts.test_video_scripts import losses
+
+PAGE = os.path.join(ROOT, "docs", "finetune_released_model.md")
+LORA = "pytorch_lora_weights.safetensors"
+
+
+def page_commands(section: str) -> List[str]:
+    """The command lines of the first ``bash`` block under the page's heading ``## <section>``
+    (continuation lines joined, comment lines left out)."""
+    text = open(PAGE).read()
+    block = text.split(f"\n## {section}", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    return [line.strip() for line in block.replace("\\\n", " ").splitlines()
+            if line.strip() and not line.lstrip().startswith("#")]
+
+
+def checkout(root) -> str:
+    """``root/checkout``: the folder the page's commands run from, with what they name of the repository."""
+    folder = os.path.join(str(root), "checkout")
+    os.makedirs(folder)
+    for name in ("configs", "scripts", "train.py", "train_video.py"):
+        os.symlink(os.path.join(ROOT, name), os.path.join(folder, name))
+    os.makedirs(os.path.join(str(root), "data"))
+    return folder
+
+
+def run_page_line(line: str, root, folder: str) -> None:
+    """One command line of the page, its ``/tmp/`` and ``/data/`` folders moved into ``root``, run in ``folder``."""
+    line = line.replace("/tmp/", f"{root}/tmp-").replace("/data/", f"{root}/data/")
+    argv = shlex.split(line, comments=True)
+    env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}
+    if argv[0] == "torchrun":  # more than one process: launched as written
+        proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", *argv[1:]], cwd=folder, env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, f"{line}\n{proc.stdout}\n{proc.stderr}"
+        return
+    if argv[0] != "python":  # a shell line (printf > file)
+        subprocess.run(["bash", "-c", line], cwd=folder, check=True)
+        return
+    cwd = os.getcwd()
+    os.chdir(folder)
+    try:
+        with mock.patch.dict(os.environ):  # a one-process run sets RANK / WORLD_SIZE
+            if argv[1] == "-c":
+                exec(argv[2], {"__name__": "__page__"})
+            else:
+                load_script(argv[1]).main(argv[2:])
+    finally:
+        os.chdir(cwd)
+
+
+def _run_page(section: str, root, folder: str, data) -> str:
+    """Every line of the section's block; ``data(data_folder)`` writes your files before the CSV names them.
+    Returns the run folder."""
+    from tests.video_scripts.test_lora_export import LoadLog
+
+    commands = page_commands(section)
+    assert len(commands) == 4, commands  # "in four commands"
+    data(os.path.join(str(root), "data"))
+    for line in commands[:-1]:
+        run_page_line(line, root, folder)
+    with LoadLog() as log:  # the page's last line: the default export into the pipeline, which generates
+        run_page_line(commands[-1], root, folder)
+    assert not log.key_warnings(), log.text()
+    assert "load_lora_weights('outputs/" in commands[-1]
+    return commands[-1].split("load_lora_weights('", 1)[1].split("')", 1)[0].rsplit("/", 1)[0]
+
+
+def test_the_flux_commands_of_the_page(tmp_path, capsys):
+    from tests.video_scripts.test_family_scripts import exits_2
+
+    folder = checkout(tmp_path)
+    run = _run_page("Flux, in four commands", tmp_path, folder,
+                    lambda data: write_image(os.path.join(data, "cat.png"), 40, 48))  # the image the CSV names
+    run_dir = os.path.join(folder, run)
+    assert os.listdir(os.path.join(run_dir, "diffusers")) == [LORA]  # the adapters alone, no base copy
+    assert all(np.isfinite(losses(run_dir))) and losses(run_dir)
+    assert os.path.isfile(os.path.join(folder, "cat.png"))
+    capsys.readouterr()
+    pipeline = os.path.join(str(tmp_path), "tmp-tiny-flux")
+    err = exits_2(capsys, "sample_video", ["--config", "configs/flux_lora.yaml", f"model.pipeline={pipeline}",
+                                           f"data.path={tmp_path}/data/images.csv", "data.image_size=32",
+                                           f"results_dir={folder}/outputs"])
+    assert "was trained from the pipeline folder" in err and "load the run's diffusers/ export" in err
+
+
+@pytest.mark.slow  # one launch of torchrun's two ranks: about a minute on 2 cores
+def test_the_wan_commands_of_the_page_with_the_one_process_losses(tmp_path):
+    folder = checkout(tmp_path)
+    run = _run_page("Wan, in four commands", tmp_path, folder,
+                    lambda data: write_clip(os.path.join(data, "dog.mp4"), 5, 40, 48))  # the clip the CSV names
+    run_dir = os.path.join(folder, run)
+    assert os.listdir(os.path.join(run_dir, "diffusers")) == [LORA]
+    assert os.path.isfile(os.path.join(folder, "dog.gif"))
+    # the same run in one process (the page: "one process ... gives the same losses")
+    train = next(line for line in page_commands("Wan, in four commands") if line.startswith("torchrun"))
+    one = train.replace("torchrun --standalone --nproc_per_node 2 ", "python ").replace(" sp_size=2", "")
+    run_page_line(one + " results_dir=one", tmp_path, folder)
+    serial, parallel = losses(os.path.join(folder, "one", "wan_lora")), losses(run_dir)
+    assert serial and np.allclose(serial, parallel, rtol=1e-4, atol=1e-6), (serial, parallel)
+
+
+@pytest.mark.parametrize("config", ["configs/flux_lora.yaml", "configs/wan_lora.yaml"])
+def test_the_configs_point_at_a_pipeline_folder_to_edit(config, capsys, tmp_path):
+    from tests.video_scripts.test_family_scripts import exits_2
+
+    csv = write_csv(tmp_path, [("a.png", "a caption")])
+    err = exits_2(capsys, "train_video", ["--config", config, f"data.path={csv}"])
+    assert "'model.pipeline' '/path/to/" in err and "is not a folder" in err
