@@ -7,6 +7,10 @@ From the newest checkpoint of a run (EMA weights by default):
 On 8 GPUs (samples split over the ranks; sp_size=2 also shards each sample's tokens over 2 ranks);
 the grid is the one-process grid, since sample i's noise depends only on (sample.seed, i):
     torchrun --standalone --nproc_per_node 8 sample.py --config configs/dit_xl2_256.yaml sp_size=2 sample.ckpt=...
+Guidance's two branches on two groups of ranks (2 x sp_size ranks per group of samples), and a step
+cache (sample.cache.kind: pab, first_block, teacache or magcache; docs/sampling.md):
+    torchrun --standalone --nproc_per_node 2 sample.py --config configs/demo.yaml sample.cfg_parallel=true
+    python sample.py --config configs/demo.yaml sample.cache.kind=teacache
 From an original DiT checkpoint (weights and VAE from local paths; nothing is downloaded):
     python sample.py --config configs/dit_xl2_256.yaml sample.ckpt=/models/DiT-XL-2-256x256.pt \\
         vae.path=/models/sd-vae-ft-ema sample.class_labels=[207,360,387,974,88,979,417,279]
@@ -65,13 +69,16 @@ def main(argv) -> Union[str, List[str]]:
 
         from opendit_lite.builders.image import build_dataset_from_config
         from opendit_lite.sampling import gather_on_main, sampling_ranks
+        from opendit_lite.sampling.fast import fast_sampling
         from opendit_lite.sampling.image import class_labels, image_batches, load_image_model
         from opendit_lite.sampling.outputs import default_output, labelled_grid
-    with sampling_ranks(cfg.sp_size) as ranks:
+    with sampling_ranks(cfg.sp_size, cfg.sample.cfg_parallel) as ranks:
         model, ckpt, vae, dataset = load_image_model(cfg, ranks)
+        fast = fast_sampling(model, cfg, ranks)
         labels = cfg.sample.class_labels if cfg.sample.class_labels is not None else list(range(cfg.model.num_classes))
         per_sample = class_labels(cfg.model.num_classes, labels, cfg.sample.samples_per_class)  # rows x cols
-        mine = [images for _, images in image_batches(model, cfg, per_sample, ranks, vae, step_progress=True)]
+        mine = [images for _, images in image_batches(model, cfg, per_sample, ranks, vae, step_progress=True,
+                                                      fast=fast)]
         images = gather_on_main(torch.cat(mine) if mine else torch.empty(0), ranks)
         if not ranks.is_main:
             return ""
@@ -82,8 +89,11 @@ def main(argv) -> Union[str, List[str]]:
     out = cfg.sample.output or default_output(os.path.join(cfg.results_dir, cfg.exp_name), ckpt, ".png")
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     labelled_grid(images, len(labels), names).save(out)
+    layout = f"{ranks.dp_size} data-parallel x {ranks.cfg_size} guidance-branch x {ranks.sp_size} sequence-parallel"
     print(f"wrote {len(per_sample)} samples ({len(labels)} classes x {cfg.sample.samples_per_class}) from {ckpt} "
-          f"to {out} ({ranks.dp_size} data-parallel x {ranks.sp_size} sequence-parallel ranks)")
+          f"to {out} ({layout} ranks)")
+    if fast.cache is not None:
+        print(fast.cache.summary() + " on rank 0")
     return out
 
 

@@ -12,6 +12,10 @@ At another clip shape than the trained one (frames and pixels; the models take a
 On several processes (prompts split over the data-parallel ranks; sp_size=2 shards each clip's
 tokens over 2 ranks with Ulysses, sp_mode=ring/usp, or DSP with sp_mode=dsp); the videos are the one-process videos:
     torchrun --standalone --nproc_per_node 4 sample_video.py --config configs/video_stdit_demo.yaml sp_size=2
+Guidance's two branches on two groups of ranks (2 x sp_size ranks per group of prompts), and a step
+cache (sample.cache.kind: pab, first_block, teacache or magcache; docs/sampling.md):
+    torchrun --standalone --nproc_per_node 4 sample_video.py --config configs/video_stdit_demo.yaml sp_size=2 \
+        sample.cfg_parallel=true sample.cache.kind=pab
 Prompts on the command line or from a file (one a line):
     python sample_video.py --config configs/video_stdit_demo.yaml 'sample.prompts=["a red disc moving up"]'
     python sample_video.py --config configs/video_stdit_xl.yaml sample.prompt_file=prompts.txt \\

@@ -20,13 +20,13 @@ from ..builders.video import (
 )
 from ..checkpoint.layout import saved_config
 from ..config import ConfigError
-from ..diffusion import cfg_model_fn
 from ..diffusion.sampling_utils import SampleGenerators
 from ..encoders.video_vae import VideoVAE
 from ..families import FamilyDenoiser, family_of
 from .denoiser import adopt_trained_sections, find_sample_checkpoint, load_denoiser
+from .fast import PLAIN, FastSampling, fast_sampling
 from .outputs import default_output, write_images, write_videos
-from .pipeline import check_pipeline_sampling, load_trained_pipeline, pipeline_batches
+from .pipeline_sampling import check_pipeline_sampling, load_trained_pipeline, pipeline_batches
 from .sampler import check_sampler, denoise
 from .sharding import SamplingRanks, gather_on_main, sampling_ranks
 
@@ -47,7 +47,7 @@ def find_video_checkpoint(cfg) -> str:
                           f"written by train_video.py.")
     path, pipeline = cfg.text_encoder.path, cfg.model.pipeline
     adopt_trained_sections(cfg, saved, ("model", "diffusion", "text_encoder"))
-    if cfg.model.pipeline:  # sampled through its pipeline (sampling/pipeline.py)
+    if cfg.model.pipeline:  # sampled through its pipeline (sampling/pipeline_sampling.py)
         check_pipeline_sampling(cfg, pipeline, path)
         return ckpt
     if pipeline:
@@ -103,29 +103,31 @@ def load_video_model(cfg, ckpt: str, ranks: SamplingRanks
 
 @torch.no_grad()
 def sample_clips(model, cfg, states: torch.Tensor, mask: torch.Tensor, indices, device,
-                 progress: bool = False, downsample: int = 1) -> torch.Tensor:
+                 progress: bool = False, downsample: int = 1, fast: FastSampling = PLAIN) -> torch.Tensor:
     """Caption states [n, M, Cy] of global prompts ``indices`` -> clips [n, C, T, H, W] in model space
     (latents or pixels), of the trained clip shape or the one ``sample.num_frames/height/width`` ask
     for. Each clip's noise comes from (sample.seed, its index), so the result does not depend on
-    which prompts share the batch, rank or world size."""
+    which prompts share the batch, rank or world size. ``fast``: ``fast_sampling``'s CFG-parallel
+    branches and step cache."""
     generators = SampleGenerators(cfg.sample.seed, indices)
     shape = sample_clip_shape(cfg, downsample, model.patch_size)
     z = generators.standard_normal((states.shape[0], *shape), device, torch.float32)  # [n, C, T, H, W]
     # Guidance by the model's layout (video models: [captions; learned null caption] as one batch of 2n).
-    guided = cfg_model_fn(model, cfg.sample.cfg_scale)
-    return denoise(guided, z, cfg, dict(y=states, mask=mask), clip_denoised=pixel_space(cfg), device=device,
-                   generator=generators, progress=progress)
+    guided = fast.guided(model, cfg.sample.cfg_scale)
+    with fast.trajectory():
+        return denoise(guided, z, cfg, dict(y=states, mask=mask), clip_denoised=pixel_space(cfg), device=device,
+                       generator=generators, progress=progress)
 
 
 def video_batches(model, cfg, prompts: List[str], ranks: SamplingRanks, captions: CaptionEncoder,
-                  vae: Optional[VideoVAE] = None) -> Iterator[Tuple[range, torch.Tensor]]:
+                  vae: Optional[VideoVAE] = None, fast: FastSampling = PLAIN) -> Iterator[Tuple[range, torch.Tensor]]:
     """This rank's block of ``prompts`` in batches of ``sample.batch_size``: yields (global indices,
     clips [b, C, T, H, W] on the CPU, decoded to pixels [b, 3, T, H', W'] by ``vae`` when given).
     Rank 0 shows the sampling steps."""
     for indices in ranks.batches(len(prompts), cfg.sample.batch_size):
         states, mask = captions.encode([prompts[i] for i in indices], ranks.device)      # [n, M, Cy], [n, M]
         clips = sample_clips(model, cfg, states, mask, indices, ranks.device, progress=ranks.is_main,
-                             downsample=vae.downsample if vae is not None else 1)    # [n, C, T, H, W]
+                             downsample=vae.downsample if vae is not None else 1, fast=fast)  # [n, C, T, H, W]
         if vae is not None:
             clips = vae.decode(clips)                                                # [n, 3, T, H', W']
         yield indices, clips.float().cpu()
@@ -133,19 +135,21 @@ def video_batches(model, cfg, prompts: List[str], ranks: SamplingRanks, captions
 
 def sample_prompts(cfg) -> List[str]:
     """sample_video.py's work for a checked config: the prompts sampled from the run's checkpoint on
-    every rank (through the run's pipeline for a run from ``model.pipeline``, ``pipeline.py``) and, on
+    every rank (through the run's pipeline for a run from ``model.pipeline``, ``pipeline_sampling.py``) and, on
     rank 0, written as videos (an image pipeline's as PNGs) and a contact sheet; returns their paths
     (empty on the other ranks)."""
     ckpt = find_video_checkpoint(cfg)  # adopts the trained model, objective and text-encoder kind
     prompts = read_prompts(cfg)
-    with sampling_ranks(cfg.sp_size) as ranks:
+    fast = PLAIN
+    with sampling_ranks(cfg.sp_size, cfg.sample.cfg_parallel) as ranks:
         if cfg.model.pipeline:
             pipe = load_trained_pipeline(cfg, ckpt, ranks)
             batches = pipeline_batches(pipe, cfg, prompts, ranks)
             source = f"{ckpt} through {type(pipe).__name__}"
         else:
             model, captions, vae = load_video_model(cfg, ckpt, ranks)
-            batches = video_batches(model, cfg, prompts, ranks, captions, vae)
+            fast = fast_sampling(model, cfg, ranks)
+            batches = video_batches(model, cfg, prompts, ranks, captions, vae, fast=fast)
             source = f"{ckpt} (cfg_scale {cfg.sample.cfg_scale})"
         mine = [clips for _, clips in batches]
         clips = gather_on_main(torch.cat(mine) if mine else torch.empty(0), ranks)
@@ -160,4 +164,6 @@ def sample_prompts(cfg) -> List[str]:
           f"{ranks.sp_size} sequence-parallel ranks):")
     for path in paths:
         print(path)
+    if fast.cache is not None:
+        print(fast.cache.summary() + " on rank 0")
     return paths

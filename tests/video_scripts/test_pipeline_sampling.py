@@ -66,7 +66,7 @@ def sampled(args, sp_size: int = 1) -> torch.Tensor:
     from opendit_lite.config import load_config
     from opendit_lite.config.video_schema import VideoTrainConfig
     from opendit_lite.sampling import sampling_ranks
-    from opendit_lite.sampling.pipeline import load_trained_pipeline, pipeline_batches
+    from opendit_lite.sampling.pipeline_sampling import load_trained_pipeline, pipeline_batches
     from opendit_lite.sampling.video import find_video_checkpoint, read_prompts
     from opendit_lite.training.video import validate_video_config
 
@@ -81,7 +81,7 @@ def sampled(args, sp_size: int = 1) -> torch.Tensor:
 def direct(pipe, prompts=PROMPTS, seed: int = 0, **call) -> torch.Tensor:
     """The pipeline called directly on every prompt at once, prompt i's noise from generator (seed, i):
     [N, 3, T, H, W] in [-1, 1]."""
-    from opendit_lite.sampling.pipeline import pipeline_pixels
+    from opendit_lite.sampling.pipeline_sampling import pipeline_pixels
 
     generators = SampleGenerators(seed, range(len(prompts))).generators
     with torch.no_grad():
@@ -145,10 +145,12 @@ def test_sample_py_samples_a_flux_fine_tune_through_its_pipeline(flux_full, caps
 
 
 @pytest.mark.parametrize("extra, message", [
-    (["sample.prompts=[]"], "No prompts"),
+    (["sample.prompts=[]"], "'sample.prompts' is an empty list"),
     (["sample.sampler=euler"], "remove sample.sampler"),
     (["sample.num_frames=4"], "4 x n + 1 frames"),
     (["sample.height=36"], "ask for 36 pixels: use a multiple of 8"),
+    (["sample.cfg_parallel=true"], "sample.cfg_parallel apply to this library's own sampler only"),
+    (["sample.cache.kind=pab"], "sample.cache apply to this library's own sampler only"),
 ])
 def test_settings_the_pipeline_would_ignore_or_round_exit_2(wan_lora, capsys, extra, message):
     capsys.readouterr()  # the fixture's run

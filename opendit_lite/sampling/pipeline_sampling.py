@@ -35,6 +35,7 @@ from ..diffusion.sampling_utils import SampleGenerators
 from ..encoders.pipeline_folder import TRANSFORMERS, load_pipeline
 from ..interop.family_checkpoint import write_export
 from ..models.experts import NoiseExperts
+from .cache.cache_settings import resolve_cache
 from .sharding import SamplingRanks
 
 
@@ -53,6 +54,13 @@ def check_pipeline_sampling(cfg, given_pipeline, given_text_encoder) -> None:
     if own:
         raise ConfigError(f"a run from model.pipeline samples through its {pipeline_folder(trained).pipeline_class}, "
                           f"with that pipeline's own scheduler, VAE and text encoders: remove {', '.join(own)}.")
+    fast = [key for key, on in (("sample.cfg_parallel", cfg.sample.cfg_parallel),
+                                ("sample.cache", resolve_cache(cfg.sample.cache)["kind"] != "none")) if on]
+    if fast:
+        raise ConfigError(f"a run from model.pipeline samples through its {pipeline_folder(trained).pipeline_class}, "
+                          f"whose call runs both guidance branches and every step itself; {' and '.join(fast)} "
+                          f"apply to this library's own sampler only: remove them (sequence parallelism, sp_size, "
+                          f"does apply).")
     pipeline_call_settings(cfg)  # the sizes, checked before anything is loaded
 
 
