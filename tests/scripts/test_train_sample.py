@@ -82,12 +82,20 @@ def test_resume_equals_uninterrupted(tmp_path):
     ("sp_size=2 sp_ring_size=2", "sets the ring degree of sp_mode=usp, but sp_mode is ulysses"),
     ("sp_mode=bogus", "'sp_mode' must be one of"),
 ])
-def test_config_errors_exit_2_without_traceback(tmp_path, override, expected):
-    proc = run("train.py", f"results_dir={tmp_path}", *override.split(), check=False)
-    assert proc.returncode == 2, proc.stderr
-    assert expected in proc.stderr
-    assert "Traceback" not in proc.stderr
-    assert len(proc.stderr.strip().splitlines()) == 1, "the message is one paragraph"
+def test_config_errors_exit_2_without_traceback(tmp_path, capsys, monkeypatch, override, expected):
+    """In this process (each entry point's real exit code in a fresh interpreter: tests/reliability/
+    test_fast_errors.py): every error is found before any process group starts."""
+    monkeypatch.chdir(ROOT)
+    monkeypatch.syspath_prepend(ROOT)
+    import train
+
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(["--config", "configs/demo.yaml", f"results_dir={tmp_path}", *override.split()])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2, err
+    assert expected in err
+    assert "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1, "the message is one paragraph"
 
 
 def image_configs():
@@ -102,10 +110,15 @@ def image_configs():
 
 
 @pytest.mark.parametrize("config", image_configs())
-def test_every_config_rejects_unknown_key(config):
-    proc = subprocess.run([sys.executable, "train.py", "--config", f"configs/{config}", "bogus_key=1"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2 and "Unknown config key 'bogus_key'" in proc.stderr, proc.stderr
+def test_every_config_rejects_unknown_key(config, capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    monkeypatch.syspath_prepend(ROOT)
+    import train
+
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(["--config", f"configs/{config}", "bogus_key=1"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "Unknown config key 'bogus_key'" in err, err
 
 
 def test_sample_from_original_dit_checkpoint(tmp_path):
