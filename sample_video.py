@@ -12,10 +12,20 @@ At another clip shape than the trained one (frames and pixels; the models take a
 On several processes (prompts split over the data-parallel ranks; sp_size=2 shards each clip's
 tokens over 2 ranks with Ulysses, sp_mode=ring/usp, or DSP with sp_mode=dsp); the videos are the one-process videos:
     torchrun --standalone --nproc_per_node 4 sample_video.py --config configs/video_stdit_demo.yaml sp_size=2
+Guidance's two branches on two groups of ranks (2 x sp_size ranks per group of prompts), and a step
+cache (sample.cache.kind: pab, first_block, teacache or magcache; docs/sampling.md):
+    torchrun --standalone --nproc_per_node 4 sample_video.py --config configs/video_stdit_demo.yaml sp_size=2 \
+        sample.cfg_parallel=true sample.cache.kind=pab
 Prompts on the command line or from a file (one a line):
     python sample_video.py --config configs/video_stdit_demo.yaml 'sample.prompts=["a red disc moving up"]'
     python sample_video.py --config configs/video_stdit_xl.yaml sample.prompt_file=prompts.txt \\
         text_encoder.path=/models/t5-v1_1-xxl vae.path=/models/sd-vae-ft-ema
+
+A run trained from a diffusers pipeline folder (model.pipeline, the same config) samples through that
+pipeline: its own text encoders, scheduler, VAE, default guidance and negative prompt, with the run's
+LoRA loaded by its load_lora_weights (or its fine-tuned transformer); sp_size splits each clip's tokens
+as above, and the samples are those of the pipeline called directly with the same generators:
+    python sample_video.py --config configs/wan_lora.yaml 'sample.prompts=["a dog running"]'
 
 The model, text-encoder kind and objective are those saved with the checkpoint; ``sample.*`` (and
 local paths such as ``vae.path``/``text_encoder.path``) come from this command.
@@ -46,27 +56,10 @@ def main(argv) -> List[str]:
     check_output_path(cfg.sample.output_dir or os.path.join(cfg.results_dir, cfg.exp_name),
                       "sample.output_dir" if cfg.sample.output_dir else "results_dir", folder=True)
     with heavy_imports():
-        import torch
-
-        from opendit_lite.sampling import gather_on_main, sampling_ranks
-        from opendit_lite.sampling.outputs import default_output, write_videos
-        from opendit_lite.sampling.video import find_video_checkpoint, load_video_model, read_prompts, video_batches
+        from opendit_lite.sampling.video import sample_prompts
         from opendit_lite.training.video import validate_video_config
     validate_video_config(cfg)
-    ckpt = find_video_checkpoint(cfg)  # adopts the trained model, objective and text-encoder kind
-    prompts = read_prompts(cfg)
-    with sampling_ranks(cfg.sp_size) as ranks:
-        model, captions, vae = load_video_model(cfg, ckpt, ranks)
-        mine = [clips for _, clips in video_batches(model, cfg, prompts, ranks, captions, vae)]
-        clips = gather_on_main(torch.cat(mine) if mine else torch.empty(0), ranks)
-        if not ranks.is_main:
-            return []
-    out_dir = cfg.sample.output_dir or default_output(os.path.join(cfg.results_dir, cfg.exp_name), ckpt)
-    paths = write_videos(clips, prompts, out_dir, cfg.sample.fps)
-    print(f"sampled {len(prompts)} prompts from {ckpt} (seed {cfg.sample.seed}, cfg_scale {cfg.sample.cfg_scale}):")
-    for path in paths:
-        print(path)
-    return paths
+    return sample_prompts(cfg)
 
 
 if __name__ == "__main__":

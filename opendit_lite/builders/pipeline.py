@@ -170,22 +170,37 @@ def _resolve_sizes(cfg, folder: PipelineFolder, pipe) -> None:
                               f"(a multiple of {side}), or data.buckets.")
     shapes.append((d.num_frames, d.image_size, d.image_size))
     for frames, height, width in shapes:
-        if frames is not None and not adapter.image_only and (frames - 1) % ratio:
-            raise ConfigError(f"{folder.pipeline_class}'s VAE encodes {ratio} x n + 1 frames (its first frame alone, "
-                              f"then {ratio} per latent frame), but the data asks for {frames}: use "
-                              f"{(frames - 1) // ratio * ratio + 1} or {((frames - 1) // ratio + 1) * ratio + 1}.")
-        if frames is not None and not adapter.image_only:
-            latent = conditioning.latent_frames(pipe, frames)
-            pt = adapter.patch_size(config)[0]
-            if latent % pt:
-                raise ConfigError(f"{frames} frames make {latent} latent frames, which do not split into "
-                                  f"{family.class_name}'s {pt}-frame patches: choose a frame count whose latent "
-                                  f"frames are a multiple of {pt}.")
-        for value in (height, width):
-            if value is not None and value % side:
-                raise ConfigError(f"{family.class_name} from {folder.path!r} takes sides of whole {side}-pixel patches "
-                                  f"(VAE {pixels}x, patches {ph}x{pw}), but the data asks for {value} pixels: use a "
-                                  f"multiple of {side}.")
+        check_clip_size(folder, pipe, frames, height, width, "the data asks for")
+
+
+def check_clip_size(folder: PipelineFolder, pipe, frames: Optional[int], height: Optional[int],
+                    width: Optional[int], asked: str) -> None:
+    """A ConfigError unless a ``frames x height x width`` pixel clip (None: not given) is one the
+    pipeline's VAE encodes and its transformer splits into whole patches: ``frame_ratio x n + 1``
+    frames whose latent frames fill whole frame patches, sides of whole latent patches. ``asked``
+    says who asks for the size ("the data asks for")."""
+    family = folder.family
+    adapter, conditioning = family.adapter, family.conditioning
+    config = folder.transformer_config()
+    ratio, pixels = conditioning.frame_ratio(pipe), conditioning.pixel_ratio(pipe)
+    _, ph, pw = adapter.patch_size(config)
+    side = pixels * max(ph, pw)
+    if frames is not None and not adapter.image_only and (frames - 1) % ratio:
+        raise ConfigError(f"{folder.pipeline_class}'s VAE encodes {ratio} x n + 1 frames (its first frame alone, "
+                          f"then {ratio} per latent frame), but {asked} {frames}: use "
+                          f"{(frames - 1) // ratio * ratio + 1} or {((frames - 1) // ratio + 1) * ratio + 1}.")
+    if frames is not None and not adapter.image_only:
+        latent = conditioning.latent_frames(pipe, frames)
+        pt = adapter.patch_size(config)[0]
+        if latent % pt:
+            raise ConfigError(f"{frames} frames make {latent} latent frames, which do not split into "
+                              f"{family.class_name}'s {pt}-frame patches: choose a frame count whose latent "
+                              f"frames are a multiple of {pt}.")
+    for value in (height, width):
+        if value is not None and value % side:
+            raise ConfigError(f"{family.class_name} from {folder.path!r} takes sides of whole {side}-pixel patches "
+                              f"(VAE {pixels}x, patches {ph}x{pw}), but {asked} {value} pixels: use a "
+                              f"multiple of {side}.")
 
 
 def _check_latents(cfg, folder: PipelineFolder, pipe) -> None:

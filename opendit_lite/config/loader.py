@@ -336,6 +336,8 @@ def _rule_text(bounds: Dict[str, float], is_int: bool) -> str:
         return f"lie in [{bounds['at_least']:g}, {bounds['at_most']:g}]"
     if set(bounds) == {"at_least", "below"}:
         return f"lie in [{bounds['at_least']:g}, {bounds['below']:g})"
+    if set(bounds) == {"above", "at_most"}:
+        return f"lie in ({bounds['above']:g}, {bounds['at_most']:g}]"
     return "be " + " and ".join(f"{_RULES[k][0]} {b:g}" for k, b in bounds.items())
 
 

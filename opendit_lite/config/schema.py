@@ -139,6 +139,40 @@ class MemoryConfig:
                                                "host memory and stepped on the CPU", at_least=0, at_most=1)
 
 
+# sample.cache.kind: what each reuses is in docs/sampling.md.
+CACHE_KINDS = ("none", "pab", "first_block", "teacache", "magcache")
+
+
+@dataclass
+class CacheConfig:
+    """Step caching while sampling; each kind reads only its own settings (null: the kind's default,
+    listed in docs/sampling.md), and a setting given for another kind is refused."""
+
+    kind: str = _f("none", "none; pab (attention outputs reused between steps, Pyramid Attention Broadcast); "
+                           "first_block (the blocks after the first skipped while its residual barely changes); "
+                           "teacache (every block skipped while the first block's modulated input barely changes); "
+                           "magcache (every block skipped while the calibrated residual magnitudes barely change)",
+                   choices=CACHE_KINDS)
+    threshold: Optional[float] = _f(None, "first_block, teacache, magcache: the relative change (first_block) or "
+                                          "accumulated change (teacache, magcache) below which a step reuses the "
+                                          "cache; higher skips more", above=0, at_most=1)
+    spatial_skip: Optional[int] = _f(None, "pab: spatial (and joint) self-attention recomputed every n-th step "
+                                           "inside timesteps, reused in between", at_least=1, at_most=50)
+    temporal_skip: Optional[int] = _f(None, "pab: temporal self-attention recomputed every n-th step",
+                                      at_least=1, at_most=50)
+    cross_skip: Optional[int] = _f(None, "pab: cross-attention recomputed every n-th step", at_least=1, at_most=50)
+    timesteps: Optional[List[float]] = _f(None, "pab: the window [low, high] of model timesteps on the 0-1000 scale "
+                                                "(1000: pure noise) inside which attention may be reused",
+                                          at_least=0, at_most=1000)
+    max_skip_steps: Optional[int] = _f(None, "teacache, magcache: most consecutive steps that reuse the cache",
+                                       at_least=1, at_most=100)
+    retention_ratio: Optional[float] = _f(None, "magcache: the fraction of the first steps that always run in full",
+                                          at_least=0, below=1)
+    mag_ratios: Optional[List[float]] = _f(None, "magcache: the model's residual magnitude ratio per step (a "
+                                                 "calibrating run prints them); null: calibrated on the run's first "
+                                                 "batch, which is sampled in full", above=0, at_most=10)
+
+
 @dataclass
 class BaseSampleConfig:
     """The fields of every sampling section (sample.py's ``SampleConfig``, sample_video.py's
@@ -152,6 +186,9 @@ class BaseSampleConfig:
     seed: int = _f(0, "sampling seed (>= 0): sample i's noise comes from (seed, i), so any number of ranks "
                       "gives the same samples", at_least=0)
     compile: bool = _f(False, "torch.compile each block of the denoiser, as training's compile does")
+    cfg_parallel: bool = _f(False, "run guidance's conditional and unconditional branches on two groups of ranks "
+                                   "(2 x sp_size ranks per group of samples), exchanging only the predictions")
+    cache: CacheConfig = _section(CacheConfig, "step caching: reuse the denoiser's work across sampling steps")
 
 
 @dataclass

@@ -16,6 +16,8 @@ from .schema import BaseSampleConfig, DiffusionConfig, TrainConfig, _f, _section
 TEXT_ENCODER_KINDS = ("shapes", "t5", "clip", "pipeline")
 # Settings of the moving-shapes demo, taken when a config leaves them null and trains no pipeline.
 DEMO_MODEL, DEMO_CAPTION_TOKENS, DEMO_FRAMES, DEMO_IMAGE_SIZE = "STDiT-tiny", 8, 4, 16
+# Guidance against the learned null caption when sample.cfg_scale is null and no pipeline gives its own.
+DEFAULT_CFG_SCALE = 4.0
 
 
 @dataclass
@@ -102,6 +104,10 @@ class VideoSampleConfig(BaseSampleConfig):
                                       "null: the first that fits the trained objective",
                                 choices=("euler", "ddpm", "ddim", None))
     num_sampling_steps: int = _f(30, "sampling steps", at_least=1)
+    cfg_scale: Optional[float] = _f(None, "classifier-free guidance scale (1 disables guidance); null: 4 against the "
+                                          "null caption, or with model.pipeline its pipeline's default "
+                                          "guidance_scale (a guidance-distilled model's: the trained "
+                                          "model.guidance where set)", at_least=0)
     prompts: Optional[List[str]] = _f(None, "captions to sample; None: prompt_file, or a few shapes captions")
     prompt_file: Optional[str] = _f(None, "text file with one prompt a line (used when prompts is empty)")
     batch_size: int = _f(8, "prompts per forward on each data-parallel rank", at_least=1)
@@ -147,10 +153,10 @@ class VideoTrainConfig(TrainConfig):
     export: ExportConfig = _section(ExportConfig, "the diffusers folder written at the end of training")
 
     def __post_init__(self):
-        """The settings left null take the moving-shapes demo's values, unless the run trains a pipeline
-        (``model.pipeline``), which gives them instead (``builders.pipeline.resolve_pipeline``): its
+        """The settings left null take the moving-shapes demo's values (and guidance 4), unless the run
+        trains a pipeline (``model.pipeline``), which gives them instead (``builders.pipeline.resolve_pipeline``): its
         transformer's class is read here (a cheap JSON read), the rest when the pipeline is checked."""
-        m, t, d = self.model, self.text_encoder, self.data
+        m, t, d, s = self.model, self.text_encoder, self.data, self.sample
         if m.pipeline:
             m.name = m.name or _transformer_class(m.pipeline)
             return
@@ -159,6 +165,7 @@ class VideoTrainConfig(TrainConfig):
         t.max_length = t.max_length or DEMO_CAPTION_TOKENS
         d.num_frames = d.num_frames or DEMO_FRAMES
         d.image_size = d.image_size or DEMO_IMAGE_SIZE
+        s.cfg_scale = DEFAULT_CFG_SCALE if s.cfg_scale is None else s.cfg_scale
 
 
 def _transformer_class(pipeline: str) -> Optional[str]:

@@ -94,3 +94,21 @@ def build_data_seq_mesh(sp_size: int) -> DataSeqMesh:
         dp_size=world // sp_size, sp_size=sp_size, dp_rank=rank // sp_size, sp_rank=rank % sp_size,
         dp_group=dp_group, sp_group=sp_group,
     )
+
+
+def cfg_parallel_groups(sp_size: int) -> Tuple[ProcessGroup, ProcessGroup]:
+    """The groups of CFG-parallel sampling, where the world is blocks of ``2 x sp_size`` consecutive
+    ranks, each block one group of samples: its first ``sp_size`` ranks (one sequence-parallel
+    group) compute the conditional branch, the next ``sp_size`` the unconditional one.
+
+    Returns ``(pair_group, block_group)`` for this rank: the two ranks at its position in the two
+    halves of its block (they exchange their predictions every step), and its whole block (the
+    ranks that must agree on every step-caching decision). ``2 x sp_size`` must divide the world.
+    """
+    world = dist.get_world_size()
+    block = 2 * sp_size
+    if sp_size < 1 or world % block != 0:
+        raise ValueError(f"CFG-parallel sampling needs a multiple of 2 x sp_size = {block} ranks, got {world}")
+    pairs = [[b + s, b + sp_size + s] for b in range(0, world, block) for s in range(sp_size)]
+    blocks = [list(range(b, b + block)) for b in range(0, world, block)]
+    return _new_groups(pairs), _new_groups(blocks)

@@ -43,7 +43,7 @@ def main(argv) -> dict:
     out_dir = cfg.eval.output_dir or os.path.join(cfg.results_dir, cfg.exp_name, "eval")
     samples = cfg.eval.samples
     if not samples:
-        with sampling_ranks(cfg.sp_size) as ranks:
+        with sampling_ranks(cfg.sp_size, cfg.sample.cfg_parallel) as ranks:
             samples = generate_samples(cfg, ranks, out_dir, save_png=cfg.eval.save_png)
             if not ranks.is_main:
                 return {}

@@ -16,6 +16,7 @@ import torch.distributed as dist
 from PIL import Image
 
 from ..sampling import SamplingRanks
+from ..sampling.fast import fast_sampling
 from ..sampling.image import class_labels, image_batches, load_image_model
 from .images import save_npz
 
@@ -29,6 +30,7 @@ def generate_samples(cfg, ranks: SamplingRanks, out_dir: str, save_png: bool = F
     """Sample every class ``cfg.eval.samples_per_class`` times over all ranks; returns the path of
     ``samples.npz`` (written by rank 0; every rank returns it once the file is complete)."""
     model, ckpt, vae, _ = load_image_model(cfg, ranks)
+    fast = fast_sampling(model, cfg, ranks)  # sample.cfg_parallel and sample.cache apply here too
     labels = class_labels(cfg.model.num_classes, None, cfg.eval.samples_per_class)
     parts, png_dir = os.path.join(out_dir, "parts"), os.path.join(out_dir, "samples")
     os.makedirs(parts, exist_ok=True)
@@ -36,10 +38,11 @@ def generate_samples(cfg, ranks: SamplingRanks, out_dir: str, save_png: bool = F
         os.makedirs(png_dir, exist_ok=True)
     if ranks.is_main:
         print(f"generating {len(labels)} samples ({cfg.model.num_classes} classes x {cfg.eval.samples_per_class}) "
-              f"from {ckpt} on {ranks.dp_size} data-parallel x {ranks.sp_size} sequence-parallel ranks")
+              f"from {ckpt} on {ranks.dp_size} data-parallel x {ranks.cfg_size} guidance-branch x {ranks.sp_size} "
+              f"sequence-parallel ranks")
     images, indices = [], []
-    for batch_indices, batch in image_batches(model, cfg, labels, ranks, vae):
-        if not ranks.holds_result:  # a sequence-parallel peer: the same images as its group's first rank
+    for batch_indices, batch in image_batches(model, cfg, labels, ranks, vae, fast=fast):
+        if not ranks.holds_result:  # a sequence-parallel or guidance-branch peer: its group's first rank's images
             continue
         arr = to_uint8(batch)                                                  # [b, H, W, 3]
         images.append(arr)

@@ -31,6 +31,11 @@ def periodic_evaluation(cfg, log) -> Optional[Callable[[int, str], None]]:
         raise ConfigError("'eval_every' needs eval.reference (reference statistics or images) and "
                           "eval.inception_path, and generates its own samples (leave eval.samples unset).")
     check_eval_config(cfg)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if cfg.sample.cfg_parallel and world % (2 * cfg.sp_size):
+        raise ConfigError(f"'sample.cfg_parallel' evaluates on groups of 2 x sp_size = {2 * cfg.sp_size} ranks, but "
+                          f"this run has {world}: set sample.cfg_parallel=false for eval_every, or launch a multiple "
+                          f"of {2 * cfg.sp_size} ranks.")
     root = cfg.eval.output_dir or os.path.join(cfg.results_dir, cfg.exp_name, "eval")
 
     def evaluate_checkpoint(step: int, checkpoint: str) -> None:
@@ -41,7 +46,7 @@ def periodic_evaluation(cfg, log) -> Optional[Callable[[int, str], None]]:
         out_dir = os.path.join(root, f"step{step}")
         # Building the sampling model draws initial weights: keep training's random stream untouched.
         devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
-        with torch.random.fork_rng(devices=devices), sampling_ranks(cfg.sp_size) as ranks:
+        with torch.random.fork_rng(devices=devices), sampling_ranks(cfg.sp_size, cfg.sample.cfg_parallel) as ranks:
             samples = generate_samples(run_cfg, ranks, out_dir)
             if not ranks.is_main:
                 return

@@ -43,7 +43,8 @@ from .registry import (
     register_family,
     unregistered_pieces,
 )
+from .step_cache_spec import StepCacheSpec
 
 __all__ = ["FAMILIES", "Family", "FamilyAdapter", "FamilyDenoiser", "PipelineConditioning", "Recipe", "Release",
-           "family_adapter", "family_class_names", "family_of", "family_of_pipeline", "find_family", "is_family",
-           "register_family", "unregistered_pieces"]
+           "StepCacheSpec", "family_adapter", "family_class_names", "family_of", "family_of_pipeline", "find_family",
+           "is_family", "register_family", "unregistered_pieces"]

@@ -40,6 +40,11 @@ class FamilyAdapter:
     pooled_width_key: Optional[str] = None
     image_only: bool = False
 
+    def guidance_distilled(self, config: Mapping) -> bool:
+        """True when a model of this config takes the guidance scale as an input (distilled from
+        classifier-free guidance, e.g. Flux-dev): it has no unconditional branch of its own to run."""
+        return False
+
     def recipe(self, config: Mapping, tokens: int) -> Recipe:
         """The training recipe for clips of ``tokens`` patches (Flux and LTX-Video shift by it)."""
         raise NotImplementedError

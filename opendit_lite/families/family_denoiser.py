@@ -41,6 +41,11 @@ class FamilyDenoiser:
         self._projection_on: Optional[torch.Tensor] = None
 
     @property
+    def guidance_distilled(self) -> bool:
+        """The model takes the guidance scale as an input (Flux-dev, HunyuanVideo): no unconditional branch."""
+        return self.adapter.guidance_distilled(self.config)
+
+    @property
     def patch_size(self) -> Tuple[int, int, int]:
         return self.adapter.patch_size(self.config)
 

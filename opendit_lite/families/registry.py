@@ -14,6 +14,8 @@ specific to it:
   and what it leaves, and why;
 * ``encoding`` (``<family>/encoding.py``): the family's VAE, latent normalisation and text encoder,
   for extracting latents (``scripts/extract_latents.py --family``);
+* ``step_cache`` (``<family>/step_cache.py``): what sampling's step caches need beyond diffusers'
+  hooks (TeaCache's signal, the first block's timestep-modulated input, or why there is none);
 * ``pipeline``: the family's diffusers pipeline class (``FluxPipeline``), the one statement of it: a
   pipeline folder of that class trains this family (``family_of_pipeline``), and a trained model
   goes back to it (its LoRA adapters through that class's own ``save_lora_weights``,
@@ -50,6 +52,7 @@ from ..parallel.diffusers_sp import register_family_spec
 from ..parallel.diffusers_sp.spec_types import FamilySpec
 from .adapter_base import FamilyAdapter
 from .conditioning_base import PipelineConditioning
+from .step_cache_spec import StepCacheSpec
 from .tiny_parts import TinyPipeline
 
 
@@ -81,6 +84,7 @@ class Family:
     sp_spec: FamilySpec                # sequence parallelism
     fused_norms: FusedNorms            # fused_adaln's block swaps
     encoding: FamilyEncoders           # VAE, latent normalisation, text encoder
+    step_cache: StepCacheSpec          # sampling's step caches: TeaCache's signal
     conditioning: PipelineConditioning  # what its diffusers pipeline feeds the transformer
     tiny: Tuple[TinyPipeline, ...]     # tiny random pipelines of its released layouts
     aliases: Tuple[str, ...] = ()      # other short names ``find_family`` takes
@@ -107,6 +111,10 @@ def _check_record(family: Family) -> None:
     if family.encoding.image_only != family.adapter.image_only:
         problems.append(f"encoding.image_only={family.encoding.image_only} but adapter.image_only="
                         f"{family.adapter.image_only}")
+    if family.step_cache.family != family.name:
+        problems.append(f"step_cache is for {family.step_cache.family!r}")
+    if family.step_cache.teacache_signal is None and not family.step_cache.no_teacache:
+        problems.append("step_cache has no TeaCache signal and says no reason (no_teacache)")
     if not family.block_lists or not family.lora_targets:
         problems.append("block_lists and lora_targets must be non-empty")
     if not family.pipeline or not family.tiny:

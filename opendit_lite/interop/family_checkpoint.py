@@ -91,7 +91,7 @@ def export_family_checkpoint(model: dict, lora: Optional[dict], checkpoint: str,
         failure = None
         if global_rank() == 0:
             try:
-                _write(model, skeletons, checkpoint, tmp, use_ema, lora_mode)
+                write_export(model, lora, checkpoint, tmp, use_ema=use_ema, lora_mode=lora_mode, skeletons=skeletons)
             except (CheckpointError, ConfigError) as e:
                 failure = (type(e), str(e))
         failure = from_rank0(failure)  # every rank leaves the block the same way: no one waits for a peer
@@ -108,8 +108,14 @@ def _parts(state: Dict[str, torch.Tensor], components) -> Dict[str, Dict[str, to
     return {c: {k[len(c) + 1:]: v for k, v in state.items() if k.startswith(c + ".")} for c in components}
 
 
-def _write(model: dict, skeletons: Dict[str, nn.Module], checkpoint: str, folder: str, use_ema: bool,
-           lora_mode: str) -> None:
+def write_export(model: dict, lora: Optional[dict], checkpoint: str, folder: str, *, use_ema: bool, lora_mode: str,
+                 skeletons: Optional[Dict[str, nn.Module]] = None) -> None:
+    """Write ``checkpoint``'s export (the module docstring's layouts) into the existing folder ``folder``,
+    in this process alone (``export_family_checkpoint`` publishes it from rank 0; a sampler writes a
+    LoRA run's adapters on every rank, to load them with the pipeline's ``load_lora_weights``).
+    ``skeletons``: the components built by ``family_model_skeleton`` (None: built here)."""
+    if skeletons is None:
+        skeletons = {c: family_model_skeleton(model, lora, c) for c in expert_components(model.get("expert"))}
     try:
         state = read_weights(checkpoint, use_ema=use_ema)
     except (FileNotFoundError, ValueError) as e:

@@ -13,6 +13,10 @@ below for models that do not declare them (a model we did not write):
 * ``guidance_layout`` (default None: no guided forward): the batch ``forward_with_cfg`` takes:
   "concat", [conditional; unconditional] 2B -> 2B (DiT); "paired", B -> B with the null
   condition added inside (STDiT, Vchitect).
+* ``guidance_distilled`` (default False): the model takes the guidance scale as an input (distilled
+  from classifier-free guidance, e.g. Flux-dev): it has no unconditional branch to run, so
+  CFG-parallel sampling has nothing to split. A wrapper may declare it per instance (a property:
+  ``FamilyDenoiser`` reads its config's ``guidance_embeds``).
 * ``supports_gradient_checkpointing`` (default True): its blocks may be checkpointed.
 * ``condition_dropout_kwarg`` (default None): the ``forward`` keyword taking a [B] bool tensor that
   marks the samples whose condition (class label, caption) is replaced by the null condition. The
@@ -48,8 +52,8 @@ GUIDANCE_LAYOUTS = ("concat", "paired")
 # The zoo's attention and MLP linear layers (DiT, STDiT and Vchitect name them alike).
 DEFAULT_LORA_TARGETS = ("qkv", "proj", "fc1", "fc2")
 
-CAPABILITIES = ("is_video", "supported_sp_modes", "guidance_layout", "supports_gradient_checkpointing",
-                "condition_dropout_kwarg", "block_lists", "lora_targets")
+CAPABILITIES = ("is_video", "supported_sp_modes", "guidance_layout", "guidance_distilled",
+                "supports_gradient_checkpointing", "condition_dropout_kwarg", "block_lists", "lora_targets")
 
 ModelOrClass = Union[nn.Module, type]
 
@@ -147,6 +151,17 @@ def guidance_layout(model: ModelOrClass) -> Optional[str]:
         raise ValueError(f"{_cls(model).__qualname__}.guidance_layout is {layout!r}; "
                          f"expected one of {GUIDANCE_LAYOUTS}")
     return layout
+
+
+def guidance_distilled(model: ModelOrClass) -> bool:
+    """True when the model declares it takes the guidance scale as an input (no unconditional branch);
+    an instance's own value (a property) wins over its class's declaration."""
+    if not isinstance(model, type):
+        value = getattr(model, "guidance_distilled", None)
+        if isinstance(value, bool):
+            return value
+    value = _capability(model, "guidance_distilled", False)
+    return value if isinstance(value, bool) else False
 
 
 def supports_gradient_checkpointing(model: ModelOrClass) -> bool:

@@ -53,6 +53,8 @@ class DiTBlock(nn.Module):
 
     # Submodules that compute the conditioning (kept in bf16 under precision=fp8).
     conditioning_modules = ("adaLN_modulation",)
+    # For sampling's step caches: the forward argument holding the tokens (see modulated_input too).
+    cache_streams = ("x",)
 
     def __init__(self, hidden_size: int, num_heads: int, mlp_ratio: float = 4.0):
         super().__init__()
@@ -78,6 +80,12 @@ class DiTBlock(nn.Module):
         x, y = self.norm2(x, h, gate_msa, shift_mlp, scale_mlp)  # x + gate_msa * h, its modulated norm: 2 x [B, N, D]
         x = x + gate_mlp.unsqueeze(1) * self.mlp(y)                                     # [B, N, D]
         return x
+
+    def modulated_input(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        """What the attention of ``forward(x, c)`` reads: the timestep-modulated norm of x [B, N, D]
+        (TeaCache's signal)."""
+        shift_msa, scale_msa = self.adaLN_modulation(c).chunk(6, dim=1)[:2]            # 2 x [B, D]
+        return self.norm1(x, shift_msa, scale_msa)                                      # [B, N, D]
 
 
 class FinalLayer(nn.Module):

@@ -56,6 +56,9 @@ def _tanh_gelu() -> nn.Module:
 class STDiTBlock(nn.Module):
     """Spatial attention, temporal attention, cross-attention, MLP with t2i modulation."""
 
+    # For sampling's step caches: the forward argument holding the tokens (see modulated_input too).
+    cache_streams = ("x",)
+
     def __init__(self, hidden_size: int, num_heads: int, mlp_ratio: float = 4.0):
         super().__init__()
         self.norm1 = LayerNormModulate(hidden_size, eps=1e-6)
@@ -94,6 +97,14 @@ class STDiTBlock(nn.Module):
         x = x + self.cross_attn(x, y, y_mask)                                       # [B, N, D]
         x = x + gate_mlp * self.mlp(self.norm2(x, shift_mlp, scale_mlp))            # [B, N, D]
         return x.view(B, T, S, D)
+
+    def modulated_input(self, x: torch.Tensor, y: torch.Tensor, t0: torch.Tensor,
+                        y_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """The timestep-modulated norm of this rank's tokens x [B, T, S, D] that spatial attention
+        reads (TeaCache's signal), as [B, T*S, D]."""
+        B, D = x.shape[0], x.shape[-1]
+        shift_msa, scale_msa = (self.scale_shift_table[None, :2] + t0.view(B, 6, D)[:, :2]).unsqueeze(2).unbind(1)
+        return self.norm1(x.reshape(B, -1, D), shift_msa, scale_msa)               # [B, T*S, D]
 
 
 class T2IFinalLayer(nn.Module):

@@ -53,6 +53,10 @@ def _mlp(hidden_size: int, mlp_ratio: float) -> Mlp:
 class VchitectBlock(nn.Module):
     """Joint spatial attention, temporal attention and MLPs, adaLN-Zero modulated."""
 
+    # For sampling's step caches: the forward arguments holding the video tokens and the text stream
+    # (the block returns both, in that order; see modulated_input too).
+    cache_streams = ("x", "context")
+
     def __init__(self, hidden_size: int, num_heads: int, mlp_ratio: float = 4.0, context_pre_only: bool = False):
         super().__init__()
         self.context_pre_only = context_pre_only
@@ -72,7 +76,7 @@ class VchitectBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, context: torch.Tensor, c: torch.Tensor, rope_spatial: torch.Tensor,
                 rope_temporal: torch.Tensor, context_mask: Optional[torch.Tensor] = None
-                ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+                ) -> Tuple[torch.Tensor, torch.Tensor]:
         # x: [B, T, S, D] (local shard); context: [B, M, D]; c: [B, D] timestep embedding;
         # rope_spatial: [S, Dh/2] (local shard); rope_temporal: [T, Dh/2]; context_mask: [B, M] bool
         B, T, S, D = x.shape
@@ -99,11 +103,19 @@ class VchitectBlock(nn.Module):
         x = x + gate_mlp * self.mlp(self.norm2(x, shift_mlp, scale_mlp))                 # [B, N, D]
         x = x.view(B, T, S, D)
         if self.context_pre_only:
-            return x, None
+            return x, context  # the text stream was only read
         _, _, gate_c, shift_c_mlp, scale_c_mlp, gate_c_mlp = context_mods
         context = context + gate_c * hc.view(B, T, M, D).mean(dim=1)                      # [B, M, D]
         context = context + gate_c_mlp * self.mlp_context(self.norm2_context(context, shift_c_mlp, scale_c_mlp))
         return x, context
+
+    def modulated_input(self, x: torch.Tensor, context: torch.Tensor, c: torch.Tensor, *args, **kwargs
+                        ) -> torch.Tensor:
+        """The timestep-modulated norm of this rank's video tokens x [B, T, S, D] that joint attention
+        reads (TeaCache's signal), as [B, T*S, D]."""
+        B, D = x.shape[0], x.shape[-1]
+        shift_msa, scale_msa = self.adaLN_modulation(c).unsqueeze(1).chunk(9, dim=-1)[:2]  # 2 x [B, 1, D]
+        return self.norm1(x.reshape(B, -1, D), shift_msa, scale_msa)                      # [B, T*S, D]
 
 
 class VchitectFinalLayer(nn.Module):

@@ -18,10 +18,10 @@ from ..builders.image import (
 )
 from ..checkpoint.layout import saved_config
 from ..config import ConfigError
-from ..diffusion import cfg_model_fn
 from ..diffusion.sampling_utils import SampleGenerators
 from ..encoders import vae_decode
 from .denoiser import adopt_trained_sections, find_sample_checkpoint, load_denoiser
+from .fast import PLAIN, FastSampling
 from .sampler import check_sampler, denoise
 from .sharding import SamplingRanks
 
@@ -59,11 +59,11 @@ def class_labels(num_classes: int, labels: Optional[Sequence[int]], per_class: i
 
 @torch.no_grad()
 def sample_images(model, cfg, labels: torch.Tensor, indices: Sequence[int], device,
-                  progress: bool = False) -> torch.Tensor:
+                  progress: bool = False, fast: FastSampling = PLAIN) -> torch.Tensor:
     """labels [n] of global samples ``indices`` -> images [n, C, H, W] in model space (latents or
     pixels). Each sample's noise comes from (sample.seed, its index), so the result does not depend
     on which samples share the batch. Guidance is batched: [conditional; unconditional] is one
-    forward of 2n rows."""
+    forward of 2n rows (``fast``: split over CFG-parallel ranks, through a step cache)."""
     n, (h, w) = len(labels), model_input_hw(cfg)
     generators = SampleGenerators(cfg.sample.seed, indices)
     z = generators.standard_normal((n, cfg.model.in_channels, h, w), device, torch.float32)  # [n, C, H, W]
@@ -71,21 +71,24 @@ def sample_images(model, cfg, labels: torch.Tensor, indices: Sequence[int], devi
     z2, y2 = torch.cat([z, z]), torch.cat([labels, y_null])  # [2n, ...]: [conditional; unconditional]
     # Under IDDPM the reference guides the first 3 channels, so original checkpoints reproduce their samples.
     channels = None if cfg.sample.sampler == "euler" else 3
-    guided = cfg_model_fn(model, cfg.sample.cfg_scale, channels=channels)
-    out = denoise(guided, z2, cfg, dict(y=y2), clip_denoised=not cfg.vae.path,  # pixels live in [-1, 1]
-                  device=device, generator=generators, progress=progress)
+    guided = fast.guided(model, cfg.sample.cfg_scale, channels=channels)
+    with fast.trajectory():
+        out = denoise(guided, z2, cfg, dict(y=y2), clip_denoised=not cfg.vae.path,  # pixels live in [-1, 1]
+                      device=device, generator=generators, progress=progress)
     return out[:n]
 
 
 def image_batches(model, cfg, labels: Sequence[int], ranks: SamplingRanks, vae=None,
-                  step_progress: bool = False) -> Iterator[Tuple[range, torch.Tensor]]:
+                  step_progress: bool = False, fast: FastSampling = PLAIN) -> Iterator[Tuple[range, torch.Tensor]]:
     """This rank's block of the samples whose labels are ``labels`` (one per global index), in
     batches of ``sample.batch_size``: yields (global indices, images [b, 3, H, W] in [-1, 1] on the
     CPU, decoded by ``vae`` when given). Rank 0 shows a bar over batches when there are several,
-    and over sampling steps when ``step_progress``."""
+    and over sampling steps when ``step_progress``. ``fast``: ``fast_sampling``'s CFG-parallel
+    branches and step cache."""
     for indices in ranks.batches(len(labels), cfg.sample.batch_size):
         y = torch.tensor([labels[i] for i in indices], device=ranks.device)
-        images = sample_images(model, cfg, y, indices, ranks.device, progress=step_progress and ranks.is_main)
+        images = sample_images(model, cfg, y, indices, ranks.device, progress=step_progress and ranks.is_main,
+                               fast=fast)
         if vae is not None:
             images = vae_decode(vae, images, cfg.vae.scale_factor)
         yield indices, images.float().cpu()

@@ -1,6 +1,6 @@
 """The files a sampling run writes: a labelled PNG grid of images (sample.py), and per prompt an MP4
-(an animated GIF where MP4 encoding is unavailable) with a PNG contact sheet of every clip's frames
-(sample_video.py)."""
+(an animated GIF where MP4 encoding is unavailable), or a PNG for an image pipeline's samples, with a
+PNG contact sheet of every clip's frames (sample_video.py)."""
 
 import os
 import re
@@ -102,4 +102,18 @@ def write_videos(clips: torch.Tensor, prompts: Sequence[str], out_dir: str, fps:
              for i, (frames, p) in enumerate(zip(rows, prompts))]
     sheet = os.path.join(out_dir, "contact_sheet.png")
     contact_sheet(rows, list(prompts)).save(sheet)
+    return paths + [sheet]
+
+
+def write_images(images: torch.Tensor, prompts: Sequence[str], out_dir: str) -> List[str]:
+    """images [n, 3, H, W] in [-1, 1], one per prompt -> ``NN_<prompt>.png`` each, at their own size, and
+    ``contact_sheet.png`` in ``out_dir``; returns their paths, the contact sheet last."""
+    os.makedirs(out_dir, exist_ok=True)
+    arr = ((images.float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
+    pictures = [Image.fromarray(a) for a in arr]
+    paths = [os.path.join(out_dir, f"{i:02d}_{slug(p)}.png") for i, p in enumerate(prompts)]
+    for picture, path in zip(pictures, paths):
+        picture.save(path)
+    sheet = os.path.join(out_dir, "contact_sheet.png")
+    contact_sheet([[p] for p in pictures], list(prompts)).save(sheet)
     return paths + [sheet]

@@ -1,6 +1,6 @@
 """Text-to-video sampling: the model, caption encoder and VAE for a checkpoint, the prompts, and
 batches of clips for this rank's block of prompts (sample_video.py writes them as videos and a
-contact sheet). The sampler and the checkpoint handling are those of every sampling run
+contact sheet, ``sample_prompts``). The sampler and the checkpoint handling are those of every sampling run
 (``sampler.py``, ``denoiser.py``); what is particular to videos is here: prompts and their caption
 states, the clip shape (``sample.num_frames/height/width``), and guidance by the model's layout."""
 
@@ -20,13 +20,15 @@ from ..builders.video import (
 )
 from ..checkpoint.layout import saved_config
 from ..config import ConfigError
-from ..diffusion import cfg_model_fn
 from ..diffusion.sampling_utils import SampleGenerators
 from ..encoders.video_vae import VideoVAE
-from ..families import FamilyDenoiser
+from ..families import FamilyDenoiser, family_of
 from .denoiser import adopt_trained_sections, find_sample_checkpoint, load_denoiser
+from .fast import PLAIN, FastSampling, fast_sampling
+from .outputs import default_output, write_images, write_videos
+from .pipeline_sampling import check_pipeline_sampling, load_trained_pipeline, pipeline_batches
 from .sampler import check_sampler, denoise
-from .sharding import SamplingRanks
+from .sharding import SamplingRanks, gather_on_main, sampling_ranks
 
 # Captions of the embedded moving-shapes data, used when no prompts are given for it.
 SHAPES_PROMPTS = ["a red square moving right", "a blue disc moving down", "a green disc moving left",
@@ -43,12 +45,15 @@ def find_video_checkpoint(cfg) -> str:
     if "model" not in saved:
         raise ConfigError(f"{ckpt!r} carries no saved config (meta.json): sample_video.py reads checkpoints "
                           f"written by train_video.py.")
-    path = cfg.text_encoder.path
+    path, pipeline = cfg.text_encoder.path, cfg.model.pipeline
     adopt_trained_sections(cfg, saved, ("model", "diffusion", "text_encoder"))
-    if cfg.model.pipeline:
-        raise ConfigError(f"{ckpt!r} was trained from the pipeline folder {cfg.model.pipeline!r}; sample_video.py "
-                          f"does not sample through that pipeline in this version: load the run's diffusers/ export "
-                          f"into the pipeline ({cfg.model.name}.from_pretrained, or load_lora_weights) and call it.")
+    if cfg.model.pipeline:  # sampled through its pipeline (sampling/pipeline_sampling.py)
+        check_pipeline_sampling(cfg, pipeline, path)
+        return ckpt
+    if pipeline:
+        raise ConfigError(f"{ckpt!r} was trained without model.pipeline (its model is {cfg.model.name}), so there is "
+                          f"no pipeline of it to sample through: remove model.pipeline={pipeline} (it samples with "
+                          f"its own sampler), or give sample.ckpt of a run trained from that pipeline.")
     cfg.text_encoder.path = path or cfg.text_encoder.path
     check_sampler(cfg)
     if not pixel_space(cfg) and not cfg.vae.path:
@@ -98,29 +103,67 @@ def load_video_model(cfg, ckpt: str, ranks: SamplingRanks
 
 @torch.no_grad()
 def sample_clips(model, cfg, states: torch.Tensor, mask: torch.Tensor, indices, device,
-                 progress: bool = False, downsample: int = 1) -> torch.Tensor:
+                 progress: bool = False, downsample: int = 1, fast: FastSampling = PLAIN) -> torch.Tensor:
     """Caption states [n, M, Cy] of global prompts ``indices`` -> clips [n, C, T, H, W] in model space
     (latents or pixels), of the trained clip shape or the one ``sample.num_frames/height/width`` ask
     for. Each clip's noise comes from (sample.seed, its index), so the result does not depend on
-    which prompts share the batch, rank or world size."""
+    which prompts share the batch, rank or world size. ``fast``: ``fast_sampling``'s CFG-parallel
+    branches and step cache."""
     generators = SampleGenerators(cfg.sample.seed, indices)
     shape = sample_clip_shape(cfg, downsample, model.patch_size)
     z = generators.standard_normal((states.shape[0], *shape), device, torch.float32)  # [n, C, T, H, W]
     # Guidance by the model's layout (video models: [captions; learned null caption] as one batch of 2n).
-    guided = cfg_model_fn(model, cfg.sample.cfg_scale)
-    return denoise(guided, z, cfg, dict(y=states, mask=mask), clip_denoised=pixel_space(cfg), device=device,
-                   generator=generators, progress=progress)
+    guided = fast.guided(model, cfg.sample.cfg_scale)
+    with fast.trajectory():
+        return denoise(guided, z, cfg, dict(y=states, mask=mask), clip_denoised=pixel_space(cfg), device=device,
+                       generator=generators, progress=progress)
 
 
 def video_batches(model, cfg, prompts: List[str], ranks: SamplingRanks, captions: CaptionEncoder,
-                  vae: Optional[VideoVAE] = None) -> Iterator[Tuple[range, torch.Tensor]]:
+                  vae: Optional[VideoVAE] = None, fast: FastSampling = PLAIN) -> Iterator[Tuple[range, torch.Tensor]]:
     """This rank's block of ``prompts`` in batches of ``sample.batch_size``: yields (global indices,
     clips [b, C, T, H, W] on the CPU, decoded to pixels [b, 3, T, H', W'] by ``vae`` when given).
     Rank 0 shows the sampling steps."""
     for indices in ranks.batches(len(prompts), cfg.sample.batch_size):
         states, mask = captions.encode([prompts[i] for i in indices], ranks.device)      # [n, M, Cy], [n, M]
         clips = sample_clips(model, cfg, states, mask, indices, ranks.device, progress=ranks.is_main,
-                             downsample=vae.downsample if vae is not None else 1)    # [n, C, T, H, W]
+                             downsample=vae.downsample if vae is not None else 1, fast=fast)  # [n, C, T, H, W]
         if vae is not None:
             clips = vae.decode(clips)                                                # [n, 3, T, H', W']
         yield indices, clips.float().cpu()
+
+
+def sample_prompts(cfg) -> List[str]:
+    """sample_video.py's work for a checked config: the prompts sampled from the run's checkpoint on
+    every rank (through the run's pipeline for a run from ``model.pipeline``, ``pipeline_sampling.py``) and, on
+    rank 0, written as videos (an image pipeline's as PNGs) and a contact sheet; returns their paths
+    (empty on the other ranks)."""
+    ckpt = find_video_checkpoint(cfg)  # adopts the trained model, objective and text-encoder kind
+    prompts = read_prompts(cfg)
+    fast = PLAIN
+    with sampling_ranks(cfg.sp_size, cfg.sample.cfg_parallel) as ranks:
+        if cfg.model.pipeline:
+            pipe = load_trained_pipeline(cfg, ckpt, ranks)
+            batches = pipeline_batches(pipe, cfg, prompts, ranks)
+            source = f"{ckpt} through {type(pipe).__name__}"
+        else:
+            model, captions, vae = load_video_model(cfg, ckpt, ranks)
+            fast = fast_sampling(model, cfg, ranks)
+            batches = video_batches(model, cfg, prompts, ranks, captions, vae, fast=fast)
+            source = f"{ckpt} (cfg_scale {cfg.sample.cfg_scale})"
+        mine = [clips for _, clips in batches]
+        clips = gather_on_main(torch.cat(mine) if mine else torch.empty(0), ranks)
+        if not ranks.is_main:
+            return []
+    out_dir = cfg.sample.output_dir or default_output(os.path.join(cfg.results_dir, cfg.exp_name), ckpt)
+    if cfg.model.pipeline and family_of(cfg.model.name).adapter.image_only:
+        paths = write_images(clips[:, :, 0], prompts, out_dir)
+    else:
+        paths = write_videos(clips, prompts, out_dir, cfg.sample.fps)
+    print(f"sampled {len(prompts)} prompts from {source} (seed {cfg.sample.seed}, {ranks.dp_size} data-parallel x "
+          f"{ranks.sp_size} sequence-parallel ranks):")
+    for path in paths:
+        print(path)
+    if fast.cache is not None:
+        print(fast.cache.summary() + " on rank 0")
+    return paths

@@ -14,18 +14,15 @@ import time
 import pytest
 import torch
 
+from tests.benchmarks.scripts import BENCH_DIR, ROOT, import_benchmark
 from tests.script_server import run_script
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-BENCH_DIR = os.path.join(ROOT, "benchmarks")
 SCRIPT = os.path.join(BENCH_DIR, "gpu_report.py")
 
 
 @pytest.fixture(scope="module")
 def report():
-    if BENCH_DIR not in sys.path:
-        sys.path.insert(0, BENCH_DIR)
-    return importlib.import_module("gpu_report")
+    return import_benchmark("gpu_report")
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,7 @@
 """Every registered diffusers family is whole: its folder holds the same pieces as every other
 family's, its record names one class throughout, and each piece is registered with the mechanism
-that looks it up (capabilities, sequence parallelism, fused AdaLN), so no family is half-registered.
+that looks it up (capabilities, sequence parallelism, fused AdaLN; its step-cache piece reads a block
+class of the installed diffusers), so no family is half-registered.
 The registry refuses a duplicate and a record whose pieces disagree, before registering anything."""
 
 import dataclasses
@@ -20,7 +21,8 @@ from opendit_lite.models.capabilities import block_lists, lora_targets
 from opendit_lite.parallel import FAMILIES as SP_SPECS
 
 FOLDER = os.path.dirname(families.__file__)
-PIECES = {"__init__.py", "adapter.py", "sp_spec.py", "fused_norms.py", "encoding.py", "conditioning.py", "tiny.py"}
+PIECES = {"__init__.py", "adapter.py", "sp_spec.py", "fused_norms.py", "encoding.py", "conditioning.py", "tiny.py",
+          "step_cache.py"}
 EXPECTED = {"wan", "hunyuan_video", "cogvideox", "ltx_video", "flux", "sd3"}
 
 
@@ -55,6 +57,8 @@ def test_every_piece_is_registered_with_its_mechanism(name):
     assert all(f"diffusers {b.class_name}" in names for b in family.fused_norms.blocks)
     for block in family.fused_norms.blocks:  # each swapped block class exists in the installed diffusers
         assert isinstance(getattr(importlib.import_module(block.module_name), block.class_name, None), type)
+    # the step-cache piece reads the arguments of a block class of the installed diffusers
+    assert isinstance(getattr(importlib.import_module(family.module), family.step_cache.head_block, None), type)
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
@@ -82,10 +86,15 @@ def test_a_duplicate_or_inconsistent_record_is_refused_before_anything_is_regist
     with pytest.raises(ValueError, match="already registered"):
         register_family(wan)
     with pytest.raises(ValueError, match="already registered"):
-        register_family(dataclasses.replace(wan, name="wan2", sp_spec=dataclasses.replace(wan.sp_spec, family="wan2")))
+        register_family(dataclasses.replace(wan, name="wan2", sp_spec=dataclasses.replace(wan.sp_spec, family="wan2"),
+                                            step_cache=dataclasses.replace(wan.step_cache, family="wan2")))
     flux = FAMILIES["flux"]
     with pytest.raises(ValueError, match="sp_spec is for 'FluxTransformer2DModel'"):
         register_family(dataclasses.replace(wan, name="mixed", class_name="MixedModel", sp_spec=flux.sp_spec))
+    with pytest.raises(ValueError, match="step_cache is for 'flux'"):
+        register_family(dataclasses.replace(wan, step_cache=flux.step_cache))
+    with pytest.raises(ValueError, match="no TeaCache signal and says no reason"):
+        register_family(dataclasses.replace(wan, step_cache=dataclasses.replace(wan.step_cache, teacache_signal=None)))
     assert "mixed" not in FAMILIES and "wan2" not in FAMILIES and "MixedModel" not in SP_SPECS
     assert isinstance(wan, Family)
 

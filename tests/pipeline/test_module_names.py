@@ -25,6 +25,7 @@ ALLOWED = {
     "encoding.py": FAMILY_PIECE,
     "conditioning.py": FAMILY_PIECE,
     "tiny.py": FAMILY_PIECE,
+    "step_cache.py": FAMILY_PIECE,
 }
 
 

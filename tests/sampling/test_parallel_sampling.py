@@ -1,8 +1,10 @@
 """sample.py and sample_video.py on 2 gloo ranks give the one-process outputs for the same seed:
-samples split over data-parallel ranks (uneven blocks, several batches per rank), and one sample's
-tokens sharded over a sequence-parallel pair (Ulysses; DSP for STDiT); and on 4 ranks (the shared
-spawn of tests/parallel/spawn.py) over a sequence-parallel group of 4 with ring attention and with
-USP (rings of 2 x Ulysses over 2). Tiny models with random weights (adaLN-Zero layers perturbed so
+samples split over data-parallel ranks (uneven blocks, several batches per rank), one sample's
+tokens sharded over a sequence-parallel pair (Ulysses; DSP for STDiT), and guidance's two branches
+on two ranks (sample.cfg_parallel), also with a step cache (against one process with the same
+cache); and on 4 ranks (the shared spawn of tests/parallel/spawn.py)
+over a sequence-parallel group of 4 with ring attention and with USP (rings of 2 x Ulysses over 2),
+and the two branches on two sequence-parallel pairs. Tiny models with random weights (adaLN-Zero layers perturbed so
 the output depends on every block), a few steps, DDPM (which draws noise at every step) for images
 and Euler for video."""
 
@@ -81,12 +83,28 @@ CASES = {
     "video_dp": ("sample_video", ["sample.batch_size=1"]),                # 2 + 1 prompts
     "video_ulysses": ("sample_video", ["sp_size=2", "sp_mode=ulysses"]),
     "video_dsp": ("sample_video", ["sp_size=2", "sp_mode=dsp"]),
+    "image_cfg_parallel": ("sample", ["sample.cfg_parallel=true"]),               # guidance's branches on 2 ranks
+    "video_cfg_parallel": ("sample_video", ["sample.cfg_parallel=true"]),
 }
+
+
+# (script, step-cache settings): on 2 CFG-parallel ranks, compared with one process with the same cache.
+CACHED = {
+    "image_cfg_parallel_pab": ("sample", ["sample.cache.kind=pab", "sample.cache.timesteps=[0,1000]"]),
+    "video_cfg_parallel_first_block": ("sample_video", ["sample.cache.kind=first_block", "sample.cache.threshold=1"]),
+}
+
+
+def _output(script: str, folder: str, case: str) -> list:
+    return [f"sample.output={folder}/{case}.png"] if script == "sample" else [f"sample.output_dir={folder}/{case}"]
 
 
 def _two_ranks(rank, world_size, args_by_script, out_dir):
     torch.manual_seed(1234 + rank)  # the global RNG must not matter
     written = {}
+    for case, (script, cache) in CACHED.items():
+        written[case] = run_script(script, args_by_script[script] + ["sample.cfg_parallel=true"] + cache +
+                                   _output(script, out_dir, case))
     for case, (script, extra) in CASES.items():
         output = ([f"sample.output={out_dir}/{case}.png"] if script == "sample"
                   else [f"sample.output_dir={out_dir}/{case}"])
@@ -100,6 +118,7 @@ CASES_4 = {
     "image_usp": ("sample", ["sp_size=4", "sp_mode=usp", "sp_ring_size=2"]),
     "video_ring": ("sample_video", ["sp_size=4", "sp_mode=ring"]),
     "video_usp": ("sample_video", ["sp_size=4", "sp_mode=usp", "sp_ring_size=2"]),
+    "video_cfg_parallel_sp": ("sample_video", ["sp_size=2", "sample.cfg_parallel=true"]),  # 2 branches x sp 2
 }
 
 
@@ -127,6 +146,8 @@ def outputs(tmp_path_factory):
     args = {"sample": image_args(tmp), "sample_video": video_args(tmp)}
     single = {"sample": run_script("sample", args["sample"] + [f"sample.output={tmp}/single.png"]),
               "sample_video": run_script("sample_video", args["sample_video"] + [f"sample.output_dir={tmp}/single"])}
+    for case, (script, cache) in CACHED.items():
+        single[case] = run_script(script, args[script] + cache + _output(script, f"{tmp}/single", case))
     ranks = run_distributed(_two_ranks, 2, args=(args, tmp), env={"OMP_NUM_THREADS": "1"})
     return single, ranks
 
@@ -146,6 +167,16 @@ def test_two_ranks_equal_one_process(outputs, case):
     if script == "sample_video":
         assert len(main_out) == len(single[script]) == 4                   # 3 videos and the sheet
     assert_same_pixels(case, pixels(want), pixels(got))
+
+
+@pytest.mark.parametrize("case", list(CACHED))
+def test_two_cfg_parallel_ranks_with_a_step_cache_equal_one_process_with_it(outputs, case):
+    single, ranks = outputs
+    script = CACHED[case][0]
+    last = (lambda out: out) if script == "sample" else (lambda out: out[-1])  # the grid, or the contact sheet
+    want, uncached = pixels(last(single[case])), pixels(last(single[script]))
+    assert not np.array_equal(want, uncached), f"{case}: the cache reused nothing"
+    assert_same_pixels(case, want, pixels(last(ranks[0][case])))
 
 
 @pytest.mark.parametrize("case", list(CASES_4))

@@ -5,8 +5,9 @@ each ``bash`` block of its "Flux" and "Wan" sections is read from the page, its 
 builds the pipeline folder, ``printf`` writes the CSV of your data (the test puts the image or clip it
 names beside it), train.py / train_video.py train the LoRA with configs/flux_lora.yaml or
 configs/wan_lora.yaml, and the page's ``python -c`` loads the default export into the family's pipeline
-with ``load_lora_weights`` (no missing or unexpected key) and generates. Python lines run in this
-process; ``torchrun`` (Wan at sp_size=2) on two gloo ranks, whose losses equal one process's."""
+with ``load_lora_weights`` (no missing or unexpected key) and generates; the page's sampling commands
+sample the run through its pipeline with sample.py (Flux) and sample_video.py (Wan, sp_size=2). Python
+lines run in this process; ``torchrun`` (Wan at sp_size=2) on two gloo ranks, whose losses equal one process's."""
 
 import os
 import shlex
@@ -38,7 +39,7 @@ def checkout(root) -> str:
     """``root/checkout``: the folder the page's commands run from, with what they name of the repository."""
     folder = os.path.join(str(root), "checkout")
     os.makedirs(folder)
-    for name in ("configs", "scripts", "train.py", "train_video.py"):
+    for name in ("configs", "scripts", "train.py", "train_video.py", "sample.py", "sample_video.py"):
         os.symlink(os.path.join(ROOT, name), os.path.join(folder, name))
     os.makedirs(os.path.join(str(root), "data"))
     return folder
@@ -87,8 +88,6 @@ def _run_page(section: str, root, folder: str, data) -> str:
 
 
 def test_the_flux_commands_of_the_page(tmp_path, capsys):
-    from tests.video_scripts.test_family_scripts import exits_2
-
     folder = checkout(tmp_path)
     run = _run_page("Flux, in four commands", tmp_path, folder,
                     lambda data: write_image(os.path.join(data, "cat.png"), 40, 48))  # the image the CSV names
@@ -96,12 +95,13 @@ def test_the_flux_commands_of_the_page(tmp_path, capsys):
     assert os.listdir(os.path.join(run_dir, "diffusers")) == [LORA]  # the adapters alone, no base copy
     assert all(np.isfinite(losses(run_dir))) and losses(run_dir)
     assert os.path.isfile(os.path.join(folder, "cat.png"))
-    capsys.readouterr()
-    pipeline = os.path.join(str(tmp_path), "tmp-tiny-flux")
-    err = exits_2(capsys, "sample_video", ["--config", "configs/flux_lora.yaml", f"model.pipeline={pipeline}",
-                                           f"data.path={tmp_path}/data/images.csv", "data.image_size=32",
-                                           f"results_dir={folder}/outputs"])
-    assert "was trained from the pipeline folder" in err and "load the run's diffusers/ export" in err
+    # the page's sampling command: the run through FluxPipeline, one PNG per prompt and a contact sheet
+    run_page_line(page_commands("Sample through the pipeline")[0], tmp_path, folder)
+    samples = os.path.join(run_dir, "samples")
+    (checkpoint,) = os.listdir(samples)
+    assert sorted(os.listdir(os.path.join(samples, checkpoint))) == ["00_a_black_cat.png", "01_a_red_car.png",
+                                                                     "contact_sheet.png"]
+    assert "through FluxPipeline" in capsys.readouterr().out
 
 
 @pytest.mark.slow  # one launch of torchrun's two ranks: about a minute on 2 cores
@@ -112,6 +112,11 @@ def test_the_wan_commands_of_the_page_with_the_one_process_losses(tmp_path):
     run_dir = os.path.join(folder, run)
     assert os.listdir(os.path.join(run_dir, "diffusers")) == [LORA]
     assert os.path.isfile(os.path.join(folder, "dog.gif"))
+    # the page's sampling command at sp_size=2: the run through WanPipeline, its tokens split over 2 ranks
+    run_page_line(page_commands("Sample through the pipeline")[1], tmp_path, folder)
+    (checkpoint,) = os.listdir(os.path.join(run_dir, "samples"))
+    written = sorted(os.listdir(os.path.join(run_dir, "samples", checkpoint)))
+    assert written[0].startswith("00_a_dog_running.") and written[1] == "contact_sheet.png", written
     # the same run in one process (the page: "one process ... gives the same losses")
     train = next(line for line in page_commands("Wan, in four commands") if line.startswith("torchrun"))
     one = train.replace("torchrun --standalone --nproc_per_node 2 ", "python ").replace(" sp_size=2", "")

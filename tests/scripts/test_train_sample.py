@@ -9,6 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.distributed import run_script_on_ranks
 from tests.script_server import run_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -81,12 +82,20 @@ def test_resume_equals_uninterrupted(tmp_path):
     ("sp_size=2 sp_ring_size=2", "sets the ring degree of sp_mode=usp, but sp_mode is ulysses"),
     ("sp_mode=bogus", "'sp_mode' must be one of"),
 ])
-def test_config_errors_exit_2_without_traceback(tmp_path, override, expected):
-    proc = run("train.py", f"results_dir={tmp_path}", *override.split(), check=False)
-    assert proc.returncode == 2, proc.stderr
-    assert expected in proc.stderr
-    assert "Traceback" not in proc.stderr
-    assert len(proc.stderr.strip().splitlines()) == 1, "the message is one paragraph"
+def test_config_errors_exit_2_without_traceback(tmp_path, capsys, monkeypatch, override, expected):
+    """In this process (each entry point's real exit code in a fresh interpreter: tests/reliability/
+    test_fast_errors.py): every error is found before any process group starts."""
+    monkeypatch.chdir(ROOT)
+    monkeypatch.syspath_prepend(ROOT)
+    import train
+
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(["--config", "configs/demo.yaml", f"results_dir={tmp_path}", *override.split()])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2, err
+    assert expected in err
+    assert "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1, "the message is one paragraph"
 
 
 def image_configs():
@@ -101,9 +110,15 @@ def image_configs():
 
 
 @pytest.mark.parametrize("config", image_configs())
-def test_every_config_rejects_unknown_key(config):
-    proc = run_script(["train.py", "--config", f"configs/{config}", "bogus_key=1"], cwd=ROOT, timeout=120)
-    assert proc.returncode == 2 and "Unknown config key 'bogus_key'" in proc.stderr, proc.stderr
+def test_every_config_rejects_unknown_key(config, capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    monkeypatch.syspath_prepend(ROOT)
+    import train
+
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(["--config", f"configs/{config}", "bogus_key=1"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "Unknown config key 'bogus_key'" in err, err
 
 
 def test_sample_from_original_dit_checkpoint(tmp_path):
@@ -152,15 +167,15 @@ def serial_run(tmp_path_factory):
     (4, ["sp_size=4", "sp_mode=ring", "selective_ratio=0.5"]),       # one ring over 4 ranks
     (4, ["sp_size=4", "sp_mode=usp", "sp_ring_size=2"]),             # rings of 2 x Ulysses over 2
 ], ids=["ulysses", "ring", "usp"])
-def test_torchrun_sequence_parallel_matches_one_process(serial_run, tmp_path, ranks, settings):
-    """torchrun at sp_size = ranks (one data-parallel rank) trains exactly like one plain process and
-    saves the same weights: the SP mode, activation checkpointing and DDP compose."""
+def test_sequence_parallel_ranks_match_one_process(serial_run, tmp_path, ranks, settings):
+    """train.py on ranks at sp_size = ranks (one data-parallel rank; the ranks started as torchrun starts
+    them) trains exactly like one plain process and saves the same weights: the SP mode, activation
+    checkpointing and DDP compose. train.py under torchrun itself: tests/reliability (its summary, a
+    full disk at 2 and 4 ranks, a SIGTERM to its ranks)."""
     common = [f"results_dir={tmp_path}", "max_steps=3", "log_every=1", "ema.enable=false", *TINY]
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
-                           str(ranks), "train.py", "--config", "configs/demo.yaml", "exp_name=sp", *settings, *common],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, OMP_NUM_THREADS="1"))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    codes = run_script_on_ranks("train.py", ["--config", "configs/demo.yaml", "exp_name=sp", *settings, *common],
+                                world_size=ranks)
+    assert [code for code, _ in codes] == [0] * ranks
     loss = {name: [json.loads(line)["loss"] for line in open(run_dir / "metrics.jsonl")]
             for name, run_dir in (("serial", serial_run), ("sp", tmp_path / "sp"))}
     assert loss["sp"] == pytest.approx(loss["serial"], rel=1e-5, abs=1e-6)

@@ -7,6 +7,7 @@ import os
 import pytest
 import torch
 
+from tests.distributed import run_script_on_ranks
 from tests.video_scripts.test_video_scripts import losses, run, weights
 
 BUCKETS = ("data.buckets=[{frames: 2, height: 8, width: 8, batch_size: 2}, "
@@ -40,7 +41,7 @@ def test_bucketed_sequence_parallel_matches_serial_loss(tmp_path):
     per frame in the wide bucket (not divisible by 2): the serial loss curve."""
     serial, sp = str(tmp_path / "serial"), str(tmp_path / "sp")
     run(["train_video.py", *ARGS, f"results_dir={serial}", "max_steps=3"])
-    run(["train_video.py", *ARGS, f"results_dir={sp}", "max_steps=3", "sp_size=2"], torchrun=True)
+    assert run_script_on_ranks("train_video.py", [*ARGS, f"results_dir={sp}", "max_steps=3", "sp_size=2"])[0][0] == 0
     torch.testing.assert_close(losses(os.path.join(sp, "b")), losses(os.path.join(serial, "b")), rtol=1e-4, atol=1e-5)
 
 

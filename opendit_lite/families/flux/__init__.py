@@ -1,7 +1,7 @@
-"""Flux (FLUX.1) (diffusers' ``FluxTransformer2DModel``): its record in the families registry, built
-from the pieces in this folder (``adapter.py``, ``sp_spec.py``, ``fused_norms.py``, ``encoding.py``,
-``conditioning.py``, ``tiny.py``), its capabilities and its released checkpoints' shapes for the planner;
-registered on import."""
+"""Flux (FLUX.1) (diffusers' ``FluxTransformer2DModel``): its record in the families registry, built from the
+pieces in this folder (``adapter.py``, ``sp_spec.py``, ``fused_norms.py``, ``encoding.py``,
+``conditioning.py``, ``tiny.py``, ``step_cache.py``), its capabilities and its released checkpoints' shapes
+for the planner; registered on import."""
 
 from ..lora_targets import CONTEXT_FEED_FORWARD, FEED_FORWARD, JOINT_ATTENTION, SINGLE_STREAM_MLP
 from ..registry import Family, Release, register_family
@@ -10,6 +10,7 @@ from .conditioning import CONDITIONING
 from .encoding import ENCODING
 from .fused_norms import FUSED_NORMS
 from .sp_spec import SP_SPEC
+from .step_cache import STEP_CACHE
 from .tiny import TINY
 
 FAMILY = register_family(Family(
@@ -23,6 +24,7 @@ FAMILY = register_family(Family(
     sp_spec=SP_SPEC,
     fused_norms=FUSED_NORMS,
     encoding=ENCODING,
+    step_cache=STEP_CACHE,
     releases=(Release("black-forest-labs/FLUX.1-dev", dict(
         patch_size=1, in_channels=64, num_layers=19, num_single_layers=38, attention_head_dim=128,
         num_attention_heads=24, joint_attention_dim=4096, pooled_projection_dim=768, guidance_embeds=True,

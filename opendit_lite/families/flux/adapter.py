@@ -34,6 +34,9 @@ class FluxAdapter(FamilyAdapter):
     def latent_channels(self, config):
         return int(config["in_channels"]) // 4
 
+    def guidance_distilled(self, config):
+        return bool(config.get("guidance_embeds"))
+
     def forward(self, model, config, x, t, states, mask, pooled):
         B, C, T, H, W = x.shape
         rows, cols = torch.meshgrid(torch.arange(H // 2, device=x.device), torch.arange(W // 2, device=x.device),

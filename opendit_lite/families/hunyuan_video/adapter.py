@@ -26,6 +26,9 @@ class HunyuanVideoAdapter(FamilyAdapter):
     def patch_size(self, config):
         return int(config["patch_size_t"]), int(config["patch_size"]), int(config["patch_size"])
 
+    def guidance_distilled(self, config):
+        return bool(config.get("guidance_embeds"))
+
     def forward(self, model, config, x, t, states, mask, pooled):
         guidance = torch.full_like(t, GUIDANCE * 1000.0) if config.get("guidance_embeds") else None
         return model(hidden_states=x, timestep=t, encoder_hidden_states=states, encoder_attention_mask=mask,

@@ -1,6 +1,6 @@
-"""LTX-Video (diffusers' ``LTXVideoTransformer3DModel``): its record in the families registry, built
-from the pieces in this folder (``adapter.py``, ``sp_spec.py``, ``fused_norms.py``, ``encoding.py``,
-``conditioning.py``, ``tiny.py``) and its capabilities, and registered on import."""
+"""LTX-Video (diffusers' ``LTXVideoTransformer3DModel``): its record in the families registry, built from the
+pieces in this folder (``adapter.py``, ``sp_spec.py``, ``fused_norms.py``, ``encoding.py``,
+``conditioning.py``, ``tiny.py``, ``step_cache.py``) and its capabilities, and registered on import."""
 
 from ..lora_targets import ATTENTION, FEED_FORWARD
 from ..registry import Family, register_family
@@ -9,6 +9,7 @@ from .conditioning import CONDITIONING
 from .encoding import ENCODING
 from .fused_norms import FUSED_NORMS
 from .sp_spec import SP_SPEC
+from .step_cache import STEP_CACHE
 from .tiny import TINY
 
 FAMILY = register_family(Family(
@@ -22,6 +23,7 @@ FAMILY = register_family(Family(
     sp_spec=SP_SPEC,
     fused_norms=FUSED_NORMS,
     encoding=ENCODING,
+    step_cache=STEP_CACHE,
     conditioning=CONDITIONING,
     tiny=TINY,
     aliases=("ltx",),

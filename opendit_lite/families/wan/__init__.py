@@ -1,7 +1,7 @@
-"""Wan 2.1 / 2.2 (diffusers' ``WanTransformer3DModel``): its record in the families registry, built
-from the pieces in this folder (``adapter.py``, ``sp_spec.py``, ``fused_norms.py``, ``encoding.py``,
-``conditioning.py``, ``tiny.py``), its capabilities and its released checkpoints' shapes for the planner;
-registered on import."""
+"""Wan 2.1 / 2.2 (diffusers' ``WanTransformer3DModel``): its record in the families registry, built from the
+pieces in this folder (``adapter.py``, ``sp_spec.py``, ``fused_norms.py``, ``encoding.py``,
+``conditioning.py``, ``tiny.py``, ``step_cache.py``), its capabilities and its released checkpoints' shapes
+for the planner; registered on import."""
 
 from ..lora_targets import ATTENTION
 from ..registry import Family, Release, register_family
@@ -10,6 +10,7 @@ from .conditioning import CONDITIONING
 from .encoding import ENCODING
 from .fused_norms import FUSED_NORMS
 from .sp_spec import SP_SPEC
+from .step_cache import STEP_CACHE
 from .tiny import TINY
 
 FAMILY = register_family(Family(
@@ -23,6 +24,7 @@ FAMILY = register_family(Family(
     sp_spec=SP_SPEC,
     fused_norms=FUSED_NORMS,
     encoding=ENCODING,
+    step_cache=STEP_CACHE,
     releases=(Release("Wan-AI/Wan2.1-T2V-14B-Diffusers", dict(
         patch_size=[1, 2, 2], num_attention_heads=40, attention_head_dim=128, in_channels=16, out_channels=16,
         text_dim=4096, freq_dim=256, ffn_dim=13824, num_layers=40, cross_attn_norm=True,

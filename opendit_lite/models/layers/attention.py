@@ -21,6 +21,9 @@ __all__ = ["Attention", "AttentionOp", "SDPAAttentionOp"]
 class Attention(nn.Module):
     """Multi-head self-attention: ``qkv`` projection, ``attn_op``, ``proj`` projection."""
 
+    # What it attends over, for Pyramid Attention Broadcast (sampling's step cache): the tokens of an image or frame.
+    attention_kind = "spatial"
+
     def __init__(self, dim: int, num_heads: int = 8, qkv_bias: bool = True):
         super().__init__()
         if dim % num_heads != 0:

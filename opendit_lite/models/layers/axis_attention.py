@@ -36,3 +36,5 @@ class SpatialAttention(AxisAttention):
 
 class TemporalAttention(AxisAttention):
     """Attention among the frames at one patch position: x is [B * S, T, D]."""
+
+    attention_kind = "temporal"

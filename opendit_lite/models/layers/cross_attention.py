@@ -18,6 +18,9 @@ from .attention import AttentionOp, SDPAAttentionOp
 class CrossAttention(nn.Module):
     """Multi-head attention of ``x`` [B, N, D] to ``context`` [B, M, D]."""
 
+    # What it attends over, for Pyramid Attention Broadcast (sampling's step cache): the caption.
+    attention_kind = "cross"
+
     def __init__(self, dim: int, num_heads: int = 8, qkv_bias: bool = True):
         super().__init__()
         if dim % num_heads != 0:

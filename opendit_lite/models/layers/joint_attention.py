@@ -28,6 +28,9 @@ class JointAttention(nn.Module):
     no queries, no output projection and no text output (as in SD3), so no parameter goes unused.
     """
 
+    # For Pyramid Attention Broadcast (sampling's step cache): the patches of a frame, with the caption.
+    attention_kind = "spatial"
+
     def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True, context_pre_only: bool = False):
         super().__init__()
         if dim % num_heads != 0:

@@ -7,7 +7,8 @@ share with the attention ops.
   must see the same N);
 * ``GatherOutput`` (hook): all-gather a module's output and drop the padding;
 * ``BeginForward`` (pre-hook on the model, first of all) resets the state; ``EndForward`` (hook on the
-  model) fails loudly when a forward did not split, gather and run its attention through the ops.
+  model) fails loudly when a forward did not split, gather and run its attention through the ops (a
+  forward in which a sampling step cache reused attention or blocks, ``note_reuse``, may run none).
 
 Plain ``torch.nn.Module`` hooks, as ``boundaries.py`` uses for our models, rather than diffusers'
 ``HookRegistry`` (whose forward metadata helpers are internal). A ``copy.deepcopy`` of the model (an EMA
@@ -38,6 +39,12 @@ class FamilyState(SequenceParallelState):
     def begin(self) -> None:
         self.seq_len = None
         self.splits = self.gathers = self.intercepts = 0
+        self.reused = False  # a sampling step cache reused attention or blocks in this forward (note_reuse)
+
+    def note_reuse(self) -> None:
+        """This forward reused attention or block outputs of an earlier step (a sampling step cache), so
+        it may run no attention through the sequence-parallel ops; its splits and gathers still run."""
+        self.reused = True
 
     def record(self, length: int, where: str) -> None:
         if self.seq_len is None:
@@ -144,7 +151,7 @@ class EndForward:
 
     def __call__(self, module, args, output):
         s = self.state
-        if not s.splits or not s.gathers or (self.expect_attention and not s.intercepts):
+        if not s.splits or not s.gathers or (self.expect_attention and not s.intercepts and not s.reused):
             raise SequenceParallelError(
                 f"the sequence-parallel forward of {type(module).__name__} did not run its plan (splits={s.splits}, "
                 f"gathers={s.gathers}, attention calls through the sequence-parallel ops={s.intercepts}): the "

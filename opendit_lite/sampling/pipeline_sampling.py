@@ -1,0 +1,137 @@
+"""Sampling a run trained from a diffusers pipeline folder (``model.pipeline``) through that pipeline:
+the family's own pipeline class, loaded from the folder (its text encoders and ``encode_prompt``, VAE,
+scheduler, default guidance and negative prompt), around the run's trained weights, so that a
+sample is what the user gets by calling the pipeline with the run's export loaded.
+
+* ``load_trained_pipeline``: the pipeline with the checkpoint's weights (the EMA by default). A LoRA
+  run's adapters are written as the run's export writes them (``interop.family_checkpoint``, the
+  pipeline class's own ``save_lora_weights``) into a temporary folder and loaded with the pipeline's
+  ``load_lora_weights`` (Wan 2.2's low-noise expert's with ``load_into_transformer_2``); a full
+  fine-tune's transformer(s) take the checkpoint's weights. Every transformer the pipeline runs is
+  then parallelized for sampling (``parallelize_from_config``: sequence parallelism over the
+  sampling mesh's group, kernels, ``sample.compile``).
+* ``pipeline_batches``: this rank's block of prompts in batches, each prompt's noise drawn by its own
+  generator seeded by (``sample.seed``, its index), the generators the pipeline's ``generator``
+  list takes: the same samples for any batch size or rank layout, and the samples of a direct
+  ``pipe(prompts, generator=[...])`` call.
+
+The ranks of one sequence-parallel group run the pipeline on the same prompts; the transformer's
+tokens are split over them and gathered at its output, so every rank denoises the same latents.
+"""
+
+import os
+import tempfile
+from typing import Any, Dict, Iterator, List, Tuple
+
+import torch
+
+from ..builders.parallelize import parallelize_from_config
+from ..builders.pipeline import check_clip_size, light_pipeline, pipeline_folder
+from ..builders.pipeline_experts import pipeline_boundary, trained_components
+from ..checkpoint.layout import saved_config
+from ..checkpoint.weights import load_weights
+from ..config import ConfigError
+from ..diffusion.sampling_utils import SampleGenerators
+from ..encoders.pipeline_folder import TRANSFORMERS, load_pipeline
+from ..interop.family_checkpoint import write_export
+from ..models.experts import NoiseExperts
+from .cache.cache_settings import resolve_cache
+from .sharding import SamplingRanks
+
+
+def check_pipeline_sampling(cfg, given_pipeline, given_text_encoder) -> None:
+    """The sampling settings of a run from a pipeline folder (``cfg.model`` the run's, adopted from its
+    checkpoint): the pipeline's own scheduler, text encoders and VAE sample it, so ``sample.sampler``,
+    ``vae.path`` and ``text_encoder.path`` (``given_text_encoder``: the command line's) are refused,
+    the command line's ``model.pipeline`` (``given_pipeline``), when given, is the folder the run
+    trained, and the size to sample is one the pipeline takes without rounding it."""
+    trained = cfg.model.pipeline
+    if given_pipeline and os.path.realpath(given_pipeline) != os.path.realpath(trained):
+        raise ConfigError(f"the run was trained from the pipeline folder {trained!r}, but model.pipeline is "
+                          f"{given_pipeline!r}: sample with the folder it trained (model.pipeline={trained}).")
+    own = [key for key, value in (("sample.sampler", cfg.sample.sampler), ("vae.path", cfg.vae.path),
+                                  ("text_encoder.path", given_text_encoder)) if value]
+    if own:
+        raise ConfigError(f"a run from model.pipeline samples through its {pipeline_folder(trained).pipeline_class}, "
+                          f"with that pipeline's own scheduler, VAE and text encoders: remove {', '.join(own)}.")
+    fast = [key for key, on in (("sample.cfg_parallel", cfg.sample.cfg_parallel),
+                                ("sample.cache", resolve_cache(cfg.sample.cache)["kind"] != "none")) if on]
+    if fast:
+        raise ConfigError(f"a run from model.pipeline samples through its {pipeline_folder(trained).pipeline_class}, "
+                          f"whose call runs both guidance branches and every step itself; {' and '.join(fast)} "
+                          f"apply to this library's own sampler only: remove them (sequence parallelism, sp_size, "
+                          f"does apply).")
+    pipeline_call_settings(cfg)  # the sizes, checked before anything is loaded
+
+
+def load_trained_pipeline(cfg, ckpt: str, ranks: SamplingRanks):
+    """``cfg.model.pipeline``'s pipeline on ``ranks.device`` with ``ckpt``'s trained weights
+    (``sample.use_ema``), its transformers parallelized for sampling (module docstring)."""
+    folder = pipeline_folder(cfg.model.pipeline)
+    pipe = load_pipeline(folder.path, device=ranks.device, skip=())
+    saved = saved_config(ckpt)
+    lora, trained = saved.get("lora"), trained_components(cfg)
+    if lora and lora.get("rank"):
+        with tempfile.TemporaryDirectory(prefix="opendit_lora_") as tmp:
+            write_export(saved["model"], lora, ckpt, tmp, use_ema=cfg.sample.use_ema, lora_mode="adapter")
+            for component in trained:
+                if component == "transformer":
+                    pipe.load_lora_weights(tmp)
+                else:
+                    pipe.load_lora_weights(os.path.join(tmp, component), load_into_transformer_2=True)
+    elif len(trained) == 2:  # Wan 2.2's two experts, one module in the checkpoint
+        load_weights(NoiseExperts(pipe.transformer, pipe.transformer_2, pipeline_boundary(folder.path)), ckpt,
+                     use_ema=cfg.sample.use_ema)
+    else:
+        load_weights(getattr(pipe, trained[0]), ckpt, use_ema=cfg.sample.use_ema)
+    for name in TRANSFORMERS:
+        model = getattr(pipe, name, None)
+        if model is not None:
+            report = parallelize_from_config(model, cfg, ranks.sp_group, sampling=True)
+            if ranks.is_main and (ranks.sp_size > 1 or cfg.sample.compile):
+                print(f"{name}: {report}")
+            model.eval()
+    pipe.set_progress_bar_config(disable=not ranks.is_main)
+    return pipe
+
+
+def pipeline_call_settings(cfg) -> Dict[str, Any]:
+    """The keywords every call of the pipeline takes: the sampling steps, the clip size
+    (``sample.num_frames/height/width``, else the trained ``data.num_frames/image_size``, else the
+    pipeline's default), and ``guidance_scale`` when ``sample.cfg_scale`` (or, for a guidance-distilled
+    model, the trained ``model.guidance``) sets one; otherwise the pipeline's own default guidance."""
+    folder = pipeline_folder(cfg.model.pipeline)
+    family, s, d = folder.family, cfg.sample, cfg.data
+    image_only = family.adapter.image_only
+    if image_only and s.num_frames not in (None, 1):
+        raise ConfigError(f"{family.class_name} is an image model: remove sample.num_frames (it samples images).")
+    frames = None if image_only else (s.num_frames or d.num_frames)
+    height, width = s.height or d.image_size, s.width or d.image_size
+    check_clip_size(folder, light_pipeline(folder.path), frames, height, width,
+                    "sample.num_frames/height/width ask for")
+    settings: Dict[str, Any] = dict(num_inference_steps=s.num_sampling_steps)
+    settings.update({k: v for k, v in (("num_frames", frames), ("height", height), ("width", width)) if v})
+    guided = family.conditioning.guided(folder.transformer_config())
+    guidance = s.cfg_scale if s.cfg_scale is not None else (cfg.model.guidance if guided else None)
+    if guidance is not None:
+        settings["guidance_scale"] = guidance
+    return settings
+
+
+@torch.no_grad()
+def pipeline_batches(pipe, cfg, prompts: List[str], ranks: SamplingRanks) -> Iterator[Tuple[range, torch.Tensor]]:
+    """This rank's block of ``prompts`` in batches of ``sample.batch_size``: yields (global indices,
+    clips [b, 3, T, H, W] in [-1, 1] on the CPU; images are 1-frame clips), the pipeline's output."""
+    settings = pipeline_call_settings(cfg)
+    for indices in ranks.batches(len(prompts), cfg.sample.batch_size):
+        generators = SampleGenerators(cfg.sample.seed, indices).generators  # prompt i's noise: (seed, i)
+        out = pipe([prompts[i] for i in indices], generator=generators, output_type="pt", **settings)
+        yield indices, pipeline_pixels(out).float().cpu()
+
+
+def pipeline_pixels(output) -> torch.Tensor:
+    """A pipeline's ``output_type="pt"`` output -> clips [B, 3, T, H, W] in [-1, 1]: a video pipeline's
+    ``frames`` [B, T, 3, H, W] or an image pipeline's ``images`` [B, 3, H, W], both in [0, 1]."""
+    if hasattr(output, "frames"):
+        return output.frames.permute(0, 2, 1, 3, 4) * 2 - 1  # [B, 3, T, H, W]
+    return output.images.unsqueeze(2) * 2 - 1                # [B, 3, 1, H, W]
