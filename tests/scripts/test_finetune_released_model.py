@@ -7,18 +7,19 @@ names beside it), train.py / train_video.py train the LoRA with configs/flux_lor
 configs/wan_lora.yaml, and the page's ``python -c`` loads the default export into the family's pipeline
 with ``load_lora_weights`` (no missing or unexpected key) and generates; the page's sampling commands
 sample the run through its pipeline with sample.py (Flux) and sample_video.py (Wan, sp_size=2). Python
-lines run in this process; ``torchrun`` (Wan at sp_size=2) on two gloo ranks, whose losses equal one process's."""
+lines run in this process; ``torchrun`` lines (Wan at sp_size=2) run their script on the two gloo ranks
+torchrun would start, whose losses equal one process's."""
 
 import os
 import shlex
 import subprocess
-import sys
 from typing import List
 from unittest import mock
 
 import numpy as np
 import pytest
 
+from tests.distributed import run_script_on_ranks
 from tests.pipeline_runs import ROOT, load_script, write_clip, write_csv, write_image
 from tests.video_scripts.test_video_scripts import losses
 
@@ -45,15 +46,30 @@ def checkout(root) -> str:
     return folder
 
 
+def _torchrun_command(argv: List[str]):
+    """(script, its arguments, ranks) of the page's ``torchrun --standalone --nproc_per_node N script ...``
+    (torchrun's own behaviour is tested in tests/reliability: its summary, signals, a full disk)."""
+    options, i = {}, 1
+    while argv[i].startswith("--"):
+        if "=" in argv[i]:
+            key, value = argv[i][2:].split("=", 1)
+            options[key], i = value, i + 1
+        elif argv[i] == "--standalone":
+            options["standalone"], i = True, i + 1
+        else:
+            options[argv[i][2:]], i = argv[i + 1], i + 2
+    assert set(options) <= {"standalone", "nproc_per_node", "nproc-per-node"}, argv  # none the test would drop
+    return argv[i], argv[i + 1:], int(options.get("nproc_per_node") or options["nproc-per-node"])
+
+
 def run_page_line(line: str, root, folder: str) -> None:
     """One command line of the page, its ``/tmp/`` and ``/data/`` folders moved into ``root``, run in ``folder``."""
     line = line.replace("/tmp/", f"{root}/tmp-").replace("/data/", f"{root}/data/")
     argv = shlex.split(line, comments=True)
-    env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}
-    if argv[0] == "torchrun":  # more than one process: launched as written
-        proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", *argv[1:]], cwd=folder, env=env,
-                              capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, f"{line}\n{proc.stdout}\n{proc.stderr}"
+    if argv[0] == "torchrun":  # more than one process: the script on the ranks torchrun would start
+        script, args, ranks = _torchrun_command(argv)
+        codes = run_script_on_ranks(script, args, world_size=ranks, cwd=folder, env={"PYTHONPATH": ROOT})
+        assert [code for code, _ in codes] == [0] * ranks, line
         return
     if argv[0] != "python":  # a shell line (printf > file)
         subprocess.run(["bash", "-c", line], cwd=folder, check=True)
@@ -104,7 +120,6 @@ def test_the_flux_commands_of_the_page(tmp_path, capsys):
     assert "through FluxPipeline" in capsys.readouterr().out
 
 
-@pytest.mark.slow  # one launch of torchrun's two ranks: about a minute on 2 cores
 def test_the_wan_commands_of_the_page_with_the_one_process_losses(tmp_path):
     folder = checkout(tmp_path)
     run = _run_page("Wan, in four commands", tmp_path, folder,
