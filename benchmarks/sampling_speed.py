@@ -307,6 +307,22 @@ def doc_table(results: Dict) -> List[str]:
     return lines
 
 
+README_SETTINGS = ("1 process", "cfg-parallel 2", "cache teacache", "cache magcache")
+
+
+def readme_table(results: Dict) -> List[str]:
+    """The README's sampling table: per demo, one process, CFG-parallel ranks and the two caches that
+    reuse whole steps (the full table: ``doc_table``, docs/sampling.md)."""
+    head = ["demo", "setting", "seconds", "speed-up", "PSNR dB"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in results["rows"]:
+        if r["setting"] in README_SETTINGS:
+            psnr_cell = "exact" if math.isinf(r["psnr_db"]) else f"{r['psnr_db']:.1f}"
+            lines.append("| " + " | ".join([r["demo"], r["setting"], f"{r['seconds']:.2f}", f"{r['speedup']:.2f}x",
+                                            psnr_cell]) + " |")
+    return lines
+
+
 def write(results: Dict, out_dir: str) -> str:
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, "sampling_speed.json")

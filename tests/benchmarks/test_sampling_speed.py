@@ -40,3 +40,12 @@ def test_docs_table_is_the_committed_results(bench):
         doc = f.read()
     missing = [line for line in bench.doc_table(results) if line not in doc]
     assert not missing, "docs/sampling.md differs from benchmarks/results/sampling_speed.json: " + "; ".join(missing)
+
+
+def test_readme_table_is_the_committed_results(bench):
+    with open(os.path.join(BENCH_DIR, "results", "sampling_speed.json")) as f:
+        results = json.load(f)
+    with open(os.path.join(ROOT, "README.md")) as f:
+        readme = f.read()
+    table = "\n".join(bench.readme_table(results))
+    assert table in readme, "README.md's sampling table differs from benchmarks/results/sampling_speed.json"
