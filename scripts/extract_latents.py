@@ -136,7 +136,6 @@ def extract_images(args) -> int:
 def _pipeline_config(args):
     """The training config whose pipeline, CSV and sizes the extraction takes (``--config``, or one made
     from ``--pipeline``, ``--csv`` and the sizes), checked as train_video.py checks it."""
-    from opendit_lite.builders.pipeline import resolve_pipeline
     from opendit_lite.config import load_config
     from opendit_lite.config.video_schema import VideoTrainConfig
 
@@ -161,6 +160,8 @@ def _pipeline_config(args):
     for name in ("batch_size",):
         if getattr(args, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}.")
+    with heavy_imports():
+        from opendit_lite.builders.pipeline import resolve_pipeline
     resolve_pipeline(cfg)
     return cfg
 

@@ -28,6 +28,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence
 import yaml
 
 from ..errors import ConfigError
+from .paths import check_pipeline_path
 from .schema import ALIASES, HINTS, LOGGERS, TrainConfig
 
 # --------------------------------------------------------------------------------------------------
@@ -433,6 +434,8 @@ def validate(cfg: TrainConfig) -> None:
     if getattr(cfg, "fused_optimizer_ema", False) and cfg.zero_degree == 3:
         raise ConfigError("'fused_optimizer_ema' covers zero_degree 0, 1 and 2; Gemini (zero_degree=3) updates "
                           "its chunks with HybridAdam. Set fused_optimizer_ema=false or zero_degree to 0, 1 or 2.")
+    if getattr(cfg.model, "pipeline", None):  # a released model's folder, before the seconds of reading it
+        check_pipeline_path(cfg.model.pipeline)
     # A data section lists which of its types read data.path, and what that path must hold.
     needs_path = getattr(type(cfg.data), "PATH_REQUIRED", {})
     if cfg.data.type in needs_path and not cfg.data.path:

@@ -25,9 +25,9 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 
 import torch
 
+from ..config.paths import INDEX, check_pipeline_path
 from ..errors import ConfigError
 
-INDEX = "model_index.json"
 TRANSFORMERS = ("transformer", "transformer_2")
 # Files of a tokenizer saved by save_pretrained (any one of them makes a tokenizer folder).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "spiece.model", "tokenizer.model", "vocab.json",
@@ -48,19 +48,8 @@ def components(index: Dict[str, Any]) -> Dict[str, Tuple[str, str]]:
 
 def read_pipeline_index(folder: str, what: str = "'model.pipeline'") -> Dict[str, Any]:
     """``folder``'s model index, after checking that it is a whole diffusers pipeline folder."""
-    if not folder or not os.path.isdir(folder):
-        raise ConfigError(f"{what} {folder!r} is not a folder: give a local diffusers pipeline folder (the one "
-                          f"holding model_index.json, as save_pretrained writes a released model; nothing is "
-                          f"downloaded).")
+    check_pipeline_path(folder, what)
     path = os.path.join(folder, INDEX)
-    if not os.path.isfile(path):
-        hint = ""
-        if os.path.isfile(os.path.join(folder, "config.json")):
-            hint = (" It holds a config.json: it is one model's folder (a transformer, VAE or text encoder), not a "
-                    "pipeline; give the folder above it that holds model_index.json.")
-        raise ConfigError(f"{what} {folder!r} holds no model_index.json, so it is not a diffusers pipeline folder: "
-                          f"give the folder of a whole pipeline (model_index.json, transformer/, vae/, the text "
-                          f"encoders and tokenizers, scheduler/).{hint}")
     try:
         with open(path) as f:
             index = json.load(f)

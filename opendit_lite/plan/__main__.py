@@ -33,6 +33,7 @@ from ..config import (  # noqa: E402
     read_yaml,
     validate_world,
 )
+from ..config.paths import check_pipeline_path  # noqa: E402
 from ..config.video_schema import VideoTrainConfig  # noqa: E402
 from ..utils.options import OptionParser  # noqa: E402
 
@@ -132,6 +133,8 @@ def main(argv) -> int:
     check_sections(top, "the command line", VideoTrainConfig)
     tree = _merged(file_tree, top)
     _check_config(tree)
+    if isinstance(tree.get("model"), dict) and tree["model"].get("pipeline"):
+        check_pipeline_path(tree["model"]["pipeline"])  # before the seconds of importing the planner
     with heavy_imports():
         from ..builders.family import config_schema
         from . import plan_config, plan_precision

@@ -43,6 +43,7 @@ ENTRY_POINTS = {
         ("zero_degree=5",): "'zero_degree' must be one of",
         ("--gpu-memory", "lots"): "the memory per device (GiB) must be a number, got 'lots'",
         ("--config", "/nonexistent.yaml"): "Config file '/nonexistent.yaml' does not exist",
+        ("--config", "configs/flux_lora.yaml"): "'model.pipeline' '/path/to/FLUX.1-dev' is not a folder",
     }),
     "evaluate": ("-m opendit_lite.evaluate", ["--config", "configs/demo.yaml"], {}),
     "extract_latents": ("scripts/extract_latents.py", ["--output", "/nonexistent/latents"], {
@@ -51,6 +52,7 @@ ENTRY_POINTS = {
         ("--batch-size", "many"): "argument --batch-size: invalid int value",
         ("--config", "/nonexistent.yaml"): "Config file '/nonexistent.yaml' does not exist",
         ("--output", "configs/demo.yaml/latents"): "configs/demo.yaml' is a file, not a folder",
+        ("--pipeline", "configs", "--csv", "configs/demo.yaml"): "'model.pipeline' 'configs' holds no model_index.json",
     }),
     "export_diffusers": ("scripts/export_diffusers.py", ["--output", "/nonexistent/out"], {
         ("--checkpoint", "x", "--bogus"): "unrecognized arguments: --bogus",
