@@ -7,10 +7,16 @@ run's export loaded (``<run>/diffusers/``) and the same generators, whatever the
 under sequence parallelism (Wan, sp_size=2 on two gloo ranks). Settings the pipeline would ignore or
 silently round are refused with exit code 2.
 
+Every other family's LoRA (SD3 with train.py and sample.py; HunyuanVideo, CogVideoX, LTX-Video and Wan 2.2
+with both experts, its low-noise expert's adapters loaded with ``load_into_transformer_2``) is trained for
+2 steps on captioned media (``data.type: csv``) and sampled by its script, whose written clips equal the
+pipeline's own.
+
 Runs: a LoRA on the tiny Wan pipeline (3 steps) and a full fine-tune of the tiny Flux pipeline
 (2 steps, train.py), both on latents extracted from their pipeline."""
 
 import os
+from unittest import mock
 
 import pytest
 import torch
@@ -18,7 +24,7 @@ import torch
 from opendit_lite.diffusion.sampling_utils import SampleGenerators
 from opendit_lite.families.tiny_pipelines import TINY_CALLS
 from tests.distributed import run_distributed
-from tests.pipeline_runs import extracted_latents, write_csv
+from tests.pipeline_runs import extracted_latents, write_clip, write_csv, write_image
 from tests.video_scripts.test_family_scripts import exits_2, main
 from tests.video_scripts.test_lora_export import LoadLog
 
@@ -169,3 +175,60 @@ def test_a_run_sampled_with_another_pipeline_folder_or_script_exits_2(wan_lora, 
     assert "was trained from the pipeline folder" in err and "sample with the folder it trained" in err
     err = exits_2(capsys, "sample", sample_args(wan_lora))
     assert "sample it with sample_video.py" in err
+
+
+# family -> the diffusers pipeline class its released model loads with (the reference called directly)
+PIPELINES = {"sd3": "StableDiffusion3Pipeline", "hunyuanvideo": "HunyuanVideoPipeline",
+             "cogvideox": "CogVideoXPipeline", "ltx": "LTXPipeline", "wan22": "WanPipeline"}
+
+
+def script_clips(name: str, args):
+    """The clips [N, 3, T, H, W] in [-1, 1] that the script ``name`` (sample or sample_video) writes."""
+    from opendit_lite.sampling import video
+
+    written = []
+
+    def recording(write, images: bool):
+        def record(clips, *rest, **kwargs):
+            written.append(clips[:, :, None] if images else clips)  # images [N, 3, H, W] as 1-frame clips
+            return write(clips, *rest, **kwargs)
+        return record
+
+    with mock.patch.object(video, "write_videos", recording(video.write_videos, False)), \
+            mock.patch.object(video, "write_images", recording(video.write_images, True)):
+        main(name, args)
+    return torch.cat(written)
+
+
+@pytest.mark.parametrize("family", list(PIPELINES))
+def test_every_family_s_lora_run_samples_through_its_pipeline_with_the_exported_lora(family, tiny_pipeline, tmp_path):
+    import diffusers
+
+    folder, call = tiny_pipeline(family), dict(TINY_CALLS[family])
+    steps = call.pop("num_inference_steps")  # Wan 2.2: 3 steps, the last one below the boundary (transformer_2)
+    frames, size = call.get("num_frames", 1), call["height"]
+    media = write_image(tmp_path / "0.png", size, size) if frames == 1 else write_clip(tmp_path / "0.mp4", frames, size,
+                                                                                          size)
+    args = [f"model.pipeline={folder}", "data.type=csv", f"data.path={write_csv(tmp_path, [(media, PROMPTS[0])])}",
+            f"data.image_size={size}", *([f"data.num_frames={frames}"] if frames > 1 else []), "data.frame_interval=1",
+            "precision=fp32", "global_batch_size=1", "lr=5e-3", "ckpt_every=0", "lora.rank=4", "lora.alpha=4",
+            "exp_name=lora", f"results_dir={tmp_path}", "logger=[]"]
+    main("train" if frames == 1 else "train_video", [*args, "max_steps=2"])
+    ours = script_clips("sample" if frames == 1 else "sample_video",
+                        [*args, f"sample.prompts={PROMPTS[:2]}", f"sample.num_sampling_steps={steps}"])
+
+    pipe = getattr(diffusers, PIPELINES[family]).from_pretrained(folder)
+    base = direct(pipe, PROMPTS[:2], num_inference_steps=steps, **call)
+    exported = os.path.join(str(tmp_path), "lora", "diffusers")
+    with LoadLog() as log:
+        pipe.load_lora_weights(exported)
+    assert not log.key_warnings(), log.text()
+    reference = direct(pipe, PROMPTS[:2], num_inference_steps=steps, **call)
+    if family == "wan22":  # the low-noise expert's adapters, written beside the high-noise expert's
+        high_only = reference
+        pipe.load_lora_weights(os.path.join(exported, "transformer_2"), load_into_transformer_2=True)
+        reference = direct(pipe, PROMPTS[:2], num_inference_steps=steps, **call)
+        assert _max_diff(reference, high_only) > 1e-5  # transformer_2 ran with its trained adapters
+    assert ours.shape == (2, 3, frames, size, size)
+    assert _max_diff(ours, reference) <= 1e-5, _max_diff(ours, reference)
+    assert _max_diff(reference, base) > 1e-5  # the LoRA changes the samples
