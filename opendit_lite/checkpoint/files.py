@@ -71,7 +71,8 @@ class PartialCopy:
 
     Every write goes through :meth:`step` (or :meth:`writing`): the step's storage and missing-folder
     failures are deferred to its end (see ``write_failures``), then every rank tells the others
-    how its step went (one ``all_gather_object``), and all of them leave the step the same way: on
+    how its step went (one ``all_gather_object``; after a failure a second one, once every rank's
+    write is over, says what each failure was), and all of them leave the step the same way: on
     with the next step, or raising the same :class:`WriteFailed`. Only after that agreement does
     rank 0 remove the partial copy, so no rank ever finds the folder gone under a write of its own,
     and no rank waits in a collective for one that has already left.
@@ -80,6 +81,7 @@ class PartialCopy:
     def __init__(self, final: str, path: str):
         self.final, self.path = final, path
         self._existed = False  # seen between steps: its disappearance later is a removal
+        self.agreed_failure = False  # the ranks agreed that a step failed: rank 0 alone removes the copy
 
     def step(self, what: Optional[str], write: Callable[[], Any]) -> None:
         """Collective: run ``write()`` (the part of the copy this rank writes, e.g. the model) and agree."""
@@ -101,6 +103,17 @@ class PartialCopy:
 
     def _agree(self, what: str, error: Optional[BaseException]) -> None:
         rank, world = global_rank(), global_world_size()
+        if world > 1:  # first, whether any rank failed: once this returns, every rank's step is over
+            flags: List[Optional[bool]] = [None] * world
+            dist.all_gather_object(flags, error is not None)
+            any_failed = any(flags)
+        else:
+            any_failed = error is not None
+        if not any_failed:
+            self._existed = self._existed or os.path.lexists(self.path)
+            return
+        # Only now is the copy's state settled: a rank (or another process) removing the partial folder
+        # may still have been at it when this rank's write into it failed.
         mine = None
         if error is not None:
             gone = not os.path.lexists(self.path) and (self._existed or world > 1)
@@ -110,11 +123,9 @@ class PartialCopy:
             dist.all_gather_object(everyone, mine)
             failed = [f for f in everyone if f is not None]
         else:
-            failed = [mine] if mine else []
-        if not failed:
-            self._existed = self._existed or os.path.lexists(self.path)
-            return
+            failed = [mine]
         bad_rank, bad_what, kind, reason = min(failed, key=lambda f: (_PRIORITY.index(f[2]), f[0]))
+        self.agreed_failure = True
         if kind == "error" and bad_rank == rank:
             raise error  # a defect, not the storage's: its own traceback
         if kind == "error":
@@ -189,7 +200,7 @@ def collective_write(final_path: str) -> Iterator[PartialCopy]:
     try:
         yield copy
     except BaseException as e:  # a failed or interrupted write: its partial object goes with it
-        if not isinstance(e, WriteFailed) or global_rank() == 0:  # agreed: rank 0 alone removes it
+        if not copy.agreed_failure or global_rank() == 0:  # agreed: rank 0 alone removes it
             _remove_quietly(copy.path)
         if isinstance(e, Exception) and not isinstance(e, (WriteFailed, CheckpointError)):
             if global_world_size() > 1 and peer_lost(e):  # the rank that failed says why (rank 0 prints it)
