@@ -18,7 +18,7 @@ models import ``attention_op.py`` (torch only), while the first use of a norm ke
 decorates the kernels; set ``TRITON_INTERPRET=1`` before that to run them on CPU tensors.
 """
 
-import importlib
+from ..utils.lazy_exports import lazy_exports
 
 # name -> the submodule defining it
 _LAZY = {
@@ -41,10 +41,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name):
-    if name in _LAZY:
-        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _LAZY)
 
 
 __all__ = list(_LAZY)

@@ -7,7 +7,7 @@ From a config: ``from_config.py``; the memory arithmetic: ``memory_model.py``; t
 arguments and config before torch is imported.
 """
 
-import importlib
+from ..utils.lazy_exports import lazy_exports
 
 _LAZY = {
     **{name: "from_config" for name in ("CAPTION_WIDTHS", "Costs", "LatentBucket", "adapted_model", "family_shape",
@@ -21,10 +21,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name):
-    if name in _LAZY:
-        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _LAZY)
 
 
 __all__ = sorted(_LAZY)
