@@ -38,6 +38,7 @@ from ..encoders.pipeline_folder import (
 )
 from ..errors import ConfigError
 from ..families import FAMILIES, Family, Recipe, family_of, family_of_pipeline
+from ..families.conditioning_base import PipelineConditioning
 from ..families.pipeline_denoiser import PipelineDenoiser
 
 
@@ -54,6 +55,11 @@ class PipelineFolder:
     @property
     def pipeline_class(self) -> str:
         return self.index["_class_name"]
+
+    @property
+    def conditioning(self) -> PipelineConditioning:
+        """What the folder's pipeline class feeds the transformer (the family's own pipeline or a variant)."""
+        return self.family.conditioning_of(self.pipeline_class)
 
     def transformer_folder(self, expert: str = "transformer") -> str:
         return os.path.join(self.path, expert)
@@ -75,7 +81,7 @@ def pipeline_folder(path: str, what: str = "'model.pipeline'") -> PipelineFolder
     family = family_of_pipeline(index["_class_name"])
     if family is None:
         by_model = family_of(transformer)
-        trained = ", ".join(f.pipeline for f in FAMILIES.values())
+        trained = ", ".join(v.pipeline for f in FAMILIES.values() for v in f.pipelines)
         if by_model is not None:
             raise ConfigError(f"{what} {path!r} is a {index['_class_name']}; the {by_model.name} family trains "
                               f"{transformer} as {by_model.pipeline} conditions it: give "
@@ -105,7 +111,7 @@ def resolve_pipeline(cfg) -> PipelineFolder:
     (module docstring); returns the folder."""
     m, t, d = cfg.model, cfg.text_encoder, cfg.data
     folder = pipeline_folder(m.pipeline)
-    family, conditioning = folder.family, folder.family.conditioning
+    family, conditioning = folder.family, folder.conditioning
     if m.name not in (None, family.class_name):
         raise ConfigError(f"'model.pipeline' {m.pipeline!r} is a {folder.pipeline_class} of the {family.name} family "
                           f"({family.class_name}), but model.name is {m.name}: remove model.name (it is read from the "
@@ -150,7 +156,7 @@ def _resolve_sizes(cfg, folder: PipelineFolder, pipe) -> None:
     """``data.num_frames`` / ``image_size`` (or every bucket) fit the pipeline: 1 frame for an image model,
     ``frame_ratio x n + 1`` frames for a video model, sides of whole latent patches."""
     d, family = cfg.data, folder.family
-    adapter, conditioning = family.adapter, family.conditioning
+    adapter, conditioning = family.adapter, folder.conditioning
     config = folder.transformer_config()
     ratio, pixels = conditioning.frame_ratio(pipe), conditioning.pixel_ratio(pipe)
     _, ph, pw = adapter.patch_size(config)
@@ -180,7 +186,7 @@ def check_clip_size(folder: PipelineFolder, pipe, frames: Optional[int], height:
     frames whose latent frames fill whole frame patches, sides of whole latent patches. ``asked``
     says who asks for the size ("the data asks for")."""
     family = folder.family
-    adapter, conditioning = family.adapter, family.conditioning
+    adapter, conditioning = family.adapter, folder.conditioning
     config = folder.transformer_config()
     ratio, pixels = conditioning.frame_ratio(pipe), conditioning.pixel_ratio(pipe)
     _, ph, pw = adapter.patch_size(config)
@@ -247,7 +253,7 @@ def pipeline_recipe(cfg, x_shape: Sequence[int]) -> Recipe:
     folder = pipeline_folder(cfg.model.pipeline)
     family, config = folder.family, folder.transformer_config()
     published = family.adapter.recipe(config, tokens=0)
-    shift = family.conditioning.shift(light_pipeline(cfg.model.pipeline), tuple(x_shape), config)
+    shift = folder.conditioning.shift(light_pipeline(cfg.model.pipeline), tuple(x_shape), config)
     return Recipe(published.objective, published.timestep_sampling, shift)
 
 
@@ -255,9 +261,9 @@ def latent_clip_shape(cfg, frames: int, height: int, width: int) -> Tuple[int, i
     """(C, T, h, w) of the latents of a ``frames x height x width`` pixel clip."""
     folder = pipeline_folder(cfg.model.pipeline)
     family, pipe = folder.family, light_pipeline(cfg.model.pipeline)
-    ratio = family.conditioning.pixel_ratio(pipe)
+    ratio = folder.conditioning.pixel_ratio(pipe)
     channels = family.adapter.latent_channels(folder.transformer_config())
-    return channels, family.conditioning.latent_frames(pipe, frames), height // ratio, width // ratio
+    return channels, folder.conditioning.latent_frames(pipe, frames), height // ratio, width // ratio
 
 
 class PipelineEncoders:
@@ -265,7 +271,7 @@ class PipelineEncoders:
     to the latents and text inputs its ``__call__`` gives the transformer."""
 
     def __init__(self, folder: PipelineFolder, device, text_dtype: Optional[torch.dtype] = None):
-        self.folder, self.family = folder, folder.family
+        self.folder, self.family, self.conditioning = folder, folder.family, folder.conditioning
         self.pipe = load_pipeline(folder.path, device=device, text_dtype=text_dtype)
         self.device = torch.device(device)
 
@@ -277,7 +283,7 @@ class PipelineEncoders:
 
     @torch.no_grad()
     def encode_text(self, captions: Sequence[str]) -> Dict[str, torch.Tensor]:
-        return self.family.conditioning.encode_text(self.pipe, list(captions))
+        return self.conditioning.encode_text(self.pipe, list(captions))
 
     def null_text(self) -> Dict[str, torch.Tensor]:
         """What the pipeline feeds its unconditional branch: the empty prompt encoded, [1, ...]."""
@@ -290,8 +296,8 @@ def pipeline_denoiser(cfg, model: nn.Module, null_text: Mapping[str, torch.Tenso
     what to call instead of it (the booster's wrapper)."""
     folder = pipeline_folder(cfg.model.pipeline)
     family = folder.family
-    constants = family.conditioning.constants(light_pipeline(cfg.model.pipeline), model.config, cfg.model.guidance)
+    constants = folder.conditioning.constants(light_pipeline(cfg.model.pipeline), model.config, cfg.model.guidance)
     device = next(model.parameters()).device
     null = {k: v.to(device) for k, v in null_text.items()}
-    return PipelineDenoiser(family.conditioning, family.adapter, call if call is not None else model,
+    return PipelineDenoiser(folder.conditioning, family.adapter, call if call is not None else model,
                             model.config, constants, null)

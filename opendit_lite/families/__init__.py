@@ -33,7 +33,9 @@ from .family_denoiser import FamilyDenoiser
 from .registry import (
     FAMILIES,
     Family,
+    PipelineVariant,
     Release,
+    conditioning_of_pipeline,
     family_adapter,
     family_class_names,
     family_of,
@@ -45,6 +47,6 @@ from .registry import (
 )
 from .step_cache_spec import StepCacheSpec
 
-__all__ = ["FAMILIES", "Family", "FamilyAdapter", "FamilyDenoiser", "PipelineConditioning", "Recipe", "Release",
-           "StepCacheSpec", "family_adapter", "family_class_names", "family_of", "family_of_pipeline", "find_family",
-           "is_family", "register_family", "unregistered_pieces"]
+__all__ = ["FAMILIES", "Family", "FamilyAdapter", "FamilyDenoiser", "PipelineConditioning", "PipelineVariant", "Recipe",
+           "Release", "StepCacheSpec", "conditioning_of_pipeline", "family_adapter", "family_class_names", "family_of",
+           "family_of_pipeline", "find_family", "is_family", "register_family", "unregistered_pieces"]

@@ -27,6 +27,26 @@ static packing and id helpers, its scale factors and scheduler configuration:
 * ``frame_ratio`` / ``pixel_ratio``: pixels per latent frame and per latent row, from the
   pipeline's own scale factors (video clips hold ``frame_ratio x n + 1`` frames).
 
+Image-conditioned pipelines (image-to-video, edit; a family's ``variants``) also declare what their
+conditioning images are and how they reach the transformer:
+
+* ``image_input``: what a data row's ``image`` column gives: ``"none"`` (a text-only pipeline; a
+  conditioning image is refused), ``"first_frame"`` (image-to-video: the training clip's own first
+  frame as loaded, same resize and crop, unless the row's ``image`` names a file) or ``"reference"``
+  (edit: required, up to ``max_images`` per row, each resized as the pipeline resizes it:
+  ``reference_size``);
+* ``encode_images(pipe, images, clip_shape)``: each sample's conditioning images -> the per-sample
+  inputs they give (``image_keys``: the condition latents and mask channels, CLIP image states, the
+  packed reference latents), through the pipeline's own ``encode_image`` / ``prepare_latents`` /
+  packing helpers; they are stored with the text inputs (the latents route) and reach ``inputs`` in
+  the same mapping. Caption dropout replaces the text inputs only: the pipeline's unconditional
+  branch sees the same image. Where the pipeline encodes the caption with the image (Qwen-Image-Edit's
+  vision-language prompt), ``encode_text`` takes the images and ``null_text_per_image`` says the
+  unconditional text is encoded per sample with its images (stored as ``null_text_key(key)``);
+* ``loss_mask(model_config, constants, x)``: where the loss counts, when the pipeline keeps some
+  latents as given (Wan 2.2 TI2V's first frame); tokens the transformer sees but the pipeline does not
+  denoise (the reference tokens of an edit model) are cut by ``prediction`` instead.
+
 Nothing here imports diffusers at import time.
 """
 
@@ -70,14 +90,29 @@ def rows_where(drop: torch.Tensor, null: torch.Tensor, value: torch.Tensor) -> t
     return torch.where(keep, null.to(device=value.device, dtype=value.dtype).expand_as(value), value)
 
 
+IMAGE_INPUTS = ("none", "first_frame", "reference")
+NULL_PREFIX = "null."
+
+
+def null_text_key(key: str) -> str:
+    """The key under which a sample's own unconditional text input ``key`` is stored (``null_text_per_image``)."""
+    return NULL_PREFIX + key
+
+
 class PipelineConditioning:
     """One family's pipeline conditioning (see the module docstring). Subclasses set the class
     attributes and implement the methods that raise here.
 
-    * ``text_keys``: the transformer keywords the caption gives, per sample.
+    * ``text_keys``: the transformer keywords the caption gives, per sample;
+    * ``image_input``, ``max_images``, ``image_keys``, ``null_text_per_image``: its conditioning images
+      (module docstring).
     """
 
     text_keys: Tuple[str, ...] = ()
+    image_input: str = "none"            # one of IMAGE_INPUTS
+    max_images: int = 0                  # conditioning images per sample the pipeline takes
+    image_keys: Tuple[str, ...] = ()     # the per-sample inputs ``encode_images`` gives
+    null_text_per_image: bool = False    # the unconditional text is encoded with each sample's images
 
     # -- text ----------------------------------------------------------------------------------
     def max_sequence_length(self, pipe) -> int:
@@ -89,8 +124,30 @@ class PipelineConditioning:
         return self.max_sequence_length(pipe)
 
     def encode_text(self, pipe, prompts: Sequence[str]) -> Dict[str, torch.Tensor]:
-        """Captions -> the per-sample text inputs [B, ...] by transformer keyword."""
+        """Captions -> the per-sample text inputs [B, ...] by transformer keyword. A conditioning whose
+        pipeline encodes the caption with the image (``null_text_per_image``) takes ``images`` too
+        (as ``encode_images``)."""
         raise NotImplementedError
+
+    # -- conditioning images -------------------------------------------------------------------
+    def reference_size(self, pipe, height: int, width: int) -> Tuple[int, int]:
+        """The (height, width) the pipeline resizes a ``height x width`` reference image to (edit models;
+        image-to-video takes the clip's own size)."""
+        return height, width
+
+    def encode_images(self, pipe, images: Sequence[Sequence[torch.Tensor]],
+                      clip_shape: Tuple[int, int, int]) -> Dict[str, torch.Tensor]:
+        """Each sample's conditioning images (a list of [3, H, W] in [-1, 1], already at the size the
+        pipeline resizes them to) and the target's pixel size (frames, height, width) -> the per-sample
+        inputs [B, ...] they give, by ``image_keys``."""
+        if self.image_input == "none":
+            return {}
+        raise NotImplementedError
+
+    def loss_mask(self, model_config: Mapping, constants: Mapping, x: torch.Tensor) -> Optional[torch.Tensor]:
+        """Where the loss counts for latent clips x [B, C, T, h, w]: a 0/1 tensor broadcastable to x, or
+        None (everywhere)."""
+        return None
 
     def encode_prompt(self, pipe, prompts: Sequence[str], *args, **kwargs):
         """``pipe.encode_prompt`` of ``prompts`` on the pipeline's device, at ``__call__``'s caption length;

@@ -6,7 +6,11 @@
 Every keyword the transformer receives is the one the pipeline's ``__call__`` passes it for the same
 latents, time and caption (the family's ``conditioning``). Condition dropout (``drop`` [B] bool,
 drawn by the trainer per sample) feeds a dropped sample what the pipeline feeds its unconditional
-branch: the encoded empty prompt (``null_text``, [1, ...] per keyword), not zeros.
+branch: the encoded empty prompt (``null_text``, [1, ...] per keyword), not zeros. The inputs of the
+conditioning images (``conditioning.image_keys``) stay: the pipeline's unconditional branch sees the
+same image; where the unconditional text is encoded with each sample's images
+(``conditioning.null_text_per_image``), a sample's own null text comes with its inputs under
+``null_text_key(key)``.
 """
 
 from typing import Any, Dict, Mapping, Optional, Tuple
@@ -15,7 +19,7 @@ import torch
 import torch.nn as nn
 
 from .adapter_base import FamilyAdapter
-from .conditioning_base import PipelineConditioning, rows_where
+from .conditioning_base import NULL_PREFIX, PipelineConditioning, null_text_key, rows_where
 
 
 class PipelineDenoiser:
@@ -28,7 +32,7 @@ class PipelineDenoiser:
 
     def __init__(self, conditioning: PipelineConditioning, adapter: FamilyAdapter, model: nn.Module, config: Mapping,
                  constants: Mapping[str, Any], null_text: Mapping[str, torch.Tensor]):
-        missing = set(conditioning.text_keys) - set(null_text)
+        missing = set(() if conditioning.null_text_per_image else conditioning.text_keys) - set(null_text)
         if missing:
             raise ValueError(f"the null text lacks {sorted(missing)}")
         self.conditioning, self.adapter, self.model = conditioning, adapter, model
@@ -40,10 +44,14 @@ class PipelineDenoiser:
 
     def inputs(self, x: torch.Tensor, t: torch.Tensor, drop: Optional[torch.Tensor] = None,
                **text: torch.Tensor) -> Dict[str, Any]:
-        """The transformer's keyword arguments for x [B, C, T, h, w], t [B] and the text inputs."""
+        """The transformer's keyword arguments for x [B, C, T, h, w], t [B] and the text (and image) inputs."""
+        inputs = {k: v for k, v in text.items() if not k.startswith(NULL_PREFIX)}
         if drop is not None:
-            text = {k: rows_where(drop, self.null_text[k], v) for k, v in text.items()}
-        return self.conditioning.inputs(self.config, self.constants, x, t, text)
+            for k in self.conditioning.text_keys:
+                if k in inputs:
+                    null = text[null_text_key(k)] if self.conditioning.null_text_per_image else self.null_text[k]
+                    inputs[k] = rows_where(drop, null, inputs[k])
+        return self.conditioning.inputs(self.config, self.constants, x, t, inputs)
 
     def __call__(self, x: torch.Tensor, t: torch.Tensor, drop: Optional[torch.Tensor] = None,
                  **text: torch.Tensor) -> torch.Tensor:

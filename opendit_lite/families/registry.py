@@ -22,6 +22,10 @@ specific to it:
   ``interop.export_lora``, which ``<pipeline>.load_lora_weights`` reads);
 * ``conditioning`` (``<family>/conditioning.py``): what that pipeline feeds its transformer, which a
   run from a pipeline folder (``model.pipeline``) trains on;
+* ``variants``: the family's other pipelines that run the same transformer class with other inputs
+  (image-to-video, edit: ``WanImageToVideoPipeline``, ``FluxKontextPipeline``), each a
+  ``PipelineVariant`` of its pipeline class and its conditioning (``<family>/conditioning_<variant>.py``);
+  a folder of a variant's class trains with the variant's conditioning (``conditioning_of_pipeline``);
 * ``tiny`` (``<family>/tiny.py``): tiny random pipelines of the family's released layouts
   (``tiny_pipelines.py``, ``scripts/make_tiny_pipeline.py``).
 * ``releases`` (in the record): the transformer configs of released checkpoints, so that the planner
@@ -71,6 +75,15 @@ class Release:
 
 
 @dataclass(frozen=True)
+class PipelineVariant:
+    """Another pipeline of a family's transformer class (image-to-video, edit, ...): what a folder of
+    that pipeline class trains on and samples with."""
+
+    pipeline: str                        # the diffusers pipeline class ("WanImageToVideoPipeline")
+    conditioning: PipelineConditioning   # what that pipeline feeds the transformer
+
+
+@dataclass(frozen=True)
 class Family:
     """One diffusers family: everything specific to it (see the module docstring)."""
 
@@ -89,11 +102,25 @@ class Family:
     tiny: Tuple[TinyPipeline, ...]     # tiny random pipelines of its released layouts
     aliases: Tuple[str, ...] = ()      # other short names ``find_family`` takes
     releases: Tuple[Release, ...] = ()  # released checkpoints' transformer configs (for the planner)
+    variants: Tuple[PipelineVariant, ...] = ()  # its other pipelines (image-to-video, edit)
 
     @property
     def class_path(self) -> str:
         """"module.ClassName", as ``declare_capabilities`` names the class."""
         return f"{self.module}.{self.class_name}"
+
+    @property
+    def pipelines(self) -> Tuple[PipelineVariant, ...]:
+        """Every pipeline class the family trains: its own (``pipeline``) first, then its variants."""
+        return (PipelineVariant(self.pipeline, self.conditioning),) + tuple(self.variants)
+
+    def conditioning_of(self, pipeline_class: str) -> PipelineConditioning:
+        """The conditioning of one of the family's pipeline classes (a KeyError for another)."""
+        for variant in self.pipelines:
+            if variant.pipeline == pipeline_class:
+                return variant.conditioning
+        raise KeyError(f"the {self.name} family trains no {pipeline_class}; its pipelines: "
+                       f"{', '.join(v.pipeline for v in self.pipelines)}")
 
 
 FAMILIES: Dict[str, Family] = {}
@@ -119,11 +146,15 @@ def _check_record(family: Family) -> None:
         problems.append("block_lists and lora_targets must be non-empty")
     if not family.pipeline or not family.tiny:
         problems.append("pipeline and tiny must be non-empty")
+    classes = [v.pipeline for v in family.pipelines]
+    if len(set(classes)) != len(classes):
+        problems.append(f"a pipeline class is listed twice: {classes}")
     if problems:
         raise ValueError(f"family {family.name!r} ({family.class_name}): " + "; ".join(problems))
     for other in FAMILIES.values():
         names = {other.name, other.class_name, *other.aliases}
         clash = names & {family.name, family.class_name, *family.aliases}
+        clash |= {v.pipeline for v in other.pipelines} & {v.pipeline for v in family.pipelines}
         if clash:
             raise ValueError(f"family {family.name!r}: {sorted(clash)} already registered by family {other.name!r}")
 
@@ -163,8 +194,14 @@ def _class_name(name_or_model: Union[str, nn.Module, type, None]) -> Optional[st
 
 
 def family_of_pipeline(pipeline_class: str) -> Optional[Family]:
-    """The family whose pipeline class is ``pipeline_class``; None if none."""
-    return next((f for f in FAMILIES.values() if f.pipeline == pipeline_class), None)
+    """The family one of whose pipelines (its own or a variant) is ``pipeline_class``; None if none."""
+    return next((f for f in FAMILIES.values() if any(v.pipeline == pipeline_class for v in f.pipelines)), None)
+
+
+def conditioning_of_pipeline(pipeline_class: str) -> Optional[PipelineConditioning]:
+    """What the pipeline class ``pipeline_class`` feeds its family's transformer; None if no family trains it."""
+    family = family_of_pipeline(pipeline_class)
+    return None if family is None else family.conditioning_of(pipeline_class)
 
 
 def _by_class(class_name: Optional[str]) -> Optional[Family]:

@@ -111,7 +111,7 @@ def pipeline_call_settings(cfg) -> Dict[str, Any]:
                     "sample.num_frames/height/width ask for")
     settings: Dict[str, Any] = dict(num_inference_steps=s.num_sampling_steps)
     settings.update({k: v for k, v in (("num_frames", frames), ("height", height), ("width", width)) if v})
-    guided = family.conditioning.guided(folder.transformer_config())
+    guided = folder.conditioning.guided(folder.transformer_config())
     guidance = s.cfg_scale if s.cfg_scale is not None else (cfg.model.guidance if guided else None)
     if guidance is not None:
         settings["guidance_scale"] = guidance
