@@ -25,6 +25,7 @@ FAMILIES = (
     "CogVideoXTransformer3DModel",
     "HunyuanVideoTransformer3DModel",
     "LTXVideoTransformer3DModel",
+    "QwenImageTransformer2DModel",
 )
 
 CONFIGS: Dict[str, dict] = {
@@ -50,6 +51,11 @@ CONFIGS: Dict[str, dict] = {
     "LTXVideoTransformer3DModel": dict(
         in_channels=8, out_channels=8, num_attention_heads=2, attention_head_dim=8, cross_attention_dim=16,
         num_layers=2, qk_norm="rms_norm_across_heads", caption_channels=32),
+    # 12 heads: its rotary table (complex64, one per sequence, not per sample) stays a small share of the
+    # saved activations, as at the release's widths (the planner scales every per-token tensor by the batch).
+    "QwenImageTransformer2DModel": dict(
+        patch_size=2, in_channels=16, out_channels=4, num_layers=2, attention_head_dim=8, num_attention_heads=12,
+        joint_attention_dim=32, axes_dims_rope=(2, 2, 4)),
 }
 
 # name -> (family, overrides)
@@ -133,6 +139,11 @@ def forward_inputs(name: str, batch: int = 2, seed: int = 1) -> dict:
         return dict(hidden_states=randn(batch, FRAMES * HEIGHT * WIDTH, 8), timestep=times * 1000,
                     encoder_hidden_states=randn(batch, TEXT_TOKENS, 32), encoder_attention_mask=mask.long(),
                     num_frames=FRAMES, height=HEIGHT, width=WIDTH, return_dict=False)
+    if family == "QwenImageTransformer2DModel":
+        h, w = HEIGHT // 2, WIDTH // 2                                         # 2x2-packed latent grid
+        return dict(hidden_states=randn(batch, h * w, config["in_channels"]), timestep=times,
+                    encoder_hidden_states=randn(batch, TEXT_TOKENS, 32), encoder_hidden_states_mask=mask,
+                    img_shapes=[[(1, h, w)]] * batch, return_dict=False)
     raise KeyError(name)
 
 

@@ -12,7 +12,8 @@ stored here decode with that pipeline's VAE step:
 * ``shift_scale``: (z - shift_factor) x scaling_factor (the VAE config's);
 * ``scale``: z x scaling_factor.
 
-Image families (``image_only``) encode images, stored as 1-frame latents [C, 1, h, w]. Caption states
+Image families (``image_only``) encode images, stored as 1-frame latents [C, 1, h, w] (through a VAE that
+takes them as 1-frame clips where ``video_vae``: Qwen-Image's). Caption states
 are the text encoder's last hidden states (the transformer's text width) with their padding mask.
 
 Nothing here imports diffusers or transformers at import time; classes are looked up by name when
@@ -36,9 +37,11 @@ class FamilyEncoders:
     transformer: str                       # the diffusers transformer class (``model.name`` in a config)
     vae: str                               # the diffusers VAE class
     latent_norm: str                       # "mean_std", "mean_std_scale", "shift_scale" or "scale"
-    text_models: Tuple[str, ...]           # transformers ``model_type``s of the text encoder it takes
+    text_models: Tuple[str, ...]           # transformers ``model_type``s of the text encoder it takes (none:
+                                           # captions only through the pipeline's own encode_prompt)
     max_length: int                        # caption tokens, as the family's pipeline pads them
     image_only: bool = False               # an image model: 1-frame clips
+    video_vae: bool = False                # its VAE takes images as 1-frame clips [B, 3, 1, H, W] (Qwen-Image's)
     # The pipeline's folders of that text encoder and its tokenizer (Flux's T5 is its second encoder,
     # SD3's its third).
     text_folders: Tuple[str, str] = ("text_encoder", "tokenizer")
@@ -78,6 +81,11 @@ def load_family_text_encoder(spec: FamilyEncoders, path: str, what: str, max_len
     ``tokenizer_path`` (None: the same folder)."""
     import transformers
 
+    if not spec.text_models:
+        raise ConfigError(f"the {spec.transformer} family encodes captions only as its pipeline does (its prompt "
+                          f"template around the caption, the template's tokens dropped): train or extract from the "
+                          f"pipeline folder (model.pipeline, scripts/extract_latents.py --pipeline) instead of "
+                          f"{what}.")
     model_type = _json_config(path, what).get("model_type")
     if model_type not in spec.text_models:
         raise ConfigError(f"{what} holds a {model_type or 'model without model_type'} text model; the "
@@ -120,9 +128,12 @@ def encode_family_latents(spec: FamilyEncoders, vae: nn.Module, clips: torch.Ten
                           sample: bool = True) -> torch.Tensor:
     """clips [B, 3, T, H, W] in [-1, 1] -> normalised latents [B, C, T', h, w] (images: T = T' = 1);
     ``sample``: draw from the posterior (else its mean)."""
-    x = clips[:, :, 0] if spec.image_only else clips                       # [B, 3, H, W] or [B, 3, T, H, W]
+    if spec.image_only:                                                   # [B, 3, 1, H, W] or [B, 3, H, W]
+        x = clips[:, :, :1] if spec.video_vae else clips[:, :, 0]
+    else:
+        x = clips                                                         # [B, 3, T, H, W]
     dist = vae.encode(x.to(next(vae.parameters()).dtype)).latent_dist
     z = (dist.sample() if sample else dist.mode()).float()
-    if spec.image_only:
+    if spec.image_only and not spec.video_vae:
         z = z.unsqueeze(2)                                                # [B, C, 1, h, w]
     return normalize_latents(spec, vae, z)

@@ -7,7 +7,8 @@ pipeline's.
     first = calls.conditional(step=0)        # the keywords of the conditional call at step 0
 
 ``noise`` is given as latent clips [B, C, T, h, w] (images: T = 1) and put into the pipeline's own
-latent layout with its own helpers (Flux's and LTX-Video's packing, CogVideoX's frame-major order);
+latent layout with its own helpers (Flux's, Qwen-Image's and LTX-Video's packing, CogVideoX's
+frame-major order);
 at the first step of a flow pipeline (sigma 1) the transformer's ``hidden_states`` are that noise.
 ``model_latents`` maps a step's ``hidden_states`` back to latent clips.
 
@@ -27,6 +28,7 @@ from typing import Any, Dict, List, Optional
 import torch
 
 COMPONENTS = ("transformer", "transformer_2")
+QWEN_IMAGE_PIPELINES = ("QwenImagePipeline", "QwenImageEditPipeline", "QwenImageEditPlusPipeline")
 
 
 @dataclass
@@ -98,6 +100,9 @@ def pipeline_latents(pipe, noise: torch.Tensor) -> torch.Tensor:
         return pipe._pack_latents(image, *image.shape)                                # [B, hw/4, 4C]
     if name == "StableDiffusion3Pipeline":
         return noise[:, :, 0]                                                         # [B, C, h, w]
+    if name in QWEN_IMAGE_PIPELINES:
+        image = noise[:, :, 0]                                                        # [B, C, h, w]
+        return pipe._pack_latents(image, *image.shape)                                # [B, hw/4, 4C]
     if name == "LTXPipeline":
         return pipe._pack_latents(noise, pipe.transformer_spatial_patch_size,          # [B, N, C pt p p]
                                   pipe.transformer_temporal_patch_size)
@@ -116,6 +121,9 @@ def model_latents(pipe, latents: torch.Tensor, shape) -> torch.Tensor:
         return pipe._unpack_latents(latents, h * scale, w * scale, scale).unsqueeze(2)      # [B, C, 1, h, w]
     if name == "StableDiffusion3Pipeline":
         return latents.unsqueeze(2)
+    if name in QWEN_IMAGE_PIPELINES:  # the edit pipelines append the reference tokens: the target's come first
+        scale = pipe.vae_scale_factor
+        return pipe._unpack_latents(latents[:, :(h // 2) * (w // 2)], h * scale, w * scale, scale)  # [B, C, 1, h, w]
     if name == "LTXPipeline":
         return pipe._unpack_latents(latents, T, h, w, pipe.transformer_spatial_patch_size,
                                     pipe.transformer_temporal_patch_size)

@@ -1,0 +1,37 @@
+"""Qwen-Image (diffusers' ``QwenImageTransformer2DModel``): its record in the families registry, built
+from the pieces in this folder (``adapter.py``, ``sp_spec.py``, ``fused_norms.py``, ``encoding.py``,
+``conditioning.py``, ``tiny.py``, ``step_cache.py``), its capabilities and its released checkpoint's
+shape for the planner; registered on import."""
+
+from ..lora_targets import JOINT_ATTENTION
+from ..registry import Family, Release, register_family
+from .adapter import QwenImageAdapter
+from .conditioning import CONDITIONING
+from .encoding import ENCODING
+from .fused_norms import FUSED_NORMS
+from .sp_spec import SP_SPEC
+from .step_cache import STEP_CACHE
+from .tiny import TINY
+
+# Both streams' attention projections and feed-forwards (Qwen-Image's blocks name them img_mlp / txt_mlp).
+LORA_TARGETS = JOINT_ATTENTION + ("img_mlp.net.0.proj", "img_mlp.net.2", "txt_mlp.net.0.proj", "txt_mlp.net.2")
+
+FAMILY = register_family(Family(
+    name="qwen_image",
+    class_name="QwenImageTransformer2DModel",
+    pipeline="QwenImagePipeline",
+    module="diffusers.models.transformers.transformer_qwenimage",
+    block_lists=("transformer_blocks",),
+    lora_targets=LORA_TARGETS,
+    adapter=QwenImageAdapter(),
+    sp_spec=SP_SPEC,
+    fused_norms=FUSED_NORMS,
+    encoding=ENCODING,
+    step_cache=STEP_CACHE,
+    aliases=("qwenimage",),
+    releases=(Release("Qwen/Qwen-Image", dict(
+        patch_size=2, in_channels=64, out_channels=16, num_layers=60, attention_head_dim=128,
+        num_attention_heads=24, joint_attention_dim=3584, guidance_embeds=False, axes_dims_rope=[16, 56, 56])),),
+    conditioning=CONDITIONING,
+    tiny=TINY,
+))
