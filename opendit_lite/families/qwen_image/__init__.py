@@ -1,12 +1,13 @@
 """Qwen-Image (diffusers' ``QwenImageTransformer2DModel``): its record in the families registry, built
 from the pieces in this folder (``adapter.py``, ``sp_spec.py``, ``fused_norms.py``, ``encoding.py``,
-``conditioning.py``, ``tiny.py``, ``step_cache.py``), its capabilities and its released checkpoint's
-shape for the planner; registered on import."""
+``conditioning.py``, ``tiny.py``, ``step_cache.py``; the edit pipelines' ``conditioning_edit.py``), its
+capabilities and its released checkpoint's shape for the planner; registered on import."""
 
 from ..lora_targets import JOINT_ATTENTION
-from ..registry import Family, Release, register_family
+from ..registry import Family, PipelineVariant, Release, register_family
 from .adapter import QwenImageAdapter
 from .conditioning import CONDITIONING
+from .conditioning_edit import EDIT, EDIT_PLUS
 from .encoding import ENCODING
 from .fused_norms import FUSED_NORMS
 from .sp_spec import SP_SPEC
@@ -33,5 +34,6 @@ FAMILY = register_family(Family(
         patch_size=2, in_channels=64, out_channels=16, num_layers=60, attention_head_dim=128,
         num_attention_heads=24, joint_attention_dim=3584, guidance_embeds=False, axes_dims_rope=[16, 56, 56])),),
     conditioning=CONDITIONING,
+    variants=(PipelineVariant("QwenImageEditPipeline", EDIT), PipelineVariant("QwenImageEditPlusPipeline", EDIT_PLUS)),
     tiny=TINY,
 ))

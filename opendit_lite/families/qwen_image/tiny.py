@@ -78,12 +78,12 @@ def qwen25_vl_encoder(tokenizer, seed: int):
 def qwen_vl_processor(tokenizer):
     """The edit pipelines' ``Qwen2VLProcessor``: ``tokenizer`` with a ``Qwen2VLImageProcessor`` of the
     release's patching (14 pixels, 2x2 merge, 2 frames per temporal patch) whose pixel budget keeps a
-    tiny image to a few patches."""
-    from transformers import Qwen2VLImageProcessor, Qwen2VLProcessor
+    tiny image to a few patches (its video processor, which the processor requires, the same)."""
+    from transformers import Qwen2VLImageProcessor, Qwen2VLProcessor, Qwen2VLVideoProcessor
 
-    images = Qwen2VLImageProcessor(min_pixels=28 * 28, max_pixels=56 * 56, patch_size=14, merge_size=2,
-                                   temporal_patch_size=2)
-    return Qwen2VLProcessor(image_processor=images, tokenizer=tokenizer)
+    patching = dict(min_pixels=28 * 28, max_pixels=56 * 56, patch_size=14, merge_size=2, temporal_patch_size=2)
+    return Qwen2VLProcessor(image_processor=Qwen2VLImageProcessor(**patching), tokenizer=tokenizer,
+                            video_processor=Qwen2VLVideoProcessor(**patching))
 
 
 def qwen_image_vae(seed: int):
@@ -136,4 +136,23 @@ def build_qwenimage(seed: int = 0):
                              transformer=transformer)
 
 
-TINY = (TinyPipeline("qwenimage", build_qwenimage, dict(height=32, width=32, num_inference_steps=2)),)
+def build_qwenimage_edit(seed: int = 0, plus: bool = False):
+    """Qwen-Image-Edit (``QwenImageEditPipeline``; ``plus``: Qwen-Image-Edit-2509's
+    ``QwenImageEditPlusPipeline``): Qwen-Image's parts with the ``Qwen2VLProcessor`` that puts the
+    reference image into the vision-language prompt."""
+    from diffusers import QwenImageEditPipeline, QwenImageEditPlusPipeline
+
+    pipe = build_qwenimage(seed)
+    cls = QwenImageEditPlusPipeline if plus else QwenImageEditPipeline
+    return cls(scheduler=pipe.scheduler, vae=pipe.vae, text_encoder=pipe.text_encoder, tokenizer=pipe.tokenizer,
+               processor=qwen_vl_processor(pipe.tokenizer), transformer=pipe.transformer)
+
+
+def build_qwenimage_edit_plus(seed: int = 0):
+    return build_qwenimage_edit(seed, plus=True)
+
+
+TINY = (TinyPipeline("qwenimage", build_qwenimage, dict(height=32, width=32, num_inference_steps=2)),
+        TinyPipeline("qwenimage_edit", build_qwenimage_edit, dict(height=32, width=32, num_inference_steps=2)),
+        TinyPipeline("qwenimage_edit_plus", build_qwenimage_edit_plus,
+                     dict(height=32, width=32, num_inference_steps=2)))
