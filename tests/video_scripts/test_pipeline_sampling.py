@@ -179,7 +179,8 @@ def test_a_run_sampled_with_another_pipeline_folder_or_script_exits_2(wan_lora, 
 
 # family -> the diffusers pipeline class its released model loads with (the reference called directly)
 PIPELINES = {"sd3": "StableDiffusion3Pipeline", "hunyuanvideo": "HunyuanVideoPipeline",
-             "cogvideox": "CogVideoXPipeline", "ltx": "LTXPipeline", "wan22": "WanPipeline"}
+             "cogvideox": "CogVideoXPipeline", "ltx": "LTXPipeline", "wan22": "WanPipeline",
+             "qwenimage": "QwenImagePipeline"}
 
 
 def script_clips(name: str, args):

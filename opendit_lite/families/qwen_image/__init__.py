@@ -3,7 +3,7 @@ from the pieces in this folder (``adapter.py``, ``sp_spec.py``, ``fused_norms.py
 ``conditioning.py``, ``tiny.py``, ``step_cache.py``; the edit pipelines' ``conditioning_edit.py``), its
 capabilities and its released checkpoint's shape for the planner; registered on import."""
 
-from ..lora_targets import JOINT_ATTENTION
+from ..lora_targets import ATTENTION
 from ..registry import Family, PipelineVariant, Release, register_family
 from .adapter import QwenImageAdapter
 from .conditioning import CONDITIONING
@@ -14,8 +14,11 @@ from .sp_spec import SP_SPEC
 from .step_cache import STEP_CACHE
 from .tiny import TINY
 
-# Both streams' attention projections and feed-forwards (Qwen-Image's blocks name them img_mlp / txt_mlp).
-LORA_TARGETS = JOINT_ATTENTION + ("img_mlp.net.0.proj", "img_mlp.net.2", "txt_mlp.net.0.proj", "txt_mlp.net.2")
+# The attention projections the image tokens read (the image stream's q, k, v and output, the text's k and
+# v) and the image stream's feed-forward. The text stream's own outputs (add_q_proj, to_add_out, txt_mlp)
+# reach the image only through the next block, and from the last block not at all: adapters there would
+# get no gradient, which DDP and ZeRO's bucketed reductions refuse.
+LORA_TARGETS = ATTENTION + ("add_k_proj", "add_v_proj", "img_mlp.net.0.proj", "img_mlp.net.2")
 
 FAMILY = register_family(Family(
     name="qwen_image",
