@@ -64,7 +64,7 @@ from .memory import SwapReport
 from .memory import apply_base_precision as store_base
 from .memory import apply_block_swap as swap_blocks
 from .models.blocks import find_blocks
-from .models.capabilities import check_sp_mode, supports_gradient_checkpointing
+from .models.capabilities import check_sp_mode, supports_gradient_checkpointing, unused_parameters
 from .models.experts import NoiseExperts
 from .models.lora import apply_lora as inject_adapters
 
@@ -136,6 +136,19 @@ def apply_lora(model: nn.Module, *, rank: int = 0, alpha: float = 16.0, dropout:
     report = inject_adapters(model, rank=rank, alpha=alpha, dropout=dropout, targets=targets)
     swapped = f"peft LoRA rank {rank}, alpha {alpha:g} on {', '.join(report.targets)}"
     return [StepRow("lora", swapped, report.layers, str(report))]
+
+
+def freeze_unused_parameters(model: nn.Module) -> List[StepRow]:
+    """Freeze the parameters nothing the model returns depends on (``models.capabilities.unused_parameters``):
+    they would get no gradient, which DDP and ZeRO's bucketed reductions refuse. A row only when there are some."""
+    names = unused_parameters(model)
+    if not names:
+        return []
+    parameters = dict(model.named_parameters())
+    for name in names:
+        parameters[name].requires_grad_(False)
+    return [StepRow("unused_parameters", "frozen: " + ", ".join(names), len(names),
+                    "nothing the model returns depends on them: no gradient")]
 
 
 def apply_base_precision(model: nn.Module, *, base_precision: str = "none") -> List[StepRow]:
@@ -381,7 +394,9 @@ def parallelize(model: nn.Module, *, sp_group: Optional[dist.ProcessGroup] = Non
             report.swap = report.swap or part.swap
         return report
     report = ParallelizeReport()
-    # 0. LoRA first, on the plain model: every later step keeps the adapter layers.
+    # 0. Parameters that get no gradient are frozen first (LoRA leaves the base frozen anyway).
+    report.rows += freeze_unused_parameters(model)
+    # 0a. LoRA next, on the plain model: every later step keeps the adapter layers.
     report.rows += apply_lora(model, rank=lora_rank, alpha=lora_alpha, dropout=lora_dropout, targets=lora_targets)
     # 0b. The frozen base in low precision, before swapping copies it to the host.
     report.rows += apply_base_precision(model, base_precision=base_precision)
@@ -416,5 +431,6 @@ __all__ = [
     "apply_kernels",
     "apply_lora",
     "apply_sequence_parallel",
+    "freeze_unused_parameters",
     "parallelize",
 ]

@@ -43,7 +43,7 @@ diffusers class name, as a config's ``model.name`` gives it, or a model).
 """
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple, Union
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch.nn as nn
 
@@ -103,6 +103,8 @@ class Family:
     aliases: Tuple[str, ...] = ()      # other short names ``find_family`` takes
     releases: Tuple[Release, ...] = ()  # released checkpoints' transformer configs (for the planner)
     variants: Tuple[PipelineVariant, ...] = ()  # its other pipelines (image-to-video, edit)
+    # capability: the names of parameters nothing the model returns depends on (frozen for training)
+    unused_parameters: Optional[Callable[[nn.Module], Sequence[str]]] = None
 
     @property
     def class_path(self) -> str:
@@ -164,6 +166,8 @@ def register_family(family: Family) -> Family:
     _check_record(family)
     declare_capabilities(family.class_path, block_lists=tuple(family.block_lists),
                          lora_targets=tuple(family.lora_targets))
+    if family.unused_parameters is not None:
+        declare_capabilities(family.class_path, unused_parameters=family.unused_parameters)
     register_family_spec(family.sp_spec)
     register_fused_norms(family.module, family.class_name, family.fused_norms)
     FAMILIES[family.name] = family

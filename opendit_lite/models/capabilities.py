@@ -53,7 +53,8 @@ GUIDANCE_LAYOUTS = ("concat", "paired")
 DEFAULT_LORA_TARGETS = ("qkv", "proj", "fc1", "fc2")
 
 CAPABILITIES = ("is_video", "supported_sp_modes", "guidance_layout", "guidance_distilled",
-                "supports_gradient_checkpointing", "condition_dropout_kwarg", "block_lists", "lora_targets")
+                "supports_gradient_checkpointing", "condition_dropout_kwarg", "block_lists", "lora_targets",
+                "unused_parameters")
 
 ModelOrClass = Union[nn.Module, type]
 
@@ -188,3 +189,11 @@ def block_lists(model: ModelOrClass) -> Optional[Tuple[str, ...]]:
 def lora_targets(model: ModelOrClass) -> Tuple[str, ...]:
     """The linear layers LoRA adapts by default in this model (``lora_target_names`` patterns)."""
     return tuple(_capability(model, "lora_targets", DEFAULT_LORA_TARGETS))
+
+
+def unused_parameters(model: nn.Module) -> Tuple[str, ...]:
+    """The names of the model's parameters that nothing it returns depends on (declared as a function of
+    the model: Qwen-Image's last block's text-stream outputs), which training freezes: DDP and ZeRO's
+    bucketed reductions expect a gradient for every trainable parameter."""
+    find = _capability(model, "unused_parameters", None)
+    return tuple(find(model)) if find is not None else ()

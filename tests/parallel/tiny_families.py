@@ -5,7 +5,8 @@ the kernel, checkpointing, LoRA and plugin tests' models, with perturbed weights
 
 ``variant``: "even" (32 image tokens; Flux 16) or "uneven" (15 tokens: odd at sp 2, not a multiple of 4
 at sp 4). Text streams: Flux 7 text tokens (odd: text is never split), HunyuanVideo 12 with sample 0
-masking 3 (its key mask over [image, text]), LTX-Video 16 with sample 0 masking 5 (a cross-attention
+masking 3 (its key mask over [image, text]), Qwen-Image 9 with sample 0 masking 3 (its key mask over
+[text, image]), LTX-Video 16 with sample 0 masking 5 (a cross-attention
 mask); the masks change the serial output by about 1e-2, so they are really exercised.
 """
 
@@ -30,18 +31,22 @@ LTX_VIDEO = dict(in_channels=4, out_channels=4, num_attention_heads=2, attention
 SD3 = dict(sample_size=32, patch_size=1, in_channels=4, num_layers=2, attention_head_dim=8, num_attention_heads=4,
            caption_projection_dim=32, joint_attention_dim=32, pooled_projection_dim=64, out_channels=4,
            pos_embed_max_size=96, dual_attention_layers=(0,), qk_norm="rms_norm")   # SD3.5: dual attention, qk norm
+QWEN_IMAGE = dict(patch_size=2, in_channels=16, out_channels=4, num_layers=2, attention_head_dim=16,
+                  num_attention_heads=2, joint_attention_dim=16, axes_dims_rope=(4, 6, 6))
 
 CONFIGS = {"wan": ("WanTransformer3DModel", WAN), "flux": ("FluxTransformer2DModel", FLUX),
            "cogvideox": ("CogVideoXTransformer3DModel", COGVIDEOX),
            "hunyuan_video": ("HunyuanVideoTransformer3DModel", HUNYUAN_VIDEO),
-           "ltx_video": ("LTXVideoTransformer3DModel", LTX_VIDEO), "sd3": ("SD3Transformer2DModel", SD3)}
+           "ltx_video": ("LTXVideoTransformer3DModel", LTX_VIDEO), "sd3": ("SD3Transformer2DModel", SD3),
+           "qwen_image": ("QwenImageTransformer2DModel", QWEN_IMAGE)}
 FAMILIES = list(CONFIGS)
 
 # (F, H, W) latent grids per variant: tokens = F * H/p * W/p
 _GRIDS = {"wan": {"even": (2, 8, 8), "uneven": (1, 6, 10)}, "flux": {"even": (4, 4), "uneven": (3, 5)},
           "cogvideox": {"even": (2, 8, 8), "uneven": (1, 6, 10)},
           "hunyuan_video": {"even": (2, 4, 4), "uneven": (1, 3, 5)},
-          "ltx_video": {"even": (2, 4, 4), "uneven": (1, 3, 5)}, "sd3": {"even": (4, 8), "uneven": (3, 5)}}
+          "ltx_video": {"even": (2, 4, 4), "uneven": (1, 3, 5)}, "sd3": {"even": (4, 8), "uneven": (3, 5)},
+          "qwen_image": {"even": (4, 8), "uneven": (3, 5)}}
 
 
 def build(family: str, seed: int = 0, **overrides):
@@ -98,4 +103,11 @@ def inputs(family: str, model, batch: int = 2, variant: str = "uneven", seed: in
     if family == "sd3":
         return dict(hidden_states=rand(batch, cfg.in_channels, *grid), encoder_hidden_states=rand(batch, 10, 32),
                     pooled_projections=rand(batch, cfg.pooled_projection_dim), timestep=steps(), return_dict=False)
+    if family == "qwen_image":
+        h, w = grid
+        mask = torch.ones(batch, 9, dtype=torch.long)
+        mask[0, 6:] = 0
+        return dict(hidden_states=rand(batch, h * w, cfg.in_channels), encoder_hidden_states=rand(batch, 9, 16),
+                    encoder_hidden_states_mask=mask, timestep=torch.rand(batch, generator=g),
+                    img_shapes=[[(1, h, w)]] * batch, return_dict=False)
     raise KeyError(family)

@@ -20,6 +20,17 @@ from .tiny import TINY
 # get no gradient, which DDP and ZeRO's bucketed reductions refuse.
 LORA_TARGETS = ATTENTION + ("add_k_proj", "add_v_proj", "img_mlp.net.0.proj", "img_mlp.net.2")
 
+
+def last_block_text_outputs(model) -> list:
+    """The last block's text-stream outputs (its attention's text output and text feed-forward): only the
+    image tokens leave the model and no later block reads this block's text, so autograd gives them no
+    gradient (its text queries get a zero one, through the joint attention)."""
+    last = f"transformer_blocks.{len(model.transformer_blocks) - 1}."
+    heads = ("attn.to_add_out.", "txt_mlp.")
+    return [name for name, _ in model.named_parameters() if name.startswith(last)
+            and name[len(last):].startswith(heads)]
+
+
 FAMILY = register_family(Family(
     name="qwen_image",
     class_name="QwenImageTransformer2DModel",
@@ -37,6 +48,7 @@ FAMILY = register_family(Family(
         patch_size=2, in_channels=64, out_channels=16, num_layers=60, attention_head_dim=128,
         num_attention_heads=24, joint_attention_dim=3584, guidance_embeds=False, axes_dims_rope=[16, 56, 56])),),
     conditioning=CONDITIONING,
+    unused_parameters=last_block_text_outputs,
     variants=(PipelineVariant("QwenImageEditPipeline", EDIT), PipelineVariant("QwenImageEditPlusPipeline", EDIT_PLUS)),
     tiny=TINY,
 ))
