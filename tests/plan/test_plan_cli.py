@@ -24,7 +24,9 @@ def _run_plan(capsys, *argv):
 
 
 # The configs naming a released pipeline folder (a placeholder to edit): planned with a tiny one of its layout.
-PIPELINE_CONFIGS = {"configs/flux_lora.yaml": "flux", "configs/wan_lora.yaml": "wan"}
+PIPELINE_CONFIGS = {"configs/flux_lora.yaml": "flux", "configs/wan_lora.yaml": "wan",
+                    "configs/qwen_image_lora.yaml": "qwenimage",
+                    "configs/qwen_image_edit_lora.yaml": "qwenimage_edit_plus"}
 
 
 @pytest.mark.parametrize("config", CONFIGS)

@@ -20,6 +20,10 @@ from .tiny import TINY
 # get no gradient, which DDP and ZeRO's bucketed reductions refuse.
 LORA_TARGETS = ATTENTION + ("add_k_proj", "add_v_proj", "img_mlp.net.0.proj", "img_mlp.net.2")
 
+# The 20B transformer of Qwen-Image and of its edit models (Edit, Edit-2509: the same architecture).
+RELEASED = dict(patch_size=2, in_channels=64, out_channels=16, num_layers=60, attention_head_dim=128,
+                num_attention_heads=24, joint_attention_dim=3584, guidance_embeds=False, axes_dims_rope=[16, 56, 56])
+
 
 def last_block_text_outputs(model) -> list:
     """The last block's text-stream outputs (its attention's text output and text feed-forward): only the
@@ -44,9 +48,8 @@ FAMILY = register_family(Family(
     encoding=ENCODING,
     step_cache=STEP_CACHE,
     aliases=("qwenimage",),
-    releases=(Release("Qwen/Qwen-Image", dict(
-        patch_size=2, in_channels=64, out_channels=16, num_layers=60, attention_head_dim=128,
-        num_attention_heads=24, joint_attention_dim=3584, guidance_embeds=False, axes_dims_rope=[16, 56, 56])),),
+    releases=tuple(Release(repo, dict(RELEASED)) for repo in ("Qwen/Qwen-Image", "Qwen/Qwen-Image-Edit",
+                                                                "Qwen/Qwen-Image-Edit-2509")),
     conditioning=CONDITIONING,
     unused_parameters=last_block_text_outputs,
     variants=(PipelineVariant("QwenImageEditPipeline", EDIT), PipelineVariant("QwenImageEditPlusPipeline", EDIT_PLUS)),
