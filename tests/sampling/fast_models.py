@@ -45,6 +45,7 @@ FAMILIES = {
     "cogvideox": ("CogVideoXTransformer3DModel", dict(in_channels=3, out_channels=3), 2),
     "hunyuan_video": ("HunyuanVideoTransformer3DModel", dict(in_channels=3, out_channels=3), 2),
     "ltx_video": ("LTXVideoTransformer3DModel", dict(in_channels=3, out_channels=3), 2),
+    "qwen_image": ("QwenImageTransformer2DModel", dict(in_channels=12, out_channels=3), 1),
 }
 
 

@@ -44,9 +44,9 @@ KINDS = {
 def diffusers_hooked(kind, case):
     """``hook(model)`` for ``fast_models.sample``: diffusers' own function of ``kind`` applied to the
     transformer, with the timestep it is called with as PAB's current timestep (on the 0-1000 scale of
-    the pipelines' ``current_timestep``: Flux's transformer takes it divided by 1000), sampled in a
-    cache context as diffusers' pipelines do."""
-    scale = 1000.0 if case == "flux" else 1.0
+    the pipelines' ``current_timestep``: Flux's and Qwen-Image's transformers take it divided by 1000),
+    sampled in a cache context as diffusers' pipelines do."""
+    scale = 1000.0 if case in ("flux", "qwen_image") else 1.0
 
     def hook(model):
         seen = {}
