@@ -6,7 +6,8 @@ captioned image with the same caption, and its objective's loss is taken at the 
 the noise that puts the noisy latents where the pipeline's are. Every input (the templated caption's
 states at their own length, the key mask, ``img_shapes``, the timestep sigma, no guidance) equals the
 pipeline's: conditional, and for a dropped caption its true-CFG branch (the encoded negative prompt).
-The objective's shift is the pipeline scheduler's for that token count; a batch of captions of
+The stored latents decode with the pipeline's own step; the objective's shift is the pipeline
+scheduler's for that token count; a batch of captions of
 different lengths gets the mask and length ``encode_prompt`` gives the same batch.
 
 Run with -s to see the largest difference of each input."""
@@ -40,6 +41,13 @@ def test_a_training_step_feeds_qwen_image_what_its_pipeline_feeds_it(tiny_pipeli
     model = build_video_model(cfg)
     denoiser = data.denoiser(model, model)
     pipe = DiffusionPipeline.from_pretrained(folder, local_files_only=True)
+    # the stored latents: the VAE's posterior mode of the image as a 1-frame clip, normalised by the inverse
+    # of the pipeline's step before decoding (latents / (1 / std) + mean)
+    with torch.no_grad():
+        z = pipe.vae.encode(clip[None, :, :1]).latent_dist.mode()                 # [1, C, 1, h, w]
+    mean = torch.tensor(pipe.vae.config.latents_mean).view(1, -1, 1, 1, 1)
+    inv_std = 1.0 / torch.tensor(pipe.vae.config.latents_std).view(1, -1, 1, 1, 1)
+    torch.testing.assert_close(x0 / inv_std + mean, z, rtol=1e-5, atol=1e-5)
     noise = torch.randn(x0.shape, generator=torch.Generator().manual_seed(1))
     calls = capture(pipe, CAPTION, noise=noise, **call, **TRUE_CFG)
     objective = data.objective(tuple(x0.shape))
