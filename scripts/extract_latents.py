@@ -141,11 +141,12 @@ def _pipeline_config(args):
 
     if args.config:
         cfg = load_config(args.config, [], schema=VideoTrainConfig)
-        if cfg.data.type != "csv" and not args.csv:
+        if cfg.data.type not in ("csv", "folder") and not args.csv:
             raise ConfigError(f"--config {args.config!r} trains on data.type={cfg.data.type}; extraction reads the "
-                              f"captioned images or clips of a CSV: set data.type=csv and data.path there, or give "
-                              f"--csv.")
-        cfg.data.type, cfg.data.path = "csv", args.csv or cfg.data.path
+                              f"captioned images or clips of a CSV or of media folders: set data.type=csv or folder "
+                              f"and data.path there, or give --csv.")
+        if args.csv:
+            cfg.data.type, cfg.data.path = "csv", args.csv
     else:
         overrides = [f"model.pipeline={args.pipeline}", "data.type=csv", f"data.path={args.csv}",
                      f"data.frame_interval={args.frame_interval}"]
@@ -155,7 +156,7 @@ def _pipeline_config(args):
         else:
             overrides += [f"data.num_frames={args.num_frames}", f"data.image_size={args.height}"]
         cfg = load_config(None, overrides, schema=VideoTrainConfig)
-    if cfg.data.path is None or not os.path.isfile(cfg.data.path):
+    if cfg.data.type == "csv" and (cfg.data.path is None or not os.path.isfile(cfg.data.path)):
         raise ConfigError(f"the CSV {cfg.data.path!r} is not a file; give a CSV with 'path' and 'text' columns.")
     for name in ("batch_size",):
         if getattr(args, name) < 1:
@@ -198,7 +199,7 @@ def extract_pipeline(args, cfg) -> int:
         conditioning_images,
         pipeline_folder,
     )
-    from opendit_lite.data.video_csv import VideoCSVDataset
+    from opendit_lite.data.video_csv import media_dataset
     from opendit_lite.data.video_latents import (
         PIPELINE_FORMAT,
         save_null_text,
@@ -210,13 +211,13 @@ def extract_pipeline(args, cfg) -> int:
     folder = pipeline_folder(cfg.model.pipeline)
     conditioned = folder.conditioning.image_input != "none"
     try:
-        csv = VideoCSVDataset(cfg.data.path, num_frames=cfg.data.num_frames or 1,
-                              frame_interval=cfg.data.frame_interval, image_size=cfg.data.image_size or 1,
-                              random_start=False, images=conditioning_images(folder))
-        check_conditioning_rows(folder, cfg.data.path, csv.image_paths, csv.lines)
+        csv = media_dataset(cfg.data.type, cfg.data.path, cfg.data.num_frames or 1, cfg.data.frame_interval,
+                            cfg.data.image_size or 1, random_start=False, images=conditioning_images(folder),
+                            require_captions=cfg.data.require_captions)
+        check_conditioning_rows(folder, cfg.data.path, csv.image_paths, csv.where)
         sizes = _row_sizes(cfg, csv)
     except ValueError as e:
-        raise ConfigError(f"the CSV {cfg.data.path!r}: {e}") from None
+        raise ConfigError(f"data.path {cfg.data.path!r}: {e}") from None
     created, rank, world, device = _launch()
     try:
         start = time.time()
@@ -237,7 +238,7 @@ def extract_pipeline(args, cfg) -> int:
                         save_pipeline_latents(args.output, int(index[j]), latents[j],
                                               {k: v[j] for k, v in text.items()}, captions[j])
             except ValueError as e:  # a clip too short or unreadable
-                raise ConfigError(f"the CSV {cfg.data.path!r}: {e}") from None
+                raise ConfigError(f"data.path {cfg.data.path!r}: {e}") from None
         count = torch.tensor([len(rows)])
         if world > 1:
             dist.all_reduce(count)  # also waits for every rank's files

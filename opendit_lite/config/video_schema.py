@@ -9,7 +9,7 @@ messages come from ``opendit_lite.config.loader`` with ``schema=VideoTrainConfig
 """
 
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Union
 
 from .schema import BaseSampleConfig, DiffusionConfig, TrainConfig, _f, _section
 
@@ -59,9 +59,17 @@ class VideoModelConfig:
 class VideoDataConfig:
     # data.type -> what data.path must point at (checked by the loader)
     PATH_REQUIRED = {"csv": "a CSV file with 'path' and 'text' columns (one video and its caption a row)",
+                     "folder": "a folder of images or clips, each with a caption file of the same stem (cat.png + "
+                               "cat.txt), or a list of {path, repeats, caption_extension, control_path} entries",
                      "latents": "a folder of .pt files written by opendit_lite.data.video_latents.save_video_latents"}
-    type: str = _f("shapes", "dataset kind", choices=("shapes", "csv", "latents"))
-    path: Optional[str] = _f(None, "CSV file of (path, text) rows, or a precomputed-latent folder")
+    type: str = _f("shapes", "dataset kind: shapes (generated), csv, folder (media + same-stem caption files, "
+                             "opendit_lite/data/media_folders.py) or latents",
+                   choices=("shapes", "csv", "folder", "latents"))
+    path: Optional[Union[str, List[dict]]] = _f(None, "CSV file of (path, text[, image]) rows, a precomputed-latent "
+                                                      "folder, or (folder) a media folder or a list of {path, "
+                                                      "repeats, caption_extension, control_path} entries")
+    require_captions: bool = _f(False, "folder: stop (exit 2) when a media file has no caption file, instead of "
+                                       "warning and training it on the empty caption")
     num_frames: Optional[int] = _f(None, "frames per clip; null: 4 (shapes), 1 for an image model, the latents' "
                                          "(latents)", at_least=1)
     frame_interval: int = _f(3, "csv: take every n-th frame of the video", at_least=1)

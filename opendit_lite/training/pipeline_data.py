@@ -23,6 +23,7 @@ from ..builders.pipeline import (
 from ..builders.pipeline_experts import expert_objective_range
 from ..builders.video import bucket_loss_weights, video_buckets
 from ..data.buckets import assign_bucket
+from ..data.media_folders import MEDIA_DATA_TYPES
 from ..data.video_csv import collate_conditioned
 from ..data.video_latents import PipelineLatentDataset, load_null_text, video_latent_meta
 from ..errors import ConfigError
@@ -58,8 +59,8 @@ def prepare_pipeline_data(cfg, device, sp_group=None) -> TrainingData:
     buckets = video_buckets(cfg)
     m.caption_channels = family.adapter.text_width(config)
     conditioned = folder.conditioning.image_input != "none"
-    collate = collate_conditioned if conditioned and d.type == "csv" else None
-    if d.type == "csv":
+    collate = collate_conditioned if conditioned and d.type in MEDIA_DATA_TYPES else None
+    if d.type in MEDIA_DATA_TYPES:  # a CSV or media folders, encoded while training
         dataset = with_bad_sample_skipping(lambda: pipeline_csv_dataset(cfg, folder), cfg)
         precision = resolve_precision(cfg.precision, device.type)
         text_dtype = precision.autocast_dtype or precision.param_dtype  # the encoders in the run's compute dtype
@@ -123,7 +124,7 @@ def prepare_pipeline_data(cfg, device, sp_group=None) -> TrainingData:
     weights = bucket_loss_weights(buckets)
 
     def loss_weight(batch):  # a batch holds one bucket, of one pixel shape
-        return weights[pixel_shape(batch) if d.type == "csv" else _latent_pixel_shape(batch, cfg)]
+        return weights[pixel_shape(batch) if d.type in MEDIA_DATA_TYPES else _latent_pixel_shape(batch, cfg)]
 
     return TrainingData(dataset, model_inputs, batch_sampler=batch_sampler, loss_weight=loss_weight,
                         objective=objective, denoiser=denoiser, collate=collate)

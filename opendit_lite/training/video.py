@@ -37,6 +37,7 @@ from ..builders.video import (
 from ..config import to_dict
 from ..config.video_schema import VideoTrainConfig
 from ..data.buckets import BucketBatchSampler
+from ..data.media_folders import MEDIA_DATA_TYPES
 from ..distributed.ranks import global_rank
 from ..encoders.video_vae import VideoVAE
 from ..errors import ConfigError
@@ -184,7 +185,7 @@ def prepare_video_data(cfg, device, sp_group=None) -> TrainingData:
         resolve_family_text(cfg)
     dataset = build_video_dataset(cfg, buckets)
     # CSV captions are encoded while training; shapes and latents carry their states.
-    captions = load_caption_encoder(cfg, device) if cfg.data.type == "csv" else None
+    captions = load_caption_encoder(cfg, device) if cfg.data.type in MEDIA_DATA_TYPES else None
     vae = load_video_vae(cfg, device, sp_group=sp_group) if cfg.data.type != "latents" else None
     resolve_video_geometry(cfg, dataset, vae, captions.width if captions else None, buckets)
     if family:
