@@ -122,6 +122,10 @@ class VideoSampleConfig(BaseSampleConfig):
                                            "the conditioning image file of each prompt, in order (several for one "
                                            "prompt separated by '|', as the CSV's image column)")
     batch_size: int = _f(8, "prompts per forward on each data-parallel rank", at_least=1)
+    every: int = _f(0, "train_video.py / train.py: sample the prompts (and sample.images) every N steps from the "
+                       "checkpoint just saved (a multiple of ckpt_every; the weights the run exports), into "
+                       "<run dir>/samples/step_<N>/ with a contact sheet, and to TensorBoard / W&B; 0: never",
+                    at_least=0)
     num_frames: Optional[int] = _f(None, "frames to sample (pixels, as data.buckets); None: the trained clip's",
                                    at_least=1)
     height: Optional[int] = _f(None, "frame height to sample in pixels; None: the trained clip's", at_least=1)

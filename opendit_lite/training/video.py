@@ -44,6 +44,7 @@ from ..errors import ConfigError
 from ..interop.family_checkpoint import export_family_checkpoint
 from ..parallel.modes import ulysses_heads_error
 from ..precision import Precision
+from .periodic_samples import check_periodic_sampling, periodic_sampling
 from .pipeline_data import prepare_pipeline_data
 from .spec import TrainerSpec, TrainingData
 
@@ -76,6 +77,7 @@ def validate_video_config(cfg) -> None:
         if cfg.sp_size > 1 and cfg.sp_mode == "ulysses" and heads % cfg.sp_size:
             raise ulysses_heads_error(heads, cfg.sp_size, f"{m.name}'s attention")
     check_export(cfg)
+    check_periodic_sampling(cfg)
     d = cfg.diffusion
     if not is_family(m.name):  # the zoo's video models: rectified flow with logit-normal times unless set
         d.objective = d.objective or "rflow"
@@ -243,4 +245,4 @@ def video_denoiser(cfg, model, call):
 VIDEO_TRAINER = TrainerSpec(name="video", schema=VideoTrainConfig, prepare_data=prepare_video_data,
                             build_model=build_video_model, describe=describe_video_input,
                             validate=validate_video_config, denoiser=video_denoiser, finish=export_at_end,
-                            objective=video_objective)
+                            objective=video_objective, sampler=periodic_sampling)
