@@ -76,3 +76,59 @@ def test_the_edit_conditioning_feeds_the_transformer_what_the_edit_pipeline_feed
                            model_latents(pipe, out, noise.shape))               # the target's tokens only
     with pytest.raises(Exception, match="reference images per sample"):
         conditioning.encode_images(pipe, [[image] * (conditioning.max_images + 1)], (1, 32, 32))
+
+
+def test_a_training_step_from_an_edit_csv_feeds_the_transformer_what_the_edit_pipeline_feeds_it(
+        tiny_pipeline, small_areas, tmp_path):
+    """The CSV route (path, text, image columns) end to end: the trainer's data reads the reference,
+    resizes it by the pipeline's area rule, encodes caption, null text and reference latents; a training
+    loss at the pipeline's time feeds the transformer every keyword of the pipeline's conditional and
+    true-CFG calls, and its gradient reaches the transformer (the loss covers the target's tokens)."""
+    from diffusers import DiffusionPipeline
+    from PIL import Image
+
+    from opendit_lite.builders.video import build_video_model
+    from opendit_lite.families.tiny_pipelines import TINY_CALLS
+    from opendit_lite.training.video import prepare_video_data
+    from tests.families.test_pipeline_conditioning import IGNORED, _difference, _noise_at
+    from tests.pipeline_runs import pipeline_config, write_image
+
+    folder, call = tiny_pipeline("qwenimage_edit"), TINY_CALLS["qwenimage_edit"]
+    write_image(tmp_path / "target.png", 32, 32)
+    write_image(tmp_path / "reference.png", 32, 64, seed=5)                      # at its reference size already
+    csv = tmp_path / "edits.csv"
+    csv.write_text(f"path,text,image\ntarget.png,{CAPTION},reference.png\n")
+    cfg = pipeline_config(folder, str(csv), call, str(tmp_path / "results"), "model.class_dropout_prob=0.5")
+    data = prepare_video_data(cfg, torch.device("cpu"))
+    clip, caption, images = data.dataset[0]
+    assert [tuple(image.shape) for image in images] == [(3, 32, 64)]
+    x0, inputs = data.model_inputs((clip[None], [caption], [images]))             # [1, C, 1, h, w], {key: [1, ...]}
+    model = build_video_model(cfg)
+    denoiser = data.denoiser(model, model)
+    pipe = DiffusionPipeline.from_pretrained(folder, local_files_only=True)
+    noise = torch.randn(x0.shape, generator=torch.Generator().manual_seed(1))
+    calls = capture(pipe, CAPTION, noise=noise, image=Image.open(tmp_path / "reference.png").convert("RGB"),
+                    **call, true_cfg_scale=2.0, negative_prompt="", stop_after_step=0)
+    objective = data.objective(tuple(x0.shape))
+
+    largest, losses = {}, []
+    for dropped in (False, True):
+        ref = calls.unconditional(0) if dropped else calls.conditional(0)
+        t = ref["timestep"].reshape(-1)[:1].float()
+        latents = model_latents(pipe, ref["hidden_states"], x0.shape)
+        seen = {}
+        hook = model.register_forward_pre_hook(lambda m, a, k: seen.update(k), with_kwargs=True)
+        try:
+            kwargs = dict(inputs, drop=torch.tensor([dropped]))
+            losses.append(objective.training_losses(denoiser, x0, model_kwargs=kwargs,
+                                                    noise=_noise_at(objective, x0, latents, t), t=t)["loss"])
+        finally:
+            hook.remove()
+        assert set(seen) - IGNORED == set(ref) - IGNORED, f"{sorted(seen)} vs {sorted(ref)}"
+        for key in sorted(set(ref) - IGNORED):
+            largest[key] = max(largest.get(key, 0.0), _difference(seen[key], ref[key]))
+    print("\nqwenimage_edit: " + ", ".join(f"{k} {v:.2g}" for k, v in sorted(largest.items())))
+    for key, diff in largest.items():
+        assert diff <= (1e-5 if key in ("hidden_states", "timestep") else 0.0), f"{key} differs by {diff}"
+    torch.stack(losses).sum().backward()
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
