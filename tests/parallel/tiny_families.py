@@ -30,12 +30,17 @@ LTX_VIDEO = dict(in_channels=4, out_channels=4, num_attention_heads=2, attention
 SD3 = dict(sample_size=32, patch_size=1, in_channels=4, num_layers=2, attention_head_dim=8, num_attention_heads=4,
            caption_projection_dim=32, joint_attention_dim=32, pooled_projection_dim=64, out_channels=4,
            pos_embed_max_size=96, dual_attention_layers=(0,), qk_norm="rms_norm")   # SD3.5: dual attention, qk norm
+Z_IMAGE = dict(all_patch_size=(2,), all_f_patch_size=(1,), in_channels=4, dim=32, n_layers=1, n_refiner_layers=1,
+               n_heads=2, n_kv_heads=2, cap_feat_dim=16, axes_dims=[4, 6, 6], axes_lens=[256, 32, 32])
 
 CONFIGS = {"wan": ("WanTransformer3DModel", WAN), "flux": ("FluxTransformer2DModel", FLUX),
            "cogvideox": ("CogVideoXTransformer3DModel", COGVIDEOX),
            "hunyuan_video": ("HunyuanVideoTransformer3DModel", HUNYUAN_VIDEO),
-           "ltx_video": ("LTXVideoTransformer3DModel", LTX_VIDEO), "sd3": ("SD3Transformer2DModel", SD3)}
-FAMILIES = list(CONFIGS)
+           "ltx_video": ("LTXVideoTransformer3DModel", LTX_VIDEO), "sd3": ("SD3Transformer2DModel", SD3),
+           "z_image": ("ZImageTransformer2DModel", Z_IMAGE)}
+# Families whose spec refuses sequence parallelism (its ``unsupported`` reason; tests/families/test_z_image_*.py).
+REFUSED = ("z_image",)
+FAMILIES = [f for f in CONFIGS if f not in REFUSED]
 
 # (F, H, W) latent grids per variant: tokens = F * H/p * W/p
 _GRIDS = {"wan": {"even": (2, 8, 8), "uneven": (1, 6, 10)}, "flux": {"even": (4, 4), "uneven": (3, 5)},
