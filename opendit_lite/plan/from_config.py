@@ -128,10 +128,10 @@ def family_shape(model: nn.Module, caption_tokens: int, name: Optional[str] = No
         return lambda: denoiser(x, t, y, mask)
 
     tokens = [-(-T // pt) * (H // ph) * (W // pw) for T, H, W in grids]
-    hidden = int(config["num_attention_heads"]) * int(config["attention_head_dim"])
+    hidden = adapter.hidden_size(config)
     profile = counted_profile(model, hidden, step, tuple(tokens), caption_tokens,
                               element_bytes=torch.finfo(dtype).bits // 8)
-    return ModelShape.counted(model, name or type(model).__name__, hidden, int(config["num_attention_heads"]),
+    return ModelShape.counted(model, name or type(model).__name__, hidden, adapter.attention_heads(config),
                               (pt, ph, pw), len(find_blocks(model)), profile)
 
 

@@ -35,6 +35,12 @@ class ZImageAdapter(FamilyAdapter):
     text_width_key = "cap_feat_dim"
     image_only = True
 
+    def attention_heads(self, config):
+        return int(config["n_heads"])
+
+    def hidden_size(self, config):
+        return int(config["dim"])
+
     def recipe(self, config, tokens):
         # The release's scheduler (FlowMatchEulerDiscreteScheduler, shift 3, no dynamic shifting).
         return Recipe("rflow", "logit-normal", 3.0)
