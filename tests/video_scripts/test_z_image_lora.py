@@ -1,0 +1,44 @@
+"""A LoRA run on the tiny Z-Image pipeline (``model.pipeline``, captioned images, train_video.py, 2 steps)
+exports adapters that ``ZImagePipeline.load_lora_weights`` loads with no key warnings, and sample.py
+samples it through the pipeline: its images equal, within 1e-5 in fp32, the pipeline called directly
+with the export loaded and the same generators (classifier-free guidance at the pipeline's default
+scale, and Turbo's guidance 0 through ``sample.cfg_scale=0``)."""
+
+import os
+
+import torch
+
+from opendit_lite.families.tiny_pipelines import TINY_CALLS
+from tests.pipeline_runs import write_csv, write_image
+from tests.video_scripts.test_family_scripts import main
+from tests.video_scripts.test_lora_export import LoadLog
+from tests.video_scripts.test_pipeline_sampling import PROMPTS, _max_diff, direct, script_clips
+
+
+def test_a_z_image_lora_run_samples_through_its_pipeline_with_the_exported_lora(tiny_pipeline, tmp_path):
+    from diffusers import ZImagePipeline
+
+    folder, call = tiny_pipeline("z_image"), dict(TINY_CALLS["z_image"])
+    steps, size = call.pop("num_inference_steps"), call["height"]
+    media = write_image(tmp_path / "0.png", size, size)
+    args = [f"model.pipeline={folder}", "data.type=csv", f"data.path={write_csv(tmp_path, [(media, PROMPTS[0])])}",
+            f"data.image_size={size}", "data.frame_interval=1", "precision=fp32", "global_batch_size=1", "lr=5e-3",
+            "ckpt_every=0", "lora.rank=4", "lora.alpha=4", "exp_name=lora", f"results_dir={tmp_path}", "logger=[]",
+            "model.class_dropout_prob=0.5"]
+    main("train_video", [*args, "max_steps=2"])
+    sampling = [*args, f"sample.prompts={PROMPTS[:2]}", f"sample.num_sampling_steps={steps}"]
+    ours = script_clips("sample", sampling)
+    turbo = script_clips("sample", [*sampling, "sample.cfg_scale=0"])
+
+    pipe = ZImagePipeline.from_pretrained(folder)
+    base = direct(pipe, PROMPTS[:2], num_inference_steps=steps, **call)
+    with LoadLog() as log:
+        pipe.load_lora_weights(os.path.join(str(tmp_path), "lora", "diffusers"))
+    assert not log.key_warnings(), log.text()
+    reference = direct(pipe, PROMPTS[:2], num_inference_steps=steps, **call)
+    turbo_reference = direct(pipe, PROMPTS[:2], num_inference_steps=steps, **{**call, "guidance_scale": 0.0})
+    assert ours.shape == turbo.shape == (2, 3, 1, size, size)
+    assert _max_diff(ours, reference) <= 1e-5, _max_diff(ours, reference)
+    assert _max_diff(turbo, turbo_reference) <= 1e-5, _max_diff(turbo, turbo_reference)
+    assert _max_diff(reference, base) > 1e-5 and _max_diff(reference, turbo_reference) > 1e-5
+    assert torch.isfinite(ours).all()
