@@ -113,6 +113,7 @@ class PipelineConditioning:
     max_images: int = 0                  # conditioning images per sample the pipeline takes
     image_keys: Tuple[str, ...] = ()     # the per-sample inputs ``encode_images`` gives
     null_text_per_image: bool = False    # the unconditional text is encoded with each sample's images
+    unguided_scale: float = 1.0          # the ``guidance_scale`` at which the pipeline runs no unconditional branch
 
     # -- text ----------------------------------------------------------------------------------
     def max_sequence_length(self, pipe) -> int:
@@ -176,6 +177,12 @@ class PipelineConditioning:
     def guided(self, model_config: Mapping) -> bool:
         """Whether the transformer embeds a guidance value (a guidance-distilled model)."""
         return False
+
+    def guidance_free(self, folder: str) -> str:
+        """Why the model in the pipeline folder ``folder`` samples without classifier-free guidance (a
+        few-step model distilled from it, whose pipeline class is the guided one's), or "" when it uses
+        the pipeline's guidance. Such a folder is sampled at ``unguided_scale`` and refuses another."""
+        return ""
 
     def expert_boundary(self, pipe) -> Optional[float]:
         """The timestep at and above which a pipeline of two experts runs ``transformer``, below it

@@ -6,6 +6,7 @@ scale, and Turbo's guidance 0 through ``sample.cfg_scale=0``)."""
 
 import os
 
+import pytest
 import torch
 
 from opendit_lite.families.tiny_pipelines import TINY_CALLS
@@ -42,3 +43,32 @@ def test_a_z_image_lora_run_samples_through_its_pipeline_with_the_exported_lora(
     assert _max_diff(turbo, turbo_reference) <= 1e-5, _max_diff(turbo, turbo_reference)
     assert _max_diff(reference, base) > 1e-5 and _max_diff(reference, turbo_reference) > 1e-5
     assert torch.isfinite(ours).all()
+
+
+def test_a_turbo_folder_samples_without_guidance_and_refuses_a_cfg_scale(tiny_pipeline, tmp_path):
+    """Z-Image-Turbo's folder (recognised by its release's folder name: the configs are the base model's)
+    is sampled at guidance 0, ZImagePipeline's scale without an unconditional branch; a sample.cfg_scale
+    it would not use is a ConfigError (exit code 2 from the scripts), the base folder's is taken."""
+    from opendit_lite.config import ConfigError, load_config
+    from opendit_lite.config.video_schema import VideoTrainConfig
+    from opendit_lite.sampling.pipeline_sampling import check_pipeline_sampling, pipeline_call_settings
+
+    base = tiny_pipeline("z_image")
+    turbo = tmp_path / "Z-Image-Turbo"
+    os.symlink(base, turbo)  # the same files under the release's folder name
+
+    csv = write_csv(tmp_path, [("0.png", "a red square")])
+
+    def config(folder, *extra):
+        return load_config(None, [f"model.pipeline={folder}", "data.type=csv", f"data.path={csv}",
+                                  "data.image_size=32", *extra], schema=VideoTrainConfig)
+
+    assert pipeline_call_settings(config(turbo))["guidance_scale"] == 0.0
+    assert "guidance_scale" not in pipeline_call_settings(config(base))        # the pipeline's own default, 5
+    check_pipeline_sampling(config(turbo, "sample.cfg_scale=0"), None, None)
+    check_pipeline_sampling(config(base, "sample.cfg_scale=4"), None, None)
+    with pytest.raises(ConfigError) as refused:
+        check_pipeline_sampling(config(turbo, "sample.cfg_scale=4"), None, None)
+    message = str(refused.value)
+    assert "sample.cfg_scale=4" in message and "Z-Image-Turbo is distilled from classifier-free guidance" in message
+    assert "remove sample.cfg_scale" in message and "\n" not in message
