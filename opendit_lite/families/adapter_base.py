@@ -65,6 +65,10 @@ class FamilyAdapter:
         """The width of the model's token stream (heads x head width)."""
         return self.attention_heads(config) * int(config["attention_head_dim"])
 
+    def token_multiple(self, config: Mapping) -> int:
+        """The multiple the model pads each sample's image tokens to (1: none)."""
+        return 1
+
     def text_width(self, config: Mapping) -> int:
         return int(config[self.text_width_key])
 

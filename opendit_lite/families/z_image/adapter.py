@@ -17,7 +17,10 @@ from ..adapter_base import FamilyAdapter, Recipe
 
 def caption_list(states: torch.Tensor, mask: torch.Tensor) -> List[torch.Tensor]:
     """Caption states [B, M, W] and their bool mask [B, M] -> per sample the states of the real tokens
-    [L_i, W], as ``ZImagePipeline._encode_prompt`` returns them (``states[i][mask[i]]``)."""
+    [L_i, W], as ``ZImagePipeline._encode_prompt`` returns them (``states[i][mask[i]]``). On the meta
+    device (the planner), whose masks hold no values, every token is kept."""
+    if states.is_meta:
+        return list(states.unbind(0))
     return [s[m] for s, m in zip(states, mask.bool())]
 
 
@@ -40,6 +43,9 @@ class ZImageAdapter(FamilyAdapter):
 
     def hidden_size(self, config):
         return int(config["dim"])
+
+    def token_multiple(self, config):
+        return 32  # transformer_z_image.SEQ_MULTI_OF: each sample's patches (and caption) padded to it
 
     def recipe(self, config, tokens):
         # The release's scheduler (FlowMatchEulerDiscreteScheduler, shift 3, no dynamic shifting).
