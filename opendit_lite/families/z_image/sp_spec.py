@@ -1,31 +1,30 @@
-"""Z-Image's sequence-parallel spec (diffusers 0.42's ``ZImageTransformer2DModel``): declared, and
-refused for now (``unsupported``), with the reason.
+"""Z-Image's sequence-parallel spec (diffusers 0.42's ``ZImageTransformer2DModel``).
 
-Its forward builds the token sequences itself from per-sample lists: each sample's patches and caption
-are padded to a multiple of 32 tokens (with pad tokens and a bool attention mask when lengths
-differ), embedded as one concatenation, refined separately (``noise_refiner``: image tokens,
-``context_refiner``: caption tokens), then joined per sample as [image, caption] for the main
-``layers`` and unpatchified from the list. There is no module whose output is the batch's image
-tokens as one [B, N, D] tensor to shard before the first attention, and the joint sequence is
-rebuilt in Python between the refiners and the main layers, so the split/gather points this
-mechanism places at module boundaries do not exist. The attention modules it would cover are listed
-(the refiners' self-attention, the main layers' joint attention with the text last).
+Its forward builds the token sequences itself from per-sample lists: each sample's patches and its
+caption padded to a multiple of 32 tokens, embedded, refined apart (``noise_refiner`` over the image
+tokens, ``context_refiner`` over the caption's), then joined per sample as [image, caption] into one
+sequence with its rotary table and, when the samples' lengths differ, a key mask. The refiners (2 + 2
+of the release's 34 blocks) run whole on every rank ("serial"); the joint sequence is split where the
+main ``layers`` receive it: the tokens at the first layer, the mask and the rotary table at every
+layer (the forward hands each layer the whole ones), and the layers' attention is self-attention over
+the shards (the caption tokens are sharded with the image's). The final layer's output is gathered
+before the model unpatchifies it.
 """
 
-from ...parallel.diffusers_sp.spec_types import AttentionSpec, FamilySpec
+from ...parallel.diffusers_sp.spec_types import AttentionSpec, FamilySpec, Gather, Split, SplitAt
 
-_WHY = ("ZImageTransformer2DModel builds its token sequences from per-sample lists inside forward (each sample "
-        "padded to 32-token multiples, refined apart, joined as [image, caption] in Python), so there is no module "
-        "output holding the batch's image tokens to split; sequence parallelism is not supported for Z-Image yet")
+PROCESSOR = ("ZSingleStreamAttnProcessor",)
 
 SP_SPEC = FamilySpec(
     family="z_image", cls_name="ZImageTransformer2DModel",
-    splits=(),
-    gathers={},
-    attention=(AttentionSpec("noise_refiner.*.attention", "self", ("ZSingleStreamAttnProcessor",)),
-               AttentionSpec("context_refiner.*.attention", "serial", ("ZSingleStreamAttnProcessor",)),
-               AttentionSpec("layers.*.attention", "joint", ("ZSingleStreamAttnProcessor",), text="last")),
-    supported_sp_modes=(),
-    unsupported=lambda model: _WHY,
+    splits=(SplitAt("layers.0", inputs={"x": Split(1, 3)}),                                  # [B, S, D]
+            SplitAt("layers.*", inputs={"attn_mask": Split(1, 2),                            # [B, S] bool
+                                        "freqs_cis": Split(1, 3)})),                         # [B, S, Dh/2] complex
+    gathers={"all_final_layer.*": Gather(1, 3)},                                             # [B, S, p p C]
+    attention=(AttentionSpec("noise_refiner.*.attention", "serial", PROCESSOR),
+               AttentionSpec("context_refiner.*.attention", "serial", PROCESSOR),
+               AttentionSpec("layers.*.attention", "self", PROCESSOR)),
+    unsupported=lambda model: ("the Omni layout (siglip_feat_dim) joins several images per sample"
+                               if model.config.get("siglip_feat_dim") is not None else None),
     why_not_diffusers_cp="no _cp_plan; its sequences are built from per-sample lists inside forward",
 )
