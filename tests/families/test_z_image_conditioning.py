@@ -14,7 +14,6 @@ Run with -s to see the largest difference of each input."""
 
 import inspect
 
-import pytest
 import torch
 from torch.utils.data import default_collate
 
@@ -85,14 +84,13 @@ def _difference(mine, ref):
     return 0.0
 
 
-@pytest.mark.parametrize("name", ["z_image", "z_image_turbo"])
-def test_a_training_step_feeds_the_transformer_what_z_image_pipeline_feeds_it(name, tiny_pipeline, tmp_path):
+def test_a_training_step_feeds_the_transformer_what_z_image_pipeline_feeds_it(tiny_pipeline, tmp_path):
     from diffusers import DiffusionPipeline
 
-    folder, call = tiny_pipeline("z_image"), TINY_CALLS[name]  # the two layouts differ in their call only
+    folder = tiny_pipeline("z_image")  # the base and Turbo layouts differ in their call only
     write_image(tmp_path / "image.png", 40, 48)
     csv = write_csv(tmp_path, [("image.png", CAPTION)])
-    cfg = pipeline_config(folder, csv, call, str(tmp_path / "runs"), "model.class_dropout_prob=0.5")
+    cfg = pipeline_config(folder, csv, TINY_CALLS["z_image"], str(tmp_path / "runs"), "model.class_dropout_prob=0.5")
     data = prepare_video_data(cfg, torch.device("cpu"))
     clip, caption = data.dataset[0]
     x0, text = data.model_inputs((clip[None], [caption]))                        # [1, C, 1, h, w], {key: [1, ...]}
@@ -100,35 +98,38 @@ def test_a_training_step_feeds_the_transformer_what_z_image_pipeline_feeds_it(na
     denoiser = data.denoiser(model, model)
     pipe = DiffusionPipeline.from_pretrained(folder, local_files_only=True)
     noise = torch.randn(x0.shape, generator=torch.Generator().manual_seed(1))
-    calls = _capture(pipe, noise, **call)
-    assert [len(a["x"]) for _, a in calls] == [1 if name == "z_image_turbo" else 2] * call["num_inference_steps"]
     objective = data.objective(tuple(x0.shape))
-
-    # The training shift is the one the pipeline's scheduler applied to its sigmas.
-    steps = call["num_inference_steps"]
-    sigmas = torch.linspace(1.0, 1 / steps, steps, dtype=torch.float64)                 # the pipeline's default
-    shifted = objective.shift * sigmas / (1 + (objective.shift - 1) * sigmas)
-    assert torch.allclose(shifted, pipe.scheduler.sigmas[:-1].double(), atol=1e-6)
-
     largest, losses = {}, []
-    for step, arguments in calls:
-        for dropped in ((False,) if name == "z_image_turbo" else (False, True)):
-            ref = _branch(arguments, conditional=not dropped)
-            sigma = 1 - ref["t"].double()                                    # Z-Image's time counts from the noise
-            t = sigma.float()
-            latents = torch.stack(ref["x"]).float()                          # [1, C, 1, h, w]
-            seen = {}
-            hook = model.register_forward_pre_hook(lambda m, a, k: seen.update(_bound(m, a, k)), with_kwargs=True)
-            try:
-                kwargs = dict(text, drop=torch.tensor([dropped]))
-                losses.append(objective.training_losses(denoiser, x0, model_kwargs=kwargs,
-                                                        noise=(latents - (1 - t) * x0) / t, t=t)["loss"])
-            finally:
-                hook.remove()
-            assert set(seen) == set(ref), f"{sorted(seen)} vs {sorted(ref)}"
-            for key in sorted(ref):
-                largest[key] = max(largest.get(key, 0.0), _difference(seen[key], ref[key]))
-    print(f"\n{name}: " + ", ".join(f"{k} {v:.2g}" for k, v in sorted(largest.items())))
+    for name in ("z_image", "z_image_turbo"):
+        call = TINY_CALLS[name]
+        calls = _capture(pipe, noise, **call)
+        guided = name == "z_image"
+        assert [len(a["x"]) for _, a in calls] == [2 if guided else 1] * call["num_inference_steps"]
+
+        # The training shift is the one the pipeline's scheduler applied to its sigmas.
+        steps = call["num_inference_steps"]
+        sigmas = torch.linspace(1.0, 1 / steps, steps, dtype=torch.float64)             # the pipeline's default
+        shifted = objective.shift * sigmas / (1 + (objective.shift - 1) * sigmas)
+        assert torch.allclose(shifted, pipe.scheduler.sigmas[:-1].double(), atol=1e-6)
+
+        for step, arguments in calls:
+            for dropped in ((False, True) if guided else (False,)):
+                ref = _branch(arguments, conditional=not dropped)
+                t = (1 - ref["t"].double()).float()                        # Z-Image's time counts from the noise
+                latents = torch.stack(ref["x"]).float()                    # [1, C, 1, h, w]
+                seen = {}
+                hook = model.register_forward_pre_hook(lambda m, a, k: seen.update(_bound(m, a, k)),
+                                                       with_kwargs=True)
+                try:
+                    kwargs = dict(text, drop=torch.tensor([dropped]))
+                    losses.append(objective.training_losses(denoiser, x0, model_kwargs=kwargs,
+                                                            noise=(latents - (1 - t) * x0) / t, t=t)["loss"])
+                finally:
+                    hook.remove()
+                assert set(seen) == set(ref), f"{sorted(seen)} vs {sorted(ref)}"
+                for key in sorted(ref):
+                    largest[key] = max(largest.get(key, 0.0), _difference(seen[key], ref[key]))
+    print("\nZImagePipeline: " + ", ".join(f"{k} {v:.2g}" for k, v in sorted(largest.items())))
     assert largest["cap_feats"] == 0.0                                       # the same states, cut the same way
     assert largest["x"] <= 1e-5 and largest["t"] <= 1e-6                     # the noise solved for in fp32
     torch.stack(losses).sum().backward()

@@ -2,7 +2,7 @@
 exports adapters that ``ZImagePipeline.load_lora_weights`` loads with no key warnings, and sample.py
 samples it through the pipeline: its images equal, within 1e-5 in fp32, the pipeline called directly
 with the export loaded and the same generators (classifier-free guidance at the pipeline's default
-scale, and Turbo's guidance 0 through ``sample.cfg_scale=0``)."""
+scale). A Turbo folder samples at guidance 0 and refuses another ``sample.cfg_scale``."""
 
 import os
 
@@ -29,7 +29,6 @@ def test_a_z_image_lora_run_samples_through_its_pipeline_with_the_exported_lora(
     main("train_video", [*args, "max_steps=2"])
     sampling = [*args, f"sample.prompts={PROMPTS[:2]}", f"sample.num_sampling_steps={steps}"]
     ours = script_clips("sample", sampling)
-    turbo = script_clips("sample", [*sampling, "sample.cfg_scale=0"])
 
     pipe = ZImagePipeline.from_pretrained(folder)
     base = direct(pipe, PROMPTS[:2], num_inference_steps=steps, **call)
@@ -37,12 +36,9 @@ def test_a_z_image_lora_run_samples_through_its_pipeline_with_the_exported_lora(
         pipe.load_lora_weights(os.path.join(str(tmp_path), "lora", "diffusers"))
     assert not log.key_warnings(), log.text()
     reference = direct(pipe, PROMPTS[:2], num_inference_steps=steps, **call)
-    turbo_reference = direct(pipe, PROMPTS[:2], num_inference_steps=steps, **{**call, "guidance_scale": 0.0})
-    assert ours.shape == turbo.shape == (2, 3, 1, size, size)
+    assert ours.shape == (2, 3, 1, size, size) and torch.isfinite(ours).all()
     assert _max_diff(ours, reference) <= 1e-5, _max_diff(ours, reference)
-    assert _max_diff(turbo, turbo_reference) <= 1e-5, _max_diff(turbo, turbo_reference)
-    assert _max_diff(reference, base) > 1e-5 and _max_diff(reference, turbo_reference) > 1e-5
-    assert torch.isfinite(ours).all()
+    assert _max_diff(reference, base) > 1e-5  # the LoRA changes the samples
 
 
 def test_a_turbo_folder_samples_without_guidance_and_refuses_a_cfg_scale(tiny_pipeline, tmp_path):
