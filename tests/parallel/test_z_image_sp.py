@@ -88,3 +88,4 @@ def test_z_image_sequence_parallel_equals_one_process():
             assert r["missing"] == [], f"{mode}: gradients on one side only: {r['missing']}"
             assert r["out"] < TOL and r["grad"] < TOL, f"{mode}: {r}"
         assert "Omni layout" in results["omni"] and "sp_size=1" in results["omni"], results["omni"]
+
