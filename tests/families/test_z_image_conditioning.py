@@ -162,3 +162,21 @@ def test_the_csv_route_and_the_latents_route_give_identical_z_image_inputs(tiny_
         assert torch.equal(x, y) and text.keys() == stored.keys() == {"cap_feats", "cap_mask"}
         assert all(torch.equal(text[k], stored[k]) for k in text), f"row {i}"
     assert csv_data.objective(tuple(x.shape)).shift == latent_data.objective(tuple(x.shape)).shift == 3.0
+
+
+def test_the_family_route_refuses_z_image_text_and_names_the_pipeline_route(tiny_pipeline):
+    """``--family z_image`` would encode captions without Qwen3's chat template and from the last hidden
+    state: refused with the --pipeline route named."""
+    import os
+
+    import pytest
+
+    from opendit_lite.encoders.family_encoders import load_family_text_encoder
+    from opendit_lite.errors import ConfigError
+    from opendit_lite.families import find_family
+
+    folder = tiny_pipeline("z_image")
+    with pytest.raises(ConfigError, match="qwen3 text encoder.*extract the latents with scripts/extract_latents.py "
+                                          "--pipeline"):
+        load_family_text_encoder(find_family("zimage").encoding, os.path.join(folder, "text_encoder"), "the folder",
+                                 tokenizer_path=os.path.join(folder, "tokenizer"))

@@ -3,8 +3,10 @@
 shift_factor); captions by its Qwen3 text encoder (``text_encoder`` / ``tokenizer``), 512 tokens.
 
 The pipeline encodes the caption in Qwen3's chat template and reads the second-to-last hidden state,
-which the generic ``--family`` text encoder (last hidden state, no template) does not reproduce:
-extract Z-Image latents with ``scripts/extract_latents.py --pipeline`` (its own ``encode_prompt``).
+which the generic ``--family`` text encoder (last hidden state, no template) does not reproduce, so
+``--family z_image`` refuses its text encoder (``load_family_text_encoder``: no generic class for
+``qwen3``): extract Z-Image latents with ``scripts/extract_latents.py --pipeline`` (its own
+``encode_prompt``).
 """
 
 from ...encoders.family_encoders import FamilyEncoders
