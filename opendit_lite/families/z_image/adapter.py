@@ -1,5 +1,6 @@
 """Z-Image's adapter (diffusers' ``ZImageTransformer2DModel``): its forward inputs from a clip batch and
-the training recipe of its release's scheduler: flow matching, shift 3.
+its training recipe: flow matching with the shift of its release's scheduler, 3, and logit-normal
+training times (the release does not publish its time distribution; SD3's and Flux's is taken).
 
 The transformer takes lists, one entry per sample: the latents as [C, 1, h, w] and the caption
 states cut to the caption's real tokens ([L_i, W], no padding; ``ZImagePipeline._encode_prompt``
