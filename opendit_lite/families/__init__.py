@@ -1,6 +1,6 @@
 """The diffusers families trained today (Wan, HunyuanVideo, CogVideoX, LTX-Video, Flux, SD3, Z-Image): one
 folder per family (``opendit_lite/families/<family>/``) holding everything specific to it, found
-through one registry (``registry.py``). Importing this package registers the six families and fans
+through one registry (``registry.py``). Importing this package registers the families and fans
 their pieces out to the mechanisms that look them up (capabilities, sequence parallelism, fused
 AdaLN); every entry point that builds, parallelizes, plans or samples a model imports it.
 
