@@ -15,6 +15,10 @@ class WanAdapter(FamilyAdapter):
     def recipe(self, config, tokens):
         return Recipe("rflow", "uniform", 5.0)
 
+    def latent_channels(self, config):
+        # image-to-video transformers take the condition channels too (in_channels 36); they denoise out_channels
+        return int(config.get("out_channels") or config["in_channels"])
+
     def patch_size(self, config):
         return tuple(int(v) for v in config["patch_size"])
 
