@@ -192,7 +192,12 @@ def extract_pipeline(args, cfg) -> int:
     import torch.distributed as dist
     from torch.utils.data import DataLoader
 
-    from opendit_lite.builders.pipeline import PipelineEncoders, pipeline_folder
+    from opendit_lite.builders.pipeline import (
+        PipelineEncoders,
+        check_conditioning_rows,
+        conditioning_images,
+        pipeline_folder,
+    )
     from opendit_lite.data.video_csv import VideoCSVDataset
     from opendit_lite.data.video_latents import (
         PIPELINE_FORMAT,
@@ -203,10 +208,12 @@ def extract_pipeline(args, cfg) -> int:
     from opendit_lite.encoders.pipeline_folder import pipeline_fingerprint
 
     folder = pipeline_folder(cfg.model.pipeline)
+    conditioned = folder.conditioning.image_input != "none"
     try:
         csv = VideoCSVDataset(cfg.data.path, num_frames=cfg.data.num_frames or 1,
                               frame_interval=cfg.data.frame_interval, image_size=cfg.data.image_size or 1,
-                              random_start=False)
+                              random_start=False, images=conditioning_images(folder))
+        check_conditioning_rows(folder, cfg.data.path, csv.image_paths, csv.lines)
         sizes = _row_sizes(cfg, csv)
     except ValueError as e:
         raise ConfigError(f"the CSV {cfg.data.path!r}: {e}") from None
@@ -220,10 +227,12 @@ def extract_pipeline(args, cfg) -> int:
             groups.setdefault(sizes[i], []).append(i)
         os.makedirs(args.output, exist_ok=True)
         for size, members in groups.items():  # one pixel size per batch
-            loader = DataLoader(_Rows(csv, members, *size), batch_size=args.batch_size, num_workers=args.num_workers)
+            loader = DataLoader(_Rows(csv, members, *size), batch_size=args.batch_size, num_workers=args.num_workers,
+                                collate_fn=_collate_images if conditioned else None)
             try:
-                for index, clips, captions in loader:
-                    latents, text = encoders.encode(clips, list(captions))       # [B, C, T, h, w], {key: [B, ...]}
+                for index, clips, captions, *images in loader:  # images: per sample its conditioning images
+                    # latents [B, C, T, h, w], {key: [B, ...]}: text, and the images' inputs
+                    latents, text = encoders.encode(clips, list(captions), *images)
                     for j in range(len(index)):
                         save_pipeline_latents(args.output, int(index[j]), latents[j],
                                               {k: v[j] for k, v in text.items()}, captions[j])
@@ -264,8 +273,15 @@ class _Rows:
 
     def __getitem__(self, i):
         row = self.rows[i]
-        clip, caption = self.csv[(row, *self.size)]
-        return row, clip, caption
+        return (row, *self.csv[(row, *self.size)])  # (row, clip, caption[, conditioning images])
+
+
+def _collate_images(items):
+    """Batches of ``(row, clip, caption, images)``: the images as one list per sample (sizes may differ)."""
+    import torch
+
+    rows, clips, captions, images = zip(*items)
+    return torch.tensor(rows), torch.stack(clips), list(captions), [list(i) for i in images]
 
 
 def _family_name(args) -> str:

@@ -110,6 +110,9 @@ class VideoSampleConfig(BaseSampleConfig):
                                           "model.guidance where set)", at_least=0)
     prompts: Optional[List[str]] = _f(None, "captions to sample; None: prompt_file, or a few shapes captions")
     prompt_file: Optional[str] = _f(None, "text file with one prompt a line (used when prompts is empty)")
+    images: Optional[List[str]] = _f(None, "an image-conditioned run from model.pipeline (image-to-video, edit): "
+                                           "the conditioning image file of each prompt, in order (several for one "
+                                           "prompt separated by '|', as the CSV's image column)")
     batch_size: int = _f(8, "prompts per forward on each data-parallel rank", at_least=1)
     num_frames: Optional[int] = _f(None, "frames to sample (pixels, as data.buckets); None: the trained clip's",
                                    at_least=1)
@@ -162,9 +165,10 @@ class VideoTrainConfig(TrainConfig):
             return
         m.name = m.name or DEMO_MODEL
         t.kind = t.kind or "shapes"
-        t.max_length = t.max_length or DEMO_CAPTION_TOKENS
-        d.num_frames = d.num_frames or DEMO_FRAMES
-        d.image_size = d.image_size or DEMO_IMAGE_SIZE
+        # "is None", not "or": a 0 given is checked against the field's range (an error), not replaced
+        t.max_length = DEMO_CAPTION_TOKENS if t.max_length is None else t.max_length
+        d.num_frames = DEMO_FRAMES if d.num_frames is None else d.num_frames
+        d.image_size = DEMO_IMAGE_SIZE if d.image_size is None else d.image_size
         s.cfg_scale = DEFAULT_CFG_SCALE if s.cfg_scale is None else s.cfg_scale
 
 

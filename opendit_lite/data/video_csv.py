@@ -10,6 +10,14 @@ columns ``num_frames``, ``height`` and ``width`` give it; rows without them are 
 for videos, PIL for images, which count as 1-frame videos) and the result is cached next to the CSV
 in ``<csv>.shapes.json``, keyed by path, size and modification time. An index ``(i, T, H, W)`` then
 reads row i as a T-frame clip resized to cover H x W and centre-cropped to it.
+
+Image-conditioned pipelines (image-to-video, edit) read an optional ``image`` column: one file, or
+several separated by ``|`` (relative paths from the CSV's folder). ``ConditioningImages`` says how a
+dataset reads them: ``first_frame`` (image-to-video: the clip's own first frame as loaded, same resize
+and crop, unless the row names a file, which is then resized and cropped as the clip is) or
+``reference`` (edit: required, each resized to the size its pipeline resizes it to). Items are then
+``(clip, caption, images)``, ``images`` a list of [3, H, W] in [-1, 1]; ``collate_conditioned`` batches
+them (the images as one list per sample: references of one batch may differ in size).
 """
 
 import csv
@@ -17,7 +25,8 @@ import json
 import os
 import random
 import sys
-from typing import Dict, List, Optional, Tuple
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -27,11 +36,21 @@ IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
 SHAPE_COLUMNS = ("num_frames", "height", "width")
 
 
+IMAGE_COLUMN = "image"
+
+
 def read_video_csv(path: str) -> List[Tuple[str, str]]:
     """Rows (video path, caption); the header must have ``path`` and ``text`` (Open-Sora's names).
 
     A cheap scan, no decoding: rows without a path or whose file is missing or empty are dropped
     with a warning; an empty caption is kept as "" (the model learns it like the null caption)."""
+    return [(video, caption) for video, caption, _, _ in read_conditioned_csv(path)]
+
+
+def read_conditioned_csv(path: str) -> List[Tuple[str, str, Tuple[str, ...], int]]:
+    """Rows (video path, caption, conditioning image paths, CSV line) as ``read_video_csv`` keeps them:
+    the ``image`` column's files (``|``-separated, resolved from the CSV's folder; () when the column is
+    absent or empty)."""
     if not os.path.isfile(path):
         raise ValueError(f"{path} is not a file: point data.path at a CSV file with 'path' and 'text' columns")
     try:
@@ -42,8 +61,8 @@ def read_video_csv(path: str) -> List[Tuple[str, str]]:
                          f"UTF-8") from None
 
 
-def _read_rows(path: str, f) -> List[Tuple[str, str]]:
-    """The rows of the open CSV ``f`` (see ``read_video_csv``)."""
+def _read_rows(path: str, f) -> List[Tuple[str, str, Tuple[str, ...], int]]:
+    """The rows of the open CSV ``f`` (see ``read_conditioned_csv``)."""
     reader = csv.DictReader(f)
     if not reader.fieldnames or not {"path", "text"} <= set(reader.fieldnames):
         raise ValueError(f"{path}: the CSV needs a header with 'path' and 'text' columns, got {reader.fieldnames}")
@@ -58,7 +77,8 @@ def _read_rows(path: str, f) -> List[Tuple[str, str]]:
         caption = (row.get("text") or "").strip()
         if not caption:
             uncaptioned.append(line)
-        rows.append((full, caption))
+        images = tuple(name.strip() for name in (row.get(IMAGE_COLUMN) or "").split("|") if name.strip())
+        rows.append((full, caption, tuple(p if os.path.isabs(p) else os.path.join(root, p) for p in images), line))
     if dropped:
         print(f"warning: {path}: skipping {len(dropped)} row(s) whose video is missing or empty, e.g. {dropped[0]}",
               file=sys.stderr)
@@ -155,12 +175,54 @@ def resize_center_crop(frames: torch.Tensor, size: int, width: Optional[int] = N
     return x[..., top:top + height, left:left + width].permute(1, 0, 2, 3).clamp(-1, 1)  # [3, T, h, w]
 
 
+@dataclass(frozen=True)
+class ConditioningImages:
+    """How a dataset reads its rows' conditioning images: ``mode`` "first_frame" (image-to-video) or
+    "reference" (edit: required, at most ``max_images`` per row, each resized to
+    ``reference_size(height, width)``, the size its pipeline resizes it to)."""
+
+    mode: str
+    max_images: int = 1
+    reference_size: Optional[Callable[[int, int], Tuple[int, int]]] = None
+
+
+def load_image(path: str) -> torch.Tensor:
+    """An image file as uint8 [1, H, W, 3] (a 1-frame clip); a ValueError naming it when it cannot be read."""
+    try:
+        return decode_frames(path)[:1]  # a video file gives its first frame
+    except (OSError, SyntaxError, ValueError) as e:
+        raise ValueError(f"{path}: cannot be read as an image ({type(e).__name__}: {e})") from None
+
+
+def resize_exact(image: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """uint8 [1, H, W, 3] -> float [3, height, width] in [-1, 1], resized without cropping (Lanczos, as
+    diffusers' image processors resize a reference image)."""
+    import numpy as np
+    from PIL import Image
+
+    pil = Image.fromarray(image[0].numpy()).resize((width, height), resample=Image.LANCZOS)
+    return torch.from_numpy(np.array(pil)).permute(2, 0, 1).float() / 127.5 - 1                 # [3, h, w]
+
+
+def collate_conditioned(items: Sequence) -> list:
+    """A batch of ``(index, (clip, caption, images))`` -> ``[indices [B], (clips [B, 3, T, H, W],
+    captions, images: one list per sample)]``."""
+    indices = torch.tensor([index for index, _ in items])
+    clips = torch.stack([item[0] for _, item in items])
+    return [indices, (clips, [item[1] for _, item in items], [list(item[2]) for _, item in items])]
+
+
 class VideoCSVDataset(Dataset):
-    """item = (clip [3, T, S, S], caption)."""
+    """item = (clip [3, T, S, S], caption), or with ``images`` (``ConditioningImages``) (clip, caption,
+    conditioning images: a list of [3, H, W] in [-1, 1])."""
 
     def __init__(self, csv_path: str, num_frames: int = 16, frame_interval: int = 3, image_size: int = 256,
-                 random_start: bool = True):
-        self.csv_path, self.rows = csv_path, read_video_csv(csv_path)
+                 random_start: bool = True, images: Optional[ConditioningImages] = None):
+        rows = read_conditioned_csv(csv_path)
+        self.csv_path, self.rows = csv_path, [(video, caption) for video, caption, _, _ in rows]
+        self.image_paths = [paths for _, _, paths, _ in rows]
+        self.lines = [line for _, _, _, line in rows]
+        self.images = images
         self._sample_shapes: Optional[List[Tuple[int, int, int]]] = None
         self.num_frames, self.frame_interval = num_frames, frame_interval
         self.image_size, self.random_start = image_size, random_start
@@ -191,5 +253,21 @@ class VideoCSVDataset(Dataset):
             raise ValueError(f"{path}: {frames.shape[0]} frames, fewer than the {span} needed for "
                              f"num_frames={num_frames} at frame_interval={self.frame_interval}")
         start = random.randint(0, frames.shape[0] - span) if self.random_start else 0
-        clip = frames[start:start + span:self.frame_interval]
-        return resize_center_crop(clip, height, width), caption
+        clip = resize_center_crop(frames[start:start + span:self.frame_interval], height, width)   # [3, T, H, W]
+        if self.images is None:
+            return clip, caption
+        return clip, caption, self._conditioning_images(index, clip)
+
+    def _conditioning_images(self, index: int, clip: torch.Tensor) -> List[torch.Tensor]:
+        """Row ``index``'s conditioning images, each [3, H, W] in [-1, 1] (module docstring)."""
+        paths = self.image_paths[index]
+        if self.images.mode == "first_frame":
+            if not paths:
+                return [clip[:, 0]]                                                    # [3, H, W]
+            return [resize_center_crop(load_image(paths[0]), *clip.shape[-2:])[:, 0]]
+        references = []
+        for path in paths:
+            image = load_image(path)                                                    # [1, H, W, 3]
+            height, width = self.images.reference_size(image.shape[1], image.shape[2])
+            references.append(resize_exact(image, height, width))
+        return references

@@ -24,7 +24,9 @@ class TrainingData:
     objective of a batch of clean inputs of that shape (a shift per bucket: the token-count shift of
     Flux and LTX-Video), else the config's; ``denoiser(model, wrapped)``, when given, is what the
     objective calls, in place of the spec's (a run from a pipeline folder, whose denoiser holds what the
-    data encoded once: the pipeline's unconditional text)."""
+    data encoded once: the pipeline's unconditional text); ``collate``, when given, batches the loader's
+    ``(index, item)`` pairs in place of torch's default (items with a list of conditioning images of
+    several sizes)."""
 
     dataset: Any
     # loader batch -> (x [B, ...] the clean input of the objective, extra model keyword arguments)
@@ -33,6 +35,7 @@ class TrainingData:
     loss_weight: Optional[Callable[[Any], float]] = None
     objective: Optional[Callable[[Tuple[int, ...]], Any]] = None
     denoiser: Optional[Callable[[nn.Module, nn.Module], Callable]] = None
+    collate: Optional[Callable[[Any], Any]] = None
 
 
 @dataclass(frozen=True)

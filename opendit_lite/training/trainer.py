@@ -72,7 +72,8 @@ def train(spec: TrainerSpec, cfg, info) -> str:
         batch_sampler = data.batch_sampler(model, plugin.dp_rank, plugin.dp_size, info.world_size, log,
                                            precision=plugin.precision)
     # Batches are [dataset indices, loader batch]: a sample's draws are keyed by its index (see batch_loss).
-    state = build_train_state(cfg, plugin, booster, model, IndexedDataset(data.dataset), batch_sampler)
+    state = build_train_state(cfg, plugin, booster, model, IndexedDataset(data.dataset), batch_sampler,
+                              collate=data.collate)
     # Anything else random (data augmentation) draws from one stream per data-parallel rank, which
     # the ranks of a sequence-parallel group share.
     seed_everything(cfg.global_seed, plugin.dp_rank, plugin.dp_size)
