@@ -76,6 +76,10 @@ class WanImageToVideoConditioning(WanConditioning):
         clean_prompts_without_ftfy()
         return super().encode_text(pipe, prompts)
 
+    def call_images(self, images):
+        clean_prompts_without_ftfy()  # the pipeline's own __call__ (sampling) cleans prompts too
+        return super().call_images(images)
+
     def encode_images(self, pipe, images: Sequence[Sequence[torch.Tensor]],
                       clip_shape: Tuple[int, int, int]) -> Dict[str, torch.Tensor]:
         frames, height, width = clip_shape

@@ -1,7 +1,7 @@
 """Tiny random pipelines of Wan's released layouts, for tests and ``scripts/make_tiny_pipeline.py``:
 Wan 2.1 text-to-video (``wan``), Wan 2.2 A14B with its two experts (``wan22``), Wan 2.1 image-to-video
 with its CLIP image encoder (``wan_i2v``), Wan 2.2 I2V-A14B (``wan22_i2v``) and Wan 2.2 TI2V-5B with
-its 48-channel VAE (``wan_ti2v``)."""
+its 48-channel VAE (``wan_ti2v``; as image-to-video: ``wan_ti2v_i2v``)."""
 
 import torch
 
@@ -118,8 +118,19 @@ def build_wan_ti2v(seed: int = 0):
     return WanPipeline(transformer=transformer, expand_timesteps=True, scheduler=_unipc_flow(5.0), **parts)
 
 
+def build_wan_ti2v_i2v(seed: int = 0):
+    """The TI2V-5B folder as ``WanImageToVideoPipeline`` (its image-to-video; the folder a run trains
+    image-to-video from: the release's components under that pipeline class, ``expand_timesteps`` kept)."""
+    from diffusers import WanImageToVideoPipeline
+
+    clean_prompts_without_ftfy()
+    return WanImageToVideoPipeline(**build_wan_ti2v(seed).components, expand_timesteps=True)
+
+
 TINY = (TinyPipeline("wan", build_wan, dict(height=32, width=32, num_frames=5, num_inference_steps=2)),
         TinyPipeline("wan22", build_wan22, dict(height=32, width=32, num_frames=5, num_inference_steps=3)),
         TinyPipeline("wan_i2v", build_wan_i2v, dict(height=32, width=32, num_frames=5, num_inference_steps=2)),
         TinyPipeline("wan22_i2v", build_wan22_i2v, dict(height=32, width=32, num_frames=5, num_inference_steps=3)),
-        TinyPipeline("wan_ti2v", build_wan_ti2v, dict(height=32, width=32, num_frames=5, num_inference_steps=2)))
+        TinyPipeline("wan_ti2v", build_wan_ti2v, dict(height=32, width=32, num_frames=5, num_inference_steps=2)),
+        TinyPipeline("wan_ti2v_i2v", build_wan_ti2v_i2v, dict(height=32, width=32, num_frames=5,
+                                                              num_inference_steps=2)))
