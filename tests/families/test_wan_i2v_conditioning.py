@@ -213,3 +213,48 @@ def test_a_training_step_from_a_csv_feeds_what_the_pipeline_feeds(name, tiny_pip
     kept = error[:, :, 1:] if name == "wan_ti2v_i2v" else error
     torch.testing.assert_close(loss, kept.mean(), rtol=1e-6, atol=0)
     assert (name == "wan_ti2v_i2v") == (denoiser.loss_mask(x0) is not None)
+
+
+@pytest.mark.parametrize("name", ["wan_i2v", "wan22_i2v"])
+def test_lora_exports_load_into_the_image_to_video_pipeline_without_warnings(name, tiny_pipeline, tmp_path):
+    """The adapters of each trained expert, written as a run exports them (``export_lora``: the family's
+    LoRA format; A14B's second expert in transformer_2/), load with ``WanImageToVideoPipeline.load_lora_weights``
+    with no warning from diffusers or peft and give the trained experts' outputs (Wan 2.1 I2V's image
+    cross-attention projections, not trained, get zero adapters from diffusers' own expansion)."""
+    import os
+
+    from diffusers import WanImageToVideoPipeline
+
+    from opendit_lite.interop import export_lora
+    from opendit_lite.parallelization import parallelize
+    from tests.diffusers_families import randomize_adapters
+    from tests.video_scripts.test_lora_export import LoadLog
+
+    folder = tiny_pipeline(name)
+    trained = WanImageToVideoPipeline.from_pretrained(folder)
+    experts = [c for c in ("transformer", "transformer_2") if getattr(trained, c) is not None]
+    out = str(tmp_path / "lora")
+    for i, component in enumerate(experts):
+        model = getattr(trained, component)
+        parallelize(model, lora_rank=4, lora_alpha=8.0)
+        randomize_adapters(model, seed=2 + i)
+        export_lora(model.eval(), out if component == "transformer" else os.path.join(out, component))
+    pipe = WanImageToVideoPipeline.from_pretrained(folder)
+    with LoadLog() as log:
+        pipe.load_lora_weights(out)
+        if "transformer_2" in experts:
+            pipe.load_lora_weights(os.path.join(out, "transformer_2"), load_into_transformer_2=True)
+    assert not log.text(), log.text()
+
+    g = torch.Generator().manual_seed(0)
+    config = pipe.transformer.config
+    inputs = dict(hidden_states=torch.randn(1, 36, 2, 4, 4, generator=g), timestep=torch.tensor([500.0]),
+                  encoder_hidden_states=torch.randn(1, 8, config.text_dim, generator=g),
+                  encoder_hidden_states_image=torch.randn(1, 17, config.image_dim, generator=g)
+                  if config.image_dim else None, return_dict=False)
+    base = WanImageToVideoPipeline.from_pretrained(folder)
+    with torch.no_grad():
+        for component in experts:
+            got, want = getattr(pipe, component)(**inputs)[0], getattr(trained, component)(**inputs)[0]
+            untrained = getattr(base, component)(**inputs)[0]
+            assert (got - want).abs().max() < 1e-5 and (want - untrained).abs().max() > 1e-4, component

@@ -26,7 +26,10 @@ FAMILY = register_family(Family(
     pipeline="WanPipeline",
     module="diffusers.models.transformers.transformer_wan",
     block_lists=("blocks",),
-    lora_targets=ATTENTION + ("ffn.net.0.proj", "ffn.net.2"),
+    # add_k_proj / add_v_proj: Wan 2.1 I2V's image cross-attention (its CLIP states' keys and values; no such
+    # layers elsewhere). Adapted with the rest, so that its LoRA file holds them, as load_lora_weights expects
+    # of an image-to-video LoRA (else diffusers adds zero adapters there and peft warns of the mismatch).
+    lora_targets=ATTENTION + ("add_k_proj", "add_v_proj", "ffn.net.0.proj", "ffn.net.2"),
     adapter=WanAdapter(),
     sp_spec=SP_SPEC,
     fused_norms=FUSED_NORMS,
