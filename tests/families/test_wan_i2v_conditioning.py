@@ -258,3 +258,22 @@ def test_lora_exports_load_into_the_image_to_video_pipeline_without_warnings(nam
             got, want = getattr(pipe, component)(**inputs)[0], getattr(trained, component)(**inputs)[0]
             untrained = getattr(base, component)(**inputs)[0]
             assert (got - want).abs().max() < 1e-5 and (want - untrained).abs().max() > 1e-4, component
+
+
+def test_outside_its_pipeline_an_image_to_video_transformer_is_planned_but_not_trained():
+    """The family route (model.path: no pipeline, no images) refuses to train Wan 2.1 I2V's transformer;
+    the planner's meta-device forwards get its condition channels and CLIP states as zeros of their shapes."""
+    from diffusers import WanTransformer3DModel
+
+    from opendit_lite.errors import ConfigError
+    from opendit_lite.families.wan.tiny import _WAN_TRANSFORMER
+
+    config = dict(_WAN_TRANSFORMER, in_channels=36, out_channels=16, image_dim=16, added_kv_proj_dim=24)
+    adapter = FAMILIES["wan"].adapter
+    assert adapter.latent_channels(config) == 16
+    with torch.device("meta"):
+        model = WanTransformer3DModel(**config)
+        x, states = torch.zeros(1, 16, 2, 4, 4), torch.zeros(1, 8, 32)
+        assert adapter.forward(model, config, x, torch.ones(1), states, None, None).shape == x.shape
+    with pytest.raises(ConfigError, match="image-to-video transformer: it trains on the images its pipeline"):
+        adapter.forward(model, config, torch.zeros(1, 16, 2, 4, 4), torch.ones(1), torch.zeros(1, 8, 32), None, None)
