@@ -261,6 +261,31 @@ def test_lora_exports_load_into_the_image_to_video_pipeline_without_warnings(nam
             assert (want - untrained[component]).abs().max() > 1e-4, component
 
 
+def test_sampling_calls_the_image_to_video_pipeline_with_each_prompts_image(tiny_pipeline, clips, tmp_path):
+    """sample.images reaches the pipeline's __call__ (its prompt by keyword: the image comes first in
+    WanImageToVideoPipeline's signature): the sampled clip is the pipeline's own for that image and noise."""
+    from diffusers import WanImageToVideoPipeline
+
+    from opendit_lite.diffusion.sampling_utils import SampleGenerators
+    from opendit_lite.sampling import sampling_ranks
+    from opendit_lite.sampling.pipeline_sampling import pipeline_batches, pipeline_pixels
+    from tests.pipeline_runs import pipeline_config, write_image
+
+    folder, call = tiny_pipeline("wan22_i2v"), TINY_CALLS["wan22_i2v"]
+    image = write_image(tmp_path / "first.png", call["height"], call["width"], seed=3)
+    cfg = pipeline_config(folder, clips, call, str(tmp_path), f"sample.images=[{image}]", "sample.prompts=[" + CAPTION
+                          + "]", "sample.num_sampling_steps=3", "sample.seed=5")
+    pipe = WanImageToVideoPipeline.from_pretrained(folder)
+    with sampling_ranks(1) as ranks:
+        (indices, sampled), = list(pipeline_batches(pipe, cfg, [CAPTION], ranks))
+    import PIL.Image
+
+    with torch.no_grad():
+        direct = pipe(image=PIL.Image.open(image).convert("RGB"), prompt=CAPTION, output_type="pt",
+                      generator=SampleGenerators(5, range(1)).generators, **call)
+    assert list(indices) == [0] and torch.equal(sampled, pipeline_pixels(direct).float())
+
+
 def test_outside_its_pipeline_an_image_to_video_transformer_is_planned_but_not_trained():
     """The family route (model.path: no pipeline, no images) refuses to train Wan 2.1 I2V's transformer;
     the planner's meta-device forwards get its condition channels and CLIP states as zeros of their shapes."""
