@@ -27,6 +27,7 @@ from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 import torch
 import torch.nn as nn
 
+from ..data.media_folders import MEDIA_DATA_TYPES
 from ..data.video_latents import PIPELINE_FORMAT, video_latent_meta
 from ..encoders.family_encoders import encode_family_latents
 from ..encoders.pipeline_folder import (
@@ -167,7 +168,7 @@ def _resolve_sizes(cfg, folder: PipelineFolder, pipe) -> None:
                               f"data.num_frames (and frames from data.buckets).")
         d.num_frames = 1
     shapes = [(b.get("frames", 1), b.get("height"), b.get("width")) for b in d.buckets or []]
-    if d.type == "csv" and not d.buckets:
+    if d.type in MEDIA_DATA_TYPES and not d.buckets:
         if d.num_frames is None:
             raise ConfigError(f"data.num_frames is not set: give the frames per clip to train {family.class_name} on "
                               f"({ratio} x n + 1, e.g. {ratio * 4 + 1}), or data.buckets.")
@@ -326,58 +327,60 @@ def pipeline_csv_dataset(cfg, folder: PipelineFolder):
     its pipeline takes (``data.video_csv.ConditioningImages``), the rows checked first: an image for a
     text-only pipeline, an edit row without one, more than the pipeline takes, a missing or unreadable
     file are refused naming the rows."""
-    from ..data.video_csv import VideoCSVDataset
+    from ..data.video_csv import media_dataset
 
     d = cfg.data
     try:
-        dataset = VideoCSVDataset(d.path, num_frames=d.num_frames, frame_interval=d.frame_interval,
-                                  image_size=d.image_size, images=conditioning_images(folder))
+        dataset = media_dataset(d.type, d.path, d.num_frames, d.frame_interval, d.image_size,
+                                images=conditioning_images(folder), require_captions=d.require_captions)
     except ValueError as e:
         raise ConfigError(f"'data.path': {e}.") from None
-    check_conditioning_rows(folder, d.path, dataset.image_paths, dataset.lines)
+    check_conditioning_rows(folder, d.path, dataset.image_paths, dataset.where)
     return dataset
 
 
-def _lines(lines: Sequence[int]) -> str:
-    return ", ".join(map(str, lines[:10])) + (f" and {len(lines) - 10} more" if len(lines) > 10 else "")
+def _rows(where: Sequence[str]) -> str:
+    return ", ".join(where[:10]) + (f" and {len(where) - 10} more" if len(where) > 10 else "")
 
 
 def check_conditioning_rows(folder: PipelineFolder, csv: str, image_paths: Sequence[Tuple[str, ...]],
-                            lines: Sequence[int]) -> None:
-    """A ConfigError naming the CSV lines whose ``image`` column the pipeline of ``folder`` cannot take."""
+                            where: Sequence[str]) -> None:
+    """A ConfigError naming the rows (``where``: "line 7" of a CSV, or a folder dataset's media file) whose
+    conditioning images the pipeline of ``folder`` cannot take; ``csv``: the data, for the message."""
     c, name = folder.conditioning, folder.pipeline_class
+    lines = where
     given = [line for line, paths in zip(lines, image_paths) if paths]
     if c.image_input == "none" and given:
         image_pipelines = [v.pipeline for v in folder.family.variants if v.conditioning.image_input != "none"]
         also = f" (the {folder.family.name} family's image-conditioned pipelines: {', '.join(image_pipelines)})" \
             if image_pipelines else ""
-        raise ConfigError(f"{csv}: {len(given)} row(s) name a conditioning image in the 'image' column (line(s) "
-                          f"{_lines(given)}), but {name} is a text-only pipeline and would ignore it: remove the "
+        raise ConfigError(f"{csv}: {len(given)} row(s) name a conditioning image in the 'image' column (rows: "
+                          f"{_rows(given)}), but {name} is a text-only pipeline and would ignore it: remove the "
                           f"'image' column, or train an image-conditioned pipeline's folder{also}.")
     if c.image_input == "reference":
         missing = [line for line, paths in zip(lines, image_paths) if not paths]
         if missing:
-            raise ConfigError(f"{csv}: {len(missing)} row(s) have no reference image (line(s) {_lines(missing)}), "
+            raise ConfigError(f"{csv}: {len(missing)} row(s) have no reference image (rows: {_rows(missing)}), "
                               f"which {name} edits: give each row its reference image in the 'image' column "
                               f"(several separated by '|'), or remove the rows.")
     most = max(1, c.max_images)
     many = [line for line, paths in zip(lines, image_paths) if len(paths) > most]
     if many:
         raise ConfigError(f"{csv}: {len(many)} row(s) name more conditioning images than the {most} {name} takes "
-                          f"(line(s) {_lines(many)}): keep at most {most} per row.")
+                          f"(rows: {_rows(many)}): keep at most {most} per row.")
     from PIL import Image, UnidentifiedImageError
 
     for line, paths in zip(lines, image_paths):
         for path in paths:
             if not os.path.isfile(path):
-                raise ConfigError(f"{csv} line {line}: the conditioning image {path!r} does not exist: fix the "
+                raise ConfigError(f"{csv}, {line}: the conditioning image {path!r} does not exist: fix the "
                                   f"'image' column (paths are relative to the CSV's folder) or remove the row.")
             if path.lower().endswith((".png", ".jpg", ".jpeg", ".webp", ".bmp")):
                 try:
                     with Image.open(path) as im:
                         im.verify()  # the header and the file's structure (no full decode)
                 except (OSError, UnidentifiedImageError, SyntaxError) as e:
-                    raise ConfigError(f"{csv} line {line}: the conditioning image {path!r} cannot be decoded "
+                    raise ConfigError(f"{csv}, {line}: the conditioning image {path!r} cannot be decoded "
                                       f"({type(e).__name__}: {e}): replace the file or remove the row.") from None
 
 

@@ -32,6 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
+from .media_folders import MediaRow, folder_entries, read_media_folders
+
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
 SHAPE_COLUMNS = ("num_frames", "height", "width")
 
@@ -44,13 +46,13 @@ def read_video_csv(path: str) -> List[Tuple[str, str]]:
 
     A cheap scan, no decoding: rows without a path or whose file is missing or empty are dropped
     with a warning; an empty caption is kept as "" (the model learns it like the null caption)."""
-    return [(video, caption) for video, caption, _, _ in read_conditioned_csv(path)]
+    return [(row.path, row.caption) for row in read_conditioned_csv(path)]
 
 
-def read_conditioned_csv(path: str) -> List[Tuple[str, str, Tuple[str, ...], int]]:
-    """Rows (video path, caption, conditioning image paths, CSV line) as ``read_video_csv`` keeps them:
-    the ``image`` column's files (``|``-separated, resolved from the CSV's folder; () when the column is
-    absent or empty)."""
+def read_conditioned_csv(path: str) -> List[MediaRow]:
+    """The rows ``read_video_csv`` keeps with their conditioning images (the ``image`` column's files,
+    ``|``-separated, resolved from the CSV's folder; () when the column is absent or empty) and their
+    CSV line."""
     if not os.path.isfile(path):
         raise ValueError(f"{path} is not a file: point data.path at a CSV file with 'path' and 'text' columns")
     try:
@@ -61,7 +63,7 @@ def read_conditioned_csv(path: str) -> List[Tuple[str, str, Tuple[str, ...], int
                          f"UTF-8") from None
 
 
-def _read_rows(path: str, f) -> List[Tuple[str, str, Tuple[str, ...], int]]:
+def _read_rows(path: str, f) -> List[MediaRow]:
     """The rows of the open CSV ``f`` (see ``read_conditioned_csv``)."""
     reader = csv.DictReader(f)
     if not reader.fieldnames or not {"path", "text"} <= set(reader.fieldnames):
@@ -78,7 +80,8 @@ def _read_rows(path: str, f) -> List[Tuple[str, str, Tuple[str, ...], int]]:
         if not caption:
             uncaptioned.append(line)
         images = tuple(name.strip() for name in (row.get(IMAGE_COLUMN) or "").split("|") if name.strip())
-        rows.append((full, caption, tuple(p if os.path.isabs(p) else os.path.join(root, p) for p in images), line))
+        images = tuple(p if os.path.isabs(p) else os.path.join(root, p) for p in images)
+        rows.append(MediaRow(full, caption, images, f"line {line}"))
     if dropped:
         print(f"warning: {path}: skipping {len(dropped)} row(s) whose video is missing or empty, e.g. {dropped[0]}",
               file=sys.stderr)
@@ -127,21 +130,36 @@ def read_sample_shapes(csv_path: str, frame_interval: int = 1,
             if len(selected) < len(kept) and path == kept[len(selected)]:
                 selected.append((row, path))
         resolved = selected
-    cache_path = csv_path + ".shapes.json"
-    cache: Dict[str, list] = json.load(open(cache_path)) if os.path.exists(cache_path) else {}
+    given = [tuple(int(row[c]) for c in SHAPE_COLUMNS) if all(row.get(c) not in (None, "") for c in SHAPE_COLUMNS)
+             else None for row, _ in resolved]
+    return probe_shapes([path for _, path in resolved], frame_interval, csv_path + ".shapes.json", given)
+
+
+def probe_shapes(paths: Sequence[str], frame_interval: int, cache_path: Optional[str],
+                 given: Optional[Sequence[Optional[Tuple[int, int, int]]]] = None) -> List[Tuple[int, int, int]]:
+    """Each file's (frames at ``frame_interval``, height, width): ``given`` where not None, else probed
+    once and cached in ``cache_path`` (keyed by path, size and modification time; None, or a folder
+    that cannot be written: not cached)."""
+    cache: Dict[str, list] = {}
+    if cache_path and os.path.exists(cache_path):
+        with open(cache_path) as f:
+            cache = json.load(f)
     shapes, probed = [], False
-    for row, path in resolved:
-        if all(row.get(c) not in (None, "") for c in SHAPE_COLUMNS):
-            shapes.append(tuple(int(row[c]) for c in SHAPE_COLUMNS))
+    for i, path in enumerate(paths):
+        if given is not None and given[i] is not None:
+            shapes.append(tuple(given[i]))
             continue
         st = os.stat(path)
         key = f"{path}|{st.st_size}|{int(st.st_mtime)}|{frame_interval}"
         if key not in cache:
             cache[key], probed = list(probe_shape(path, frame_interval)), True
         shapes.append(tuple(cache[key]))
-    if probed:
-        with open(cache_path, "w") as f:
-            json.dump(cache, f)
+    if probed and cache_path:
+        try:
+            with open(cache_path, "w") as f:
+                json.dump(cache, f)
+        except OSError:  # a read-only data folder: probed again next time
+            pass
     return shapes
 
 
@@ -216,13 +234,16 @@ class VideoCSVDataset(Dataset):
     """item = (clip [3, T, S, S], caption), or with ``images`` (``ConditioningImages``) (clip, caption,
     conditioning images: a list of [3, H, W] in [-1, 1])."""
 
-    def __init__(self, csv_path: str, num_frames: int = 16, frame_interval: int = 3, image_size: int = 256,
-                 random_start: bool = True, images: Optional[ConditioningImages] = None):
-        rows = read_conditioned_csv(csv_path)
-        self.csv_path, self.rows = csv_path, [(video, caption) for video, caption, _, _ in rows]
-        self.image_paths = [paths for _, _, paths, _ in rows]
-        self.lines = [line for _, _, _, line in rows]
-        self.images = images
+    def __init__(self, csv_path: Optional[str], num_frames: int = 16, frame_interval: int = 3, image_size: int = 256,
+                 random_start: bool = True, images: Optional[ConditioningImages] = None,
+                 rows: Optional[Sequence[MediaRow]] = None, shapes_cache: Optional[str] = None):
+        """``csv_path``: the CSV to read; or None and ``rows`` read elsewhere (``data.media_folders``),
+        their probed sizes cached in ``shapes_cache``."""
+        rows = read_conditioned_csv(csv_path) if rows is None else list(rows)
+        self.csv_path, self.rows = csv_path, [(row.path, row.caption) for row in rows]
+        self.image_paths = [row.images for row in rows]
+        self.where = [row.where for row in rows]  # "line 7" of the CSV, or the media file
+        self.images, self.shapes_cache = images, shapes_cache
         self._sample_shapes: Optional[List[Tuple[int, int, int]]] = None
         self.num_frames, self.frame_interval = num_frames, frame_interval
         self.image_size, self.random_start = image_size, random_start
@@ -233,6 +254,8 @@ class VideoCSVDataset(Dataset):
     @property
     def sample_shapes(self) -> List[Tuple[int, int, int]]:
         """Each row's own (frames at frame_interval, height, width); read or probed on first use."""
+        if self._sample_shapes is None and self.csv_path is None:
+            self._sample_shapes = probe_shapes([path for path, _ in self.rows], self.frame_interval, self.shapes_cache)
         if self._sample_shapes is None:
             self._sample_shapes = read_sample_shapes(
                 self.csv_path, self.frame_interval, kept=[path for path, _ in self.rows])
@@ -271,3 +294,17 @@ class VideoCSVDataset(Dataset):
             height, width = self.images.reference_size(image.shape[1], image.shape[2])
             references.append(resize_exact(image, height, width))
         return references
+
+
+def media_dataset(kind: str, path, num_frames: int, frame_interval: int, image_size: int, random_start: bool = True,
+                  images: Optional[ConditioningImages] = None, require_captions: bool = False) -> VideoCSVDataset:
+    """The dataset of captioned media ``data.type`` ``kind`` reads: a CSV (``path`` its file) or folders of
+    media and caption files (``path`` a folder or a list of entries, ``data.media_folders``; the probed
+    sizes cached in the first folder's ``.shapes.json``)."""
+    if kind == "csv":
+        return VideoCSVDataset(path, num_frames=num_frames, frame_interval=frame_interval, image_size=image_size,
+                               random_start=random_start, images=images)
+    rows = read_media_folders(path, require_captions)
+    cache = os.path.join(folder_entries(path)[0].path, ".shapes.json")
+    return VideoCSVDataset(None, num_frames=num_frames, frame_interval=frame_interval, image_size=image_size,
+                           random_start=random_start, images=images, rows=rows, shapes_cache=cache)

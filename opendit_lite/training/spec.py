@@ -52,7 +52,8 @@ class TrainerSpec:
     (None: the family has no evaluation); ``finish(cfg, checkpoint, run_dir)`` runs on every rank
     after the last step with the final checkpoint (a diffusers family's export); ``objective(cfg)``
     builds the training objective (None: ``builders.objective.build_training_objective``; the video
-    trainer's restricts the times of one trained expert to its noise range).
+    trainer's restricts the times of one trained expert to its noise range); ``sampler(cfg, log)``
+    builds the hook run after each saved checkpoint for ``sample.every`` (None: the trainer has none).
     """
 
     name: str
@@ -66,3 +67,4 @@ class TrainerSpec:
     evaluator: Optional[Callable[[Any, Any], Optional[Callable[[int, str], None]]]] = None
     finish: Optional[Callable[[Any, str, str], None]] = None
     objective: Optional[Callable[[Any], Any]] = None
+    sampler: Optional[Callable[[Any, Any], Optional[Callable[[int, str], None]]]] = None

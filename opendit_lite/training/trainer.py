@@ -44,7 +44,9 @@ def train(spec: TrainerSpec, cfg, info) -> str:
     run_dir = os.path.join(cfg.results_dir, cfg.exp_name)
     log = MetricsLogger(run_dir, enabled=info.is_main, loggers=cfg.logger, run_name=cfg.exp_name,
                         config=to_dict(cfg))
-    after_save = evaluation_hook(spec, cfg, log)  # eval_every: checked before anything is built
+    # after each checkpoint: eval_every's evaluation, sample.every's samples (checked before anything is built)
+    hooks = [evaluation_hook(spec, cfg, log), spec.sampler(cfg, log) if spec.sampler is not None else None]
+    after_save = chain_hooks([hook for hook in hooks if hook is not None])
 
     plugin, booster = build_booster(cfg, info)  # first: it builds the mesh sequence parallelism needs
     seed_everything(cfg.global_seed, 0, 1)  # the same model initialisation on every rank
@@ -116,6 +118,18 @@ def train(spec: TrainerSpec, cfg, info) -> str:
                                use_ema=cfg.ema.enable, lora=to_dict(cfg.lora))
         print(f"wrote the merged LoRA weights to {merged} (sample.ckpt={merged} or init_from={merged})")
     return path
+
+
+def chain_hooks(hooks):
+    """One ``after_save(step, checkpoint)`` running ``hooks`` in order (None when there are none)."""
+    if not hooks:
+        return None
+
+    def after_save(step: int, checkpoint: str) -> None:
+        for hook in hooks:
+            hook(step, checkpoint)
+
+    return after_save
 
 
 def evaluation_hook(spec: TrainerSpec, cfg, log):

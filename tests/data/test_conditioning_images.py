@@ -41,7 +41,7 @@ def media(tmp_path_factory):
 def test_the_image_column_is_read_per_row_resolved_from_the_csv_folder(media):
     rows = read_conditioned_csv(_csv(media, [("clip.mp4", "one", "a.png|b.png"), ("clip.mp4", "two", "")]))
     assert [r[2] for r in rows] == [(str(media / "a.png"), str(media / "b.png")), ()]
-    assert [r[3] for r in rows] == [2, 3]  # the CSV lines, for errors naming the rows
+    assert [r.where for r in rows] == ["line 2", "line 3"]  # the CSV lines, for errors naming the rows
 
 
 def test_first_frame_is_the_clip_as_loaded_or_the_named_file_cropped_as_the_clip(media):
@@ -75,9 +75,9 @@ def test_rows_a_pipeline_cannot_take_are_refused_naming_the_lines(media, tiny_pi
 
     folder = pipeline_folder(tiny_pipeline("flux"))
     paths = [(str(media / "a.png"),), ()]
-    text_only = r"1 row\(s\) name a conditioning image .*line\(s\) 2\), but FluxPipeline is a text-only"
+    text_only = r"1 row\(s\) name a conditioning image .*\(rows: line 2\), but FluxPipeline is a text-only"
     with pytest.raises(ConfigError, match=text_only):
-        check_conditioning_rows(folder, "data.csv", paths, [2, 3])
+        check_conditioning_rows(folder, "data.csv", paths, ["line 2", "line 3"])
 
     class Edit(type(folder.conditioning)):
         image_input, max_images = "reference", 1
@@ -86,14 +86,14 @@ def test_rows_a_pipeline_cannot_take_are_refused_naming_the_lines(media, tiny_pi
         conditioning = Edit()
 
     edit = EditFolder(**{f: getattr(folder, f) for f in ("path", "index", "family", "experts")})
-    with pytest.raises(ConfigError, match=r"1 row\(s\) have no reference image \(line\(s\) 3\)"):
-        check_conditioning_rows(edit, "data.csv", paths, [2, 3])
-    with pytest.raises(ConfigError, match=r"more conditioning images than the 1 .*line\(s\) 4"):
-        check_conditioning_rows(edit, "data.csv", [(str(media / "a.png"),) * 2], [4])
-    with pytest.raises(ConfigError, match=r"line 5: the conditioning image .*missing.png' does not exist"):
-        check_conditioning_rows(edit, "data.csv", [(str(media / "missing.png"),)], [5])
-    with pytest.raises(ConfigError, match=r"line 6: the conditioning image .*broken.png' cannot be decoded"):
-        check_conditioning_rows(edit, "data.csv", [(str(media / "broken.png"),)], [6])
+    with pytest.raises(ConfigError, match=r"1 row\(s\) have no reference image \(rows: line 3\)"):
+        check_conditioning_rows(edit, "data.csv", paths, ["line 2", "line 3"])
+    with pytest.raises(ConfigError, match=r"more conditioning images than the 1 .*\(rows: line 4\)"):
+        check_conditioning_rows(edit, "data.csv", [(str(media / "a.png"),) * 2], ["line 4"])
+    with pytest.raises(ConfigError, match=r"data.csv, line 5: the conditioning image .*missing.png' does not exist"):
+        check_conditioning_rows(edit, "data.csv", [(str(media / "missing.png"),)], ["line 5"])
+    with pytest.raises(ConfigError, match=r"data.csv, line 6: the conditioning image .*broken.png' cannot be decoded"):
+        check_conditioning_rows(edit, "data.csv", [(str(media / "broken.png"),)], ["line 6"])
 
 
 def test_the_masked_loss_is_the_mean_over_the_kept_elements():
