@@ -274,7 +274,7 @@ def test_sampling_calls_the_image_to_video_pipeline_with_each_prompts_image(tiny
     folder, call = tiny_pipeline("wan22_i2v"), TINY_CALLS["wan22_i2v"]
     image = write_image(tmp_path / "first.png", call["height"], call["width"], seed=3)
     cfg = pipeline_config(folder, clips, call, str(tmp_path), f"sample.images=[{image}]", "sample.prompts=[" + CAPTION
-                          + "]", "sample.num_sampling_steps=3", "sample.seed=5")
+                          + "]", "sample.num_sampling_steps=1", "sample.seed=5")
     pipe = WanImageToVideoPipeline.from_pretrained(folder)
     with sampling_ranks(1) as ranks:
         (indices, sampled), = list(pipeline_batches(pipe, cfg, [CAPTION], ranks))
@@ -282,13 +282,14 @@ def test_sampling_calls_the_image_to_video_pipeline_with_each_prompts_image(tiny
 
     with torch.no_grad():
         direct = pipe(image=PIL.Image.open(image).convert("RGB"), prompt=CAPTION, output_type="pt",
-                      generator=SampleGenerators(5, range(1)).generators, **call)
+                      generator=SampleGenerators(5, range(1)).generators, **dict(call, num_inference_steps=1))
     assert list(indices) == [0] and torch.equal(sampled, pipeline_pixels(direct).float())
 
 
 def test_outside_its_pipeline_an_image_to_video_transformer_is_planned_but_not_trained():
     """The family route (model.path: no pipeline, no images) refuses to train Wan 2.1 I2V's transformer;
-    the planner's meta-device forwards get its condition channels and CLIP states as zeros of their shapes."""
+    the planner's meta-device forwards get its condition channels and CLIP states as zeros of their shapes.
+    An FLF2V transformer (first and last frame) is refused by the image-to-video conditioning."""
     from diffusers import WanTransformer3DModel
 
     from opendit_lite.errors import ConfigError
@@ -303,3 +304,6 @@ def test_outside_its_pipeline_an_image_to_video_transformer_is_planned_but_not_t
         assert adapter.forward(model, config, x, torch.ones(1), states, None, None).shape == x.shape
     with pytest.raises(ConfigError, match="image-to-video transformer: it trains on the images its pipeline"):
         adapter.forward(model, config, torch.zeros(1, 16, 2, 4, 4), torch.ones(1), torch.zeros(1, 8, 32), None, None)
+    conditioning = FAMILIES["wan"].conditioning_of("WanImageToVideoPipeline")  # FLF2V: first and last frame
+    with pytest.raises(ConfigError, match="Wan 2.1 FLF2V's .* not supported yet"):
+        conditioning.inputs(dict(config, pos_embed_seq_len=34), {"expand_timesteps": False}, x, torch.ones(1), {})

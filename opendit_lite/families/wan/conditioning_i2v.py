@@ -19,7 +19,7 @@ The image is the training clip's first frame (``image_input = "first_frame"``) a
 the CLIP image processor resizes and crops it as the pipeline does a user's image (the pipeline gives
 CLIP the image as passed, the VAE the image resized to the video: the same picture when the image has
 the video's size). Caption dropout replaces the text only: the pipeline's negative branch sees the
-same image. Wan 2.1 FLF2V (a last frame too) is not trained: the condition is the first frame alone.
+same image. Wan 2.1 FLF2V (a last frame too) is refused: the condition is the first frame alone.
 """
 
 from typing import Dict, Mapping, Optional, Sequence, Tuple
@@ -103,6 +103,10 @@ class WanImageToVideoConditioning(WanConditioning):
         return inputs
 
     def inputs(self, model_config, constants, x, t, text):
+        if model_config.get("pos_embed_seq_len"):  # FLF2V: CLIP states of the first and the last frame
+            raise ConfigError("this WanImageToVideoPipeline's transformer is Wan 2.1 FLF2V's (pos_embed_seq_len: it "
+                              "takes a first and a last frame); training conditions on the first frame only, so "
+                              "FLF2V is not supported yet: train an I2V release (Wan2.1-I2V-14B-480P / 720P).")
         inputs = super().inputs(model_config, constants, x, t, text)
         condition = text[CONDITION]
         if constants["expand_timesteps"]:  # TI2V: the given first frame in place, its tokens at time 0
