@@ -156,7 +156,7 @@ def capture(pipe, prompt, noise: Optional[torch.Tensor] = None, stop_after_step:
         else:
             call_kwargs.setdefault("generator", torch.Generator().manual_seed(seed))
         with torch.no_grad():
-            pipe(prompt, callback_on_step_end=next_step, **call_kwargs)
+            pipe(prompt=prompt, callback_on_step_end=next_step, **call_kwargs)  # image-to-video takes image first
     finally:
         for handle in handles:
             handle.remove()
