@@ -87,6 +87,7 @@ class Options:
     batch_search: bool = True                              # train_bf16's largest-batch search
     train_steps: Optional[Tuple[int, int]] = None          # (warm-up, timed) steps; None the report's
     part: str = "dit"                                      # which part's files the sections write (PARTS)
+    wan_frames: Tuple[int, ...] = ()                       # wan_train's clips by frame count; () all
 
 
 # ----------------------------------------------------------------------------------------------
@@ -288,7 +289,9 @@ def run_tests(ctx: Context) -> None:
            "--continue-on-collection-errors", "--timeout", "240", "-n", str(workers)]
     cmd += DRY_RUN_TESTS if ctx.dry_run else list(ctx.options.tests) or gpu_test_files()
     ctx.note(f"command: {' '.join(cmd[1:])} ({'CUDA' if torch.cuda.is_available() else 'CPU, Triton interpreter'})")
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    # The tests test the kernels: the dispatch that may serve a shape with torch.compile instead (and would
+    # compile a reference at every new shape) is pinned to the kernel, except in its own test.
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OPENDIT_KERNEL_CHOICE="fused")
     log_path = ctx.path(PYTEST_LOG)
     with open(log_path, "w") as log:
         # pytest leads its own process group so that its xdist workers stop with it
@@ -1067,6 +1070,8 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                         help="kernels: these shapes instead of the report's five, e.g. 128x256x1152 1x65536x1152")
     narrow.add_argument("--no-batch-search", dest="batch_search", action="store_false",
                         help="train_bf16: the baseline and the best configuration at batch 128 only")
+    narrow.add_argument("--wan-frames", nargs="+", type=int, choices=(33, 81), default=(),
+                        help="wan_train: these clips only (frames at 480x832) instead of 33 and 81")
     narrow.add_argument("--train-steps", nargs=2, type=int, metavar=("WARMUP", "STEPS"),
                         help=f"train_bf16 and train_fp8: warm-up and timed steps (default {GPU_STEP.warmup} "
                              f"{GPU_STEP.steps})")
@@ -1097,7 +1102,8 @@ def part_sections(part: str) -> Tuple[str, ...]:
 
 def options_from(args: argparse.Namespace) -> Options:
     return Options(tests=tuple(args.tests), kernel_shapes=tuple(args.kernel_shapes), batch_search=args.batch_search,
-                   train_steps=tuple(args.train_steps) if args.train_steps else None, part=args.part)
+                   train_steps=tuple(args.train_steps) if args.train_steps else None, part=args.part,
+                   wan_frames=tuple(args.wan_frames))
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

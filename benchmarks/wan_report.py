@@ -263,13 +263,15 @@ def train_case(ctx, sizes: Sizes, clip: Clip, lora: bool, impl: str, device: tor
                impl=impl, batch=1)
     batch = make_batch(config, clip, sizes.caption, device, torch.bfloat16)
     for checkpointed in (False, True):
+        step = None
+        release(device)
+        base = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0  # what is not this case's
         try:
             if impl == "diffusers":
                 step, words = diffusers_loop(config, lora, device, sizes.compile_backend, checkpointed)
             else:
                 step, words = our_loop(config, lora, device, sizes.compile_backend, 0.0 if checkpointed else 1.0)
-            result = measure(step, batch, sizes.warmup, sizes.steps, device)
-            del step
+            result = measure(step, batch, sizes.warmup, sizes.steps, device, base_bytes=base)
             break
         except Exception as error:  # noqa: BLE001  (out of memory: said, then rerun checkpointed)
             if not is_out_of_memory(error) or checkpointed:
@@ -277,6 +279,7 @@ def train_case(ctx, sizes: Sizes, clip: Clip, lora: bool, impl: str, device: tor
             ctx.note(f"{clip.name()} {row['mode']} {impl}: out of memory without checkpointing; rerun with every "
                      f"block checkpointed")
         finally:
+            step = None
             release(device)
     seconds = result["step_ms"] / 1000
     tflops = train_flops / seconds / 1e12
@@ -297,7 +300,8 @@ def section_train(ctx) -> None:
     if ctx.dry_run:
         ctx.note("CPU: a 2-layer Wan at one toy clip, not compiled (dynamo's tracing alone would cost the suite "
                  "more than the rest of the section); the GPU run compiles with inductor")
-    for clip in sizes.clips:
+    clips = [c for c in sizes.clips if not ctx.options.wan_frames or c.frames in ctx.options.wan_frames]
+    for clip in clips:
         for lora in (False, True):
             reference = None
             for impl in ("diffusers", "ours"):

@@ -260,8 +260,13 @@ def take_triton(op: str, triton_fn: Callable, torch_fn: Callable, args: Sequence
     key = signature_key(op, describe(args), _index(x), train)
     choice = cache().lookup(key)
     if choice is None:
-        limit = max(torch._dynamo.config.recompile_limit, 64)  # one graph per signature of the reference
-        with torch._dynamo.config.patch(recompile_limit=limit):
+        if x.is_cuda and torch.cuda.is_current_stream_capturing():
+            return True  # nothing can be timed inside a CUDA graph capture: the kernel, measured at a later call
+        # One graph of the reference per signature (past dynamo's recompile limit it would run eagerly), and
+        # compiled for real even inside ``measured_eagerly`` (whose stance would run it eagerly).
+        name = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
+        limit = max(getattr(torch._dynamo.config, name), 64)
+        with torch._dynamo.config.patch(**{name: limit}), torch.compiler.set_stance("default"):
             choice = cache().choose(key, _step(triton_fn, args), _step(compiled_reference(torch_fn), args),
                                     shapeless=signature_key(op, describe(args, shapes=False), _index(x), train))
     return choice.provider == "triton"

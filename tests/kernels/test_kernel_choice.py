@@ -16,13 +16,16 @@ from opendit_lite.kernels import fused_adaln, kernel_choice
 
 
 class ScriptedTimer:
-    """Returns the scripted milliseconds in turn (triton first, then compile, per measurement)."""
+    """Returns the scripted milliseconds in turn (triton first, then compile, per measurement); ``run``:
+    calls each candidate once too."""
 
-    def __init__(self, *ms):
-        self.ms, self.calls = list(ms), 0
+    def __init__(self, *ms, run=False):
+        self.ms, self.calls, self.run = list(ms), 0, run
 
     def __call__(self, fn):
         self.calls += 1
+        if self.run:
+            fn()
         return self.ms.pop(0)
 
 
@@ -111,3 +114,43 @@ def test_inside_torch_compile_the_measured_choice_is_a_constant(measuring, monke
     assert ran
     unmeasured = [c for c in kernel_choice.cache().choices.values() if c.source.startswith("not measured")]
     assert [c.provider for c in unmeasured] == ["triton"]
+
+
+def test_the_compiled_candidate_is_compiled_even_in_an_eager_step(measuring, monkeypatch):
+    """``measured_eagerly`` runs the model's compiled code eagerly; the reference it times against must
+    still be compiled (a backend that counts its graphs sees it), and its backward run."""
+    graphs = []
+
+    def counting(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    monkeypatch.setattr(kernel_choice, "compiled_reference", lambda fn: torch.compile(fn, backend=counting))
+    kernel_choice.cache().timer = ScriptedTimer(0.2, 0.3, run=True)
+    x = torch.randn(1, 3, 8, requires_grad=True)
+    with kernel_choice.measured_eagerly():
+        y = fused_adaln(x, torch.randn(1, 8), torch.randn(1, 8))
+    assert graphs and y.shape == x.shape
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_cuda_both_are_timed_once_and_the_faster_serves(monkeypatch):
+    monkeypatch.setenv(kernel_choice.ENV_MODE, "measure")
+    old = kernel_choice.set_cache(kernel_choice.ChoiceCache())
+    try:
+        def t(*size):
+            return torch.randn(*size, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+
+        x, shift, scale = t(2, 256, 1152), t(2, 1152), t(2, 1152)
+        with kernel_choice.measured_eagerly():
+            y = fused_adaln(x, shift, scale)
+        (choice,) = kernel_choice.cache().choices.values()
+        assert choice.source == "measured" and choice.triton_ms > 0 and choice.compile_ms > 0
+        torch.testing.assert_close(y.float(), reference_adaln(x, shift, scale).float(), atol=3e-2, rtol=3e-2)
+        y.float().square().sum().backward()
+        assert x.grad is not None and shift.grad is not None
+        fused_adaln(x, shift, scale)  # measured once
+        assert len(kernel_choice.cache().choices) == 1
+    finally:
+        kernel_choice.set_cache(old)
