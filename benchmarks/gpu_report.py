@@ -1010,7 +1010,8 @@ def wan_readme_table(doc: Optional[dict]) -> str:
     if lora:
         lines += markdown_table(lora, ("case", "blocks_to_swap", "base_precision", "selective_ratio", "ac_offload",
                                        "status", "predicted_gib", "peak_gib", "step_s", "capped_over_uncapped_time"))
-        lines += ["", "(Wan 2.1 14B-shaped LoRA step, 81 frames at 480x832, with the planner's settings for 24 GiB "
+        lines += ["", "(Wan 2.1 14B-shaped LoRA step, 21x80x80 latents (the tokens of 81 frames at 480x832), with the "
+                  "planner's settings for 24 GiB "
                   "under a 24 GiB cap, and for the whole device uncapped; GiB allocated.)", ""]
     return "\n".join(lines).rstrip("\n") + "\n"
 

@@ -17,7 +17,8 @@
                 case, same run). A case that runs out of memory is rerun with every block checkpointed
                 (the user's ``enable_gradient_checkpointing()``; our ``selective_ratio=0``), and its row
                 says so.
-    wan_24gb    a Wan 2.1 14B-shaped LoRA step (rank 32, 81 frames at 480 x 832, batch 1) with the
+    wan_24gb    a Wan 2.1 14B-shaped LoRA step (rank 32, batch 1, 21 x 80 x 80 latents: the config's
+                square bucket with the tokens of 81 frames at 480 x 832, 33,600 against 32,760) with the
                 settings ``python -m opendit_lite.plan`` gives for configs/wan14b_lora_24gb.yaml at
                 24 GiB (block swapping, FP8 or NF4 base, checkpointing, offload: its config fragment is
                 recorded) under a 24 GiB cap (``torch.cuda.set_per_process_memory_fraction``), then the
@@ -386,14 +387,14 @@ def lora_step_case(ctx, label: str, tree: dict, memory_gib: float, cap: bool, de
     if cap and device.type == "cuda":
         total = torch.cuda.get_device_properties(device).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, CAP_GIB * GiB / total), device)
+    step = None
     try:
         model = build_14b(config, device) if not ctx.dry_run else random_wan(config, device, torch.float32)
         memory = dict(model=model, blocks_to_swap=s.blocks_to_swap, base_precision=s.base_precision,
                       ac_offload=s.offload)
+        del model
         step, words = our_loop(config, True, device, None, s.selective_ratio, memory, rank=tree["lora"]["rank"])
-        del model, memory
         result = measure(step, batch, 1, 1, device, base_bytes=base)  # an eager step, then one timed
-        del step
         row.update(status="ok", settings=words, step_s=round(result["step_ms"] / 1000, 3), peak_gib=result["peak_gib"])
         if result["peak_gib"]:
             row["predicted_over_measured"] = round(predicted / result["peak_gib"], 3)
@@ -402,6 +403,7 @@ def lora_step_case(ctx, label: str, tree: dict, memory_gib: float, cap: bool, de
             raise
         row.update(status="out of memory", error=str(error).splitlines()[0][:200])
     finally:
+        step = None  # the model, its optimizer and its swapped blocks' pinned host copies go with it
         if cap and device.type == "cuda":
             torch.cuda.set_per_process_memory_fraction(1.0, device)
         release(device)
