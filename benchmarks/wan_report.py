@@ -372,12 +372,13 @@ def lora_step_case(ctx, label: str, tree: dict, memory_gib: float, cap: bool, de
     """The planner's settings for ``memory_gib``, then one LoRA step with them (under the 24 GiB cap when
     ``cap``): a row with the settings, the predicted and the measured peak and the step time."""
     s, predicted, fragment, config, bucket = planned(tree, memory_gib, 0.0 if ctx.dry_run else 1.0, host_gib)
-    ctx.note(f"{label}: the planner's fragment for {memory_gib:g} GiB:\n" + fragment.replace("\n", "<br>"))
+    ctx.note(f"{label}: the planner's fragment for {memory_gib:g} GiB: " + fragment.replace("\n", "<br>"))
     frames = tree["data"]["num_frames"]
     clip = Clip(4 * (frames - 1) + 1, bucket.height * 8, bucket.width * 8)
     batch = make_batch(config, clip, tree["text_encoder"]["max_length"], device, torch.bfloat16)
     row = dict(kind="lora_24gb", model="Wan2.1-14B-shaped" if not ctx.dry_run else "Wan-toy", case=label,
-               latent=f"{bucket.frames}x{bucket.height}x{bucket.width}", cap_gib=CAP_GIB if cap else None,
+               latent=f"{bucket.frames}x{bucket.height}x{bucket.width}",
+               cap_gib=CAP_GIB if cap and device.type == "cuda" else None,  # the cap is CUDA's allocator's
                planned_for_gib=float(f"{memory_gib:.4g}"), blocks_to_swap=s.blocks_to_swap,
                base_precision=s.base_precision,
                selective_ratio=s.selective_ratio, ac_offload=s.offload, zero_degree=s.zero_degree,

@@ -83,7 +83,8 @@ def test_dry_run_runs_every_section_and_writes_valid_files(report, dry_run):
         wan[0]["step_ms"] / wan[1]["step_ms"], rel=1e-2)
     assert "peft LoRA" in wan[2]["settings"] and "lora: peft LoRA rank 32" in wan[3]["settings"]
     capped, uncapped = rows["wan_24gb"]
-    assert capped["status"] == uncapped["status"] == "ok" and capped["cap_gib"] == 24 and uncapped["cap_gib"] is None
+    assert capped["status"] == uncapped["status"] == "ok" and capped["case"] == "capped at 24 GiB"
+    assert capped["cap_gib"] is None and uncapped["cap_gib"] is None  # no cap on the CPU: CUDA's allocator's
     # the toy device is so small that the planner swaps blocks, quantizes the base and checkpoints, as at 24 GiB
     assert capped["blocks_to_swap"] > 0 and capped["base_precision"] != "none" and capped["selective_ratio"] == 0
     assert "block_swap: 3 of 4 blocks" in capped["settings"] and uncapped["blocks_to_swap"] == 0
@@ -109,7 +110,7 @@ def test_readme_table_from_a_gpu_results_file(report, dry_run):
     assert "GPU and kernel tests:" in text and "fp8 against bf16 after 6 steps" in text
     assert "| kernel | shape | provider | triton_ms | compile_ms | ours_vs_compile |" in text
     wan = report.wan_readme_table(doc)
-    assert "| 5x32x32 | 8 | full | diffusers |" in wan and "| capped at 24 GiB | 3 | nf4 |" in wan
+    assert "| 5x32x32 | 8 | full | diffusers |" in wan and "| capped at 24 GiB | 3 | nf4 | 0 |" in wan
     doc["run"]["dry_run"] = True
     assert report.wan_readme_table(doc).startswith("No Wan results are committed yet")
 
