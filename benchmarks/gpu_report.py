@@ -1,10 +1,12 @@
-"""One prepared GPU command: the GPU tests and the project's headline figures in one bounded run,
-written as they are measured. docs/gpu.md says how to run it on the offline GPU machine
-(``make gpu-report``: the wheels of .whl/ installed offline, then this script with ``--budget 480``).
+"""The prepared GPU commands: the GPU tests and the project's headline figures in two bounded runs
+(two parts, one 10-minute command each), written as they are measured. docs/gpu.md says how to run
+them on the offline GPU machine (``make gpu-report``: the wheels of .whl/ installed offline, then
+this script with ``--budget 480``).
 
-    python benchmarks/gpu_report.py --budget 480                # one CUDA GPU
+    python benchmarks/gpu_report.py --budget 480                # one CUDA GPU: the first part (dit)
+    python benchmarks/gpu_report.py --part wan --budget 480     # the second part (wan)
     python benchmarks/gpu_report.py --only kernels plan --budget 150   # a rerun of some sections
-    python benchmarks/gpu_report.py --dry-run                    # the CPU: every section at toy sizes, < 60 s
+    python benchmarks/gpu_report.py --dry-run                    # the CPU: both parts at toy sizes
     python benchmarks/gpu_report.py --readme-table               # the README's table from the committed results
 
 Sections, in priority order; each runs in its own process under its own timeout (a hang or a crash
@@ -25,14 +27,23 @@ loses that section's unfinished part only), and every row is written the moment 
                  diffusers transformer (forward activations) and DiT-XL/2 (a whole ZeRO-2 step)
     max_seq_len  the largest DiT-XL/2 step without checkpointing, with it, and with offload, in the
                  time left
+  and the second part (``--part wan``; benchmarks/wan_report.py):
+    wan_train    a Wan 2.1 1.3B-shaped transformer at 480x832, 33 and 81 frames, full fine-tune and
+                 LoRA: our best settings against the loop a diffusers user writes; tokens/s, MFU
+                 (attention counted), peak memory
+    wan_24gb     a Wan 2.1 14B-shaped LoRA step with the planner's 24 GiB settings under a 24 GiB
+                 cap, and with its settings for the whole device uncapped; peaks, step times and the
+                 planner's predictions
 
-Each section gets its share of ``--budget``: sections 1-5 have caps (SECTIONS) that add up to the
-default budget, time a section does not use goes to the ones after it, and the last takes what is
-left. Every row carries the device name and the torch and triton versions.
+Each section gets its share of ``--budget``: the sections of a part but its last have caps
+(SECTIONS) that add up to at most the default budget, time a section does not use goes to the ones
+after it, and the last takes what is left. Every row carries the device name and the torch and
+triton versions.
 
 Files, in $OUT when set, else benchmarks/results/ (the dry run: outputs/gpu_report_dry_run/):
 results.json (every row of every section; ``check_schema`` validates it), summary.md (the same as
-tables, rewritten with every row) and pytest.log.
+tables, rewritten with every row) and pytest.log; the second part: results_wan.json and
+summary_wan.md.
 """
 
 import argparse

@@ -18,9 +18,11 @@ caches it: in this process, and in the JSON file named by ``OPENDIT_KERNEL_CHOIC
   measures every signature the model meets (``measured_eagerly``:
   ``torch.compiler.set_stance("force_eager")``).
 * Off CUDA nothing changes: the Triton interpreter (``TRITON_INTERPRET=1``, the CPU tests) always
-  runs the kernel, and CPU timings are never taken.
+  runs the kernel, and CPU timings are never taken. A call first met inside a CUDA graph capture
+  takes the kernel unmeasured (nothing can be timed there).
 * ``OPENDIT_KERNEL_CHOICE=fused`` always takes the kernel (the kernel tests do: they test the kernel),
-  ``compiled`` always the torch path; the default ``measure`` chooses as above.
+  ``compiled`` always the torch path (compiled where the model is); the default ``measure`` chooses
+  as above.
 
 The choosing logic takes its timer as an argument (``ChoiceCache(timer=...)``), so that it is tested
 on the CPU with a timer the test scripts.
@@ -41,7 +43,6 @@ LOG = logging.getLogger("opendit_lite.kernels")
 ENV_MODE = "OPENDIT_KERNEL_CHOICE"
 ENV_CACHE = "OPENDIT_KERNEL_CHOICE_CACHE"
 MODES = ("measure", "fused", "compiled")
-PROVIDERS = ("triton", "compile")
 
 Timer = Callable[[Callable[[], object]], float]  # a callable run once per repeat -> milliseconds
 
@@ -62,7 +63,7 @@ def dispatch_mode() -> str:
     if mode not in MODES:
         raise ValueError(f"{ENV_MODE}={mode!r} is not one of {', '.join(MODES)}: 'measure' (default) times the "
                          f"fused kernel against torch.compile once per shape, 'fused' always takes the kernel, "
-                         f"'compiled' always the torch path")
+                         f"'compiled' always the torch path (compiled where the model is)")
     return mode
 
 
