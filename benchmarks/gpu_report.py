@@ -529,50 +529,23 @@ def section_kernels(ctx: Context) -> None:
                 for k in ("baseline", "speedup", "gpu", "torch_version", "triton_version", "tflops"):
                     row.pop(k)
                 ctx.record(dict(kind="kernel", **row))
-            ctx.record(choice_row(kernel, shape, dtype, device, p50))
+            ctx.record(choice_row(kernel, shape, p50))
             if device == "cuda":
                 torch.cuda.empty_cache()
 
 
-def choice_row(kernel: str, shape: Tuple[int, int, int], dtype, device: str, p50: Dict[Tuple[str, str], float]
-               ) -> dict:
-    """What the kernel dispatch serves at ``shape`` (forward and backward): on CUDA the wrapper is called
-    once, so that the dispatch times the kernel against torch.compile of its torch path (once, cached,
-    logged; ``kernel_choice.py``) and the row reads its choice; off CUDA the dispatch never times, and
-    the row takes the faster of this section's ``full`` rows of the two instead."""
-    import torch
-
-    from opendit_lite.kernels import kernel_choice
-    from opendit_lite.kernels.adaln import fused_adaln
-    from opendit_lite.kernels.gated_residual import gated_residual_adaln
-    from opendit_lite.kernels.layernorm import triton_layer_norm
-
+def choice_row(kernel: str, shape: Tuple[int, int, int], p50: Dict[Tuple[str, str], float]) -> dict:
+    """What the kernel dispatch serves at ``shape``, forward and backward (``kernel_choice.py``): the
+    faster of the fused kernel and torch.compile of its torch path, read from this section's ``full``
+    rows of the two (the dispatch's own measurement, once per signature in a run, is the same
+    comparison; timing it here again would cost a compilation per shape and kernel)."""
     B, N, D = shape
-    label = f"B{B} N{N} D{D}"
-    if device != "cuda":
-        triton_ms, compile_ms = p50[("triton", "full")], p50[("compile", "full")]
-        choice = kernel_choice.Choice("compile" if compile_ms < triton_ms else "triton", triton_ms, compile_ms,
-                                      "this section's full rows (the dispatch times on CUDA only)")
-    else:
-        def tensor(*size):
-            return torch.randn(*size, device=device, dtype=dtype, requires_grad=True)
-
-        x = tensor(B, N, D)
-        op, fn, args = {
-            "fused_adaln": ("fused_adaln", fused_adaln, (x, tensor(B, D), tensor(B, D), 1e-6, None, None)),
-            "gated_residual": ("gated_residual_adaln", gated_residual_adaln,
-                               (x, tensor(B, N, D), tensor(B, D), tensor(B, D), tensor(B, D), 1e-6, None, None)),
-            "layernorm": ("layer_norm", triton_layer_norm, (x, tensor(D), tensor(D), 1e-6)),
-        }[kernel]
-        os.environ[kernel_choice.ENV_MODE] = "measure"
-        fn(*args)
-        key = kernel_choice.signature_key(op, kernel_choice.describe(args), x.device.index, True)
-        choice = kernel_choice.cache().lookup(key)
-    ours = min(t for t in (choice.triton_ms, choice.compile_ms) if t is not None)
-    return dict(kind="choice", kernel=kernel, shape=label, provider=choice.provider, triton_ms=choice.triton_ms,
-                compile_ms=choice.compile_ms, ours_ms=ours,
-                ours_vs_compile=round(choice.compile_ms / ours, 4) if choice.compile_ms else None,
-                source=choice.source)
+    triton_ms, compile_ms = p50[("triton", "full")], p50[("compile", "full")]
+    ours = min(triton_ms, compile_ms)
+    return dict(kind="choice", kernel=kernel, shape=f"B{B} N{N} D{D}",
+                provider="compile" if compile_ms < triton_ms else "triton", triton_ms=triton_ms,
+                compile_ms=compile_ms, ours_ms=ours, ours_vs_compile=round(compile_ms / ours, 4),
+                source="this section's full rows")
 
 
 # ----------------------------------------------------------------------------------------------

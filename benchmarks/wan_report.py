@@ -297,6 +297,21 @@ def train_case(ctx, sizes: Sizes, clip: Clip, lora: bool, impl: str, device: tor
     return row
 
 
+_NOTED_CHOICES = set()  # the dispatch's choices already noted (a section runs in a process of its own)
+
+
+def note_kernel_choices(ctx) -> None:
+    """The kernel dispatch's choices made since the last call (measured on CUDA in our loop's eager first
+    step: ``opendit_lite/kernels/kernel_choice.py``), one note each."""
+    from opendit_lite.kernels import kernel_choice
+
+    for key, c in kernel_choice.cache().choices.items():
+        if key not in _NOTED_CHOICES:
+            _NOTED_CHOICES.add(key)
+            times = f"triton {c.triton_ms} ms, torch.compile {c.compile_ms} ms -> " if c.triton_ms else ""
+            ctx.note(f"kernel choice {key}: {times}{c.provider} ({c.source})")
+
+
 def section_train(ctx) -> None:
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     sizes = TOY_SIZES if ctx.dry_run else GPU_SIZES
@@ -318,6 +333,8 @@ def section_train(ctx) -> None:
                 if impl == "diffusers":
                     reference = row["step_ms"]
                 ctx.record(row)
+                if impl == "ours":
+                    note_kernel_choices(ctx)
 
 
 # ----------------------------------------------------------------------------------------------
