@@ -1,12 +1,14 @@
 """Flux (FLUX.1) (diffusers' ``FluxTransformer2DModel``): its record in the families registry, built from the
 pieces in this folder (``adapter.py``, ``sp_spec.py``, ``fused_norms.py``, ``encoding.py``,
 ``conditioning.py``, ``tiny.py``, ``step_cache.py``), its capabilities and its released checkpoints' shapes
-for the planner; registered on import."""
+for the planner; registered on import. FLUX.1 Kontext (``FluxKontextPipeline``, the same transformer with a
+reference image) is a variant with its own conditioning (``conditioning_kontext.py``)."""
 
 from ..lora_targets import CONTEXT_FEED_FORWARD, FEED_FORWARD, JOINT_ATTENTION, SINGLE_STREAM_MLP
-from ..registry import Family, Release, register_family
+from ..registry import Family, PipelineVariant, Release, register_family
 from .adapter import FluxAdapter
 from .conditioning import CONDITIONING
+from .conditioning_kontext import CONDITIONING as KONTEXT
 from .encoding import ENCODING
 from .fused_norms import FUSED_NORMS
 from .sp_spec import SP_SPEC
@@ -30,5 +32,6 @@ FAMILY = register_family(Family(
         num_attention_heads=24, joint_attention_dim=4096, pooled_projection_dim=768, guidance_embeds=True,
         axes_dims_rope=[16, 56, 56])),),
     conditioning=CONDITIONING,
+    variants=(PipelineVariant("FluxKontextPipeline", KONTEXT),),
     tiny=TINY,
 ))
