@@ -102,7 +102,7 @@ def test_a_duplicate_or_inconsistent_record_is_refused_before_anything_is_regist
 
 # The released checkpoints the records hold, with their size as announced (billions of parameters).
 RELEASE_BILLIONS = {"Wan-AI/Wan2.1-T2V-14B-Diffusers": 14, "black-forest-labs/FLUX.1-dev": 12,
-                    "hunyuanvideo-community/HunyuanVideo": 13}
+                    "hunyuanvideo-community/HunyuanVideo": 13, "black-forest-labs/FLUX.1-Kontext-dev": 12}
 
 
 def test_every_release_builds_its_class_at_its_announced_size():

@@ -15,6 +15,11 @@ from .sp_spec import SP_SPEC
 from .step_cache import STEP_CACHE
 from .tiny import TINY
 
+# FLUX.1-dev's transformer; FLUX.1 Kontext dev's is the same architecture (its transformer/config.json).
+DEV = dict(patch_size=1, in_channels=64, num_layers=19, num_single_layers=38, attention_head_dim=128,
+           num_attention_heads=24, joint_attention_dim=4096, pooled_projection_dim=768, guidance_embeds=True,
+           axes_dims_rope=[16, 56, 56])
+
 FAMILY = register_family(Family(
     name="flux",
     class_name="FluxTransformer2DModel",
@@ -27,10 +32,7 @@ FAMILY = register_family(Family(
     fused_norms=FUSED_NORMS,
     encoding=ENCODING,
     step_cache=STEP_CACHE,
-    releases=(Release("black-forest-labs/FLUX.1-dev", dict(
-        patch_size=1, in_channels=64, num_layers=19, num_single_layers=38, attention_head_dim=128,
-        num_attention_heads=24, joint_attention_dim=4096, pooled_projection_dim=768, guidance_embeds=True,
-        axes_dims_rope=[16, 56, 56])),),
+    releases=(Release("black-forest-labs/FLUX.1-dev", DEV), Release("black-forest-labs/FLUX.1-Kontext-dev", DEV)),
     conditioning=CONDITIONING,
     variants=(PipelineVariant("FluxKontextPipeline", KONTEXT),),
     tiny=TINY,
