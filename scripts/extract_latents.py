@@ -141,11 +141,12 @@ def _pipeline_config(args):
 
     if args.config:
         cfg = load_config(args.config, [], schema=VideoTrainConfig)
-        if cfg.data.type != "csv" and not args.csv:
+        if cfg.data.type not in ("csv", "folder") and not args.csv:
             raise ConfigError(f"--config {args.config!r} trains on data.type={cfg.data.type}; extraction reads the "
-                              f"captioned images or clips of a CSV: set data.type=csv and data.path there, or give "
-                              f"--csv.")
-        cfg.data.type, cfg.data.path = "csv", args.csv or cfg.data.path
+                              f"captioned images or clips of a CSV or of media folders: set data.type=csv or folder "
+                              f"and data.path there, or give --csv.")
+        if args.csv:
+            cfg.data.type, cfg.data.path = "csv", args.csv
     else:
         overrides = [f"model.pipeline={args.pipeline}", "data.type=csv", f"data.path={args.csv}",
                      f"data.frame_interval={args.frame_interval}"]
@@ -155,7 +156,7 @@ def _pipeline_config(args):
         else:
             overrides += [f"data.num_frames={args.num_frames}", f"data.image_size={args.height}"]
         cfg = load_config(None, overrides, schema=VideoTrainConfig)
-    if cfg.data.path is None or not os.path.isfile(cfg.data.path):
+    if cfg.data.type == "csv" and (cfg.data.path is None or not os.path.isfile(cfg.data.path)):
         raise ConfigError(f"the CSV {cfg.data.path!r} is not a file; give a CSV with 'path' and 'text' columns.")
     for name in ("batch_size",):
         if getattr(args, name) < 1:
@@ -192,8 +193,13 @@ def extract_pipeline(args, cfg) -> int:
     import torch.distributed as dist
     from torch.utils.data import DataLoader
 
-    from opendit_lite.builders.pipeline import PipelineEncoders, pipeline_folder
-    from opendit_lite.data.video_csv import VideoCSVDataset
+    from opendit_lite.builders.pipeline import (
+        PipelineEncoders,
+        check_conditioning_rows,
+        conditioning_images,
+        pipeline_folder,
+    )
+    from opendit_lite.data.video_csv import media_dataset
     from opendit_lite.data.video_latents import (
         PIPELINE_FORMAT,
         save_null_text,
@@ -203,13 +209,15 @@ def extract_pipeline(args, cfg) -> int:
     from opendit_lite.encoders.pipeline_folder import pipeline_fingerprint
 
     folder = pipeline_folder(cfg.model.pipeline)
+    conditioned = folder.conditioning.image_input != "none"
     try:
-        csv = VideoCSVDataset(cfg.data.path, num_frames=cfg.data.num_frames or 1,
-                              frame_interval=cfg.data.frame_interval, image_size=cfg.data.image_size or 1,
-                              random_start=False)
+        csv = media_dataset(cfg.data.type, cfg.data.path, cfg.data.num_frames or 1, cfg.data.frame_interval,
+                            cfg.data.image_size or 1, random_start=False, images=conditioning_images(folder),
+                            require_captions=cfg.data.require_captions)
+        check_conditioning_rows(folder, cfg.data.path, csv.image_paths, csv.where)
         sizes = _row_sizes(cfg, csv)
     except ValueError as e:
-        raise ConfigError(f"the CSV {cfg.data.path!r}: {e}") from None
+        raise ConfigError(f"data.path {cfg.data.path!r}: {e}") from None
     created, rank, world, device = _launch()
     try:
         start = time.time()
@@ -220,15 +228,17 @@ def extract_pipeline(args, cfg) -> int:
             groups.setdefault(sizes[i], []).append(i)
         os.makedirs(args.output, exist_ok=True)
         for size, members in groups.items():  # one pixel size per batch
-            loader = DataLoader(_Rows(csv, members, *size), batch_size=args.batch_size, num_workers=args.num_workers)
+            loader = DataLoader(_Rows(csv, members, *size), batch_size=args.batch_size, num_workers=args.num_workers,
+                                collate_fn=_collate_images if conditioned else None)
             try:
-                for index, clips, captions in loader:
-                    latents, text = encoders.encode(clips, list(captions))       # [B, C, T, h, w], {key: [B, ...]}
+                for index, clips, captions, *images in loader:  # images: per sample its conditioning images
+                    # latents [B, C, T, h, w], {key: [B, ...]}: text, and the images' inputs
+                    latents, text = encoders.encode(clips, list(captions), *images)
                     for j in range(len(index)):
                         save_pipeline_latents(args.output, int(index[j]), latents[j],
                                               {k: v[j] for k, v in text.items()}, captions[j])
             except ValueError as e:  # a clip too short or unreadable
-                raise ConfigError(f"the CSV {cfg.data.path!r}: {e}") from None
+                raise ConfigError(f"data.path {cfg.data.path!r}: {e}") from None
         count = torch.tensor([len(rows)])
         if world > 1:
             dist.all_reduce(count)  # also waits for every rank's files
@@ -264,8 +274,15 @@ class _Rows:
 
     def __getitem__(self, i):
         row = self.rows[i]
-        clip, caption = self.csv[(row, *self.size)]
-        return row, clip, caption
+        return (row, *self.csv[(row, *self.size)])  # (row, clip, caption[, conditioning images])
+
+
+def _collate_images(items):
+    """Batches of ``(row, clip, caption, images)``: the images as one list per sample (sizes may differ)."""
+    import torch
+
+    rows, clips, captions, images = zip(*items)
+    return torch.tensor(rows), torch.stack(clips), list(captions), [list(i) for i in images]
 
 
 def _family_name(args) -> str:
