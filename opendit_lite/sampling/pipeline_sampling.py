@@ -145,7 +145,8 @@ def pipeline_call_settings(cfg) -> Dict[str, Any]:
     """The keywords every call of the pipeline takes: the sampling steps, the clip size
     (``sample.num_frames/height/width``, else the trained ``data.num_frames/image_size``, else the
     pipeline's default), and ``guidance_scale`` when ``sample.cfg_scale`` (or, for a guidance-distilled
-    model, the trained ``model.guidance``) sets one; otherwise the pipeline's own default guidance."""
+    model, the trained ``model.guidance``) sets one; otherwise the pipeline's own default guidance; and what the
+    conditioning adds to render that size (``call_size``: Flux Kontext's ``max_area``)."""
     folder = pipeline_folder(cfg.model.pipeline)
     family, s, d = folder.family, cfg.sample, cfg.data
     image_only = family.adapter.image_only
@@ -157,6 +158,8 @@ def pipeline_call_settings(cfg) -> Dict[str, Any]:
                     "sample.num_frames/height/width ask for")
     settings: Dict[str, Any] = dict(num_inference_steps=s.num_sampling_steps)
     settings.update({k: v for k, v in (("num_frames", frames), ("height", height), ("width", width)) if v})
+    if height and width:
+        settings.update(folder.conditioning.call_size(height, width))
     guided = folder.conditioning.guided(folder.transformer_config())
     guidance = s.cfg_scale if s.cfg_scale is not None else (cfg.model.guidance if guided else None)
     if guidance is not None:
@@ -175,7 +178,7 @@ def pipeline_batches(pipe, cfg, prompts: List[str], ranks: SamplingRanks) -> Ite
         for indices in ranks.batches(len(prompts), 1):
             generators = SampleGenerators(cfg.sample.seed, indices).generators
             i = indices[0]
-            out = pipe(prompts[i], generator=generators, output_type="pt", **settings,
+            out = pipe(prompt=prompts[i], generator=generators, output_type="pt", **settings,  # image: 1st argument
                        **conditioning.call_images(_open_images(images[i])))
             yield indices, pipeline_pixels(out).float().cpu()
         return

@@ -19,8 +19,8 @@ The guidance default is ``__call__``'s ``guidance_scale`` (3.5 in diffusers 0.42
 samples with 2.5: set ``model.guidance`` to train at that value). Caption dropout feeds the unconditional
 branch's inputs: the empty prompt with the same reference (true CFG with ``negative_prompt=""``).
 
-The target renders at about one megapixel in ``__call__`` unless ``max_area`` is given: ``call_size`` gives the
-keyword arguments that make it render at a training size.
+The target renders at about one megapixel in ``__call__`` unless ``max_area`` is given: ``call_size`` gives it, so
+that sampling renders the asked size.
 """
 
 from typing import Dict, Mapping, Sequence, Tuple
@@ -57,9 +57,9 @@ class FluxKontextConditioning(FluxConditioning):
         return height // multiple_of * multiple_of, width // multiple_of * multiple_of
 
     def call_size(self, height: int, width: int) -> Dict[str, int]:
-        """``__call__``'s keyword arguments that render a ``height x width`` target (not its one-megapixel
-        default): the size and ``max_area`` = height x width."""
-        return {"height": height, "width": width, "max_area": height * width}
+        """``max_area`` = height x width: ``__call__`` then renders the asked ``height x width`` (its size for
+        ``max_area`` and that aspect ratio, floored to a multiple of 16 in the release), not about one megapixel."""
+        return {"max_area": height * width}
 
     def encode_images(self, pipe, images: Sequence[Sequence[torch.Tensor]],
                       clip_shape: Tuple[int, int, int]) -> Dict[str, torch.Tensor]:
@@ -78,10 +78,12 @@ class FluxKontextConditioning(FluxConditioning):
             ids.append(image_ids[None])                                                         # [1, N_ref, 3]
         sizes = sorted({tuple(t.shape[1:]) for t in latents})
         if len(sizes) > 1:
-            raise ConfigError(f"the reference images of one batch come out at different sizes ({sizes} packed "
-                              f"tokens x channels) and cannot be batched together; give references of one aspect "
-                              f"ratio per batch (they are resized to the pipeline's preferred resolution of their "
-                              f"aspect ratio), or train with batch size 1.")
+            raise ConfigError(f"the reference images of one batch come out at different sizes ({sizes}: packed "
+                              f"tokens x channels): FluxKontextPipeline resizes each reference to the preferred "
+                              f"resolution closest to its aspect ratio, and references of different sizes cannot "
+                              f"share a batch. Give references of one aspect ratio, or one sample per batch: "
+                              f"global_batch_size equal to the data-parallel ranks (scripts/extract_latents.py: "
+                              f"--batch-size 1).")
         return {REFERENCE_LATENTS: torch.cat(latents), REFERENCE_IDS: torch.cat(ids)}
 
     def inputs(self, model_config: Mapping, constants: Mapping, x: torch.Tensor, t: torch.Tensor,
