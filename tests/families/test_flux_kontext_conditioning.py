@@ -131,3 +131,17 @@ def test_training_inputs_equal_the_pipelines_with_the_reference(pipe):
         prediction = denoiser(x, timesteps[1].expand(1), drop=torch.tensor([True]), **text, **images)
     assert out.shape[1] == 64 + images[REFERENCE_LATENTS].shape[1]
     assert torch.equal(prediction, pipe._unpack_latents(out[:, :64], 32, 32, pipe.vae_scale_factor).unsqueeze(2))
+
+
+def test_the_latents_route_refuses_references_of_different_sizes_in_one_batch():
+    """Extracted samples keep their own reference latents; a batch of two sizes is refused by name."""
+    from opendit_lite.data.video_latents import collate_pipeline_latents
+
+    def item(index, tokens):
+        return index, (torch.zeros(16, 1, 4, 4), {REFERENCE_LATENTS: torch.zeros(tokens, 64),
+                                                  REFERENCE_IDS: torch.zeros(tokens, 3)}, "caption")
+
+    indices, (latents, inputs, captions) = collate_pipeline_latents([item(0, 60), item(1, 60)])
+    assert latents.shape == (2, 16, 1, 4, 4) and inputs[REFERENCE_LATENTS].shape == (2, 60, 64)
+    with pytest.raises(ConfigError, match="'reference_latents' of the samples of one batch comes in different"):
+        collate_pipeline_latents([item(0, 60), item(1, 50)])
