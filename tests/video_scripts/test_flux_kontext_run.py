@@ -1,6 +1,7 @@
 """A FLUX.1 Kontext LoRA run from its pipeline folder (``model.pipeline`` of ``FluxKontextPipeline``) on a CSV
 with an ``image`` column, end to end on the tiny pipeline: the data reads the reference resized as the pipeline
-resizes it and encodes it to the pipeline's own reference latents; train.py trains 2 steps; the export loads
+resizes it (in a bucket of another size too) and encodes it to the pipeline's own reference latents; train.py
+trains 2 steps; the export loads
 with ``load_lora_weights`` without a key warning; sample.py with ``sample.images`` writes what the pipeline
 called directly with the export loaded gives (fp32, 1e-5), at the asked 32 x 32 (``max_area``, not Kontext's
 one megapixel). (References of one batch resized to different sizes are refused: the conditioning test.)
@@ -66,6 +67,8 @@ def test_a_kontext_lora_run_trains_on_references_and_samples_what_its_pipeline_g
     data = prepare_video_data(cfg, torch.device("cpu"))
     clip, caption, images = data.dataset[0]
     _, inputs = data.model_inputs((clip[None], [caption], [images]))
+    bucket_clip, _, bucket_images = data.dataset[(0, 1, 32, 48)]  # in a bucket of another size: the same reference
+    assert bucket_clip.shape == (3, 1, 32, 48) and torch.equal(bucket_images[0], images[0])
     picture = Image.open(reference).convert("RGB")
     ref = capture(pipe, CAPTION, image=picture, stop_after_step=0, **call).conditional(0)
     packed = inputs["reference_latents"]                                         # [1, 10 x 6, 64]
