@@ -1,10 +1,10 @@
 """A FLUX.1 Kontext LoRA run from its pipeline folder (``model.pipeline`` of ``FluxKontextPipeline``) on a CSV
 with an ``image`` column, end to end on the tiny pipeline: the data reads the reference resized as the pipeline
 resizes it (in a bucket of another size too) and encodes it to the pipeline's own reference latents; train.py
-trains 2 steps; the export loads
-with ``load_lora_weights`` without a key warning; sample.py with ``sample.images`` writes what the pipeline
-called directly with the export loaded gives (fp32, 1e-5), at the asked 32 x 32 (``max_area``, not Kontext's
-one megapixel). (References of one batch resized to different sizes are refused: the conditioning test.)
+trains 2 steps; the export loads with ``load_lora_weights`` without a key warning; sample.py with
+``sample.images`` writes what the pipeline called directly with the export loaded gives (fp32, 1e-5), at the
+asked 32 x 32 (``max_area``, not Kontext's one megapixel). (References of one batch resized to different sizes
+are refused: the conditioning test.)
 
 The pipeline's preferred resolutions (about one megapixel each) are swapped for small ones, read alike by the
 pipeline and the run (both in this process), so that the tiny transformer sees tens of reference tokens.
