@@ -458,7 +458,7 @@ def validate(cfg: TrainConfig) -> None:
     if isinstance(cfg.data.path, list) and cfg.data.type != "folder":
         raise ConfigError(f"'data.path' is a list, which only data.type=folder reads (media folders mixed by repeats); "
                           f"data.type={cfg.data.type!r} reads one path: give one.")
-    if isinstance(cfg.data.path, str) and not os.path.exists(cfg.data.path):
+    if isinstance(cfg.data.path, str) and "://" not in cfg.data.path and not os.path.exists(cfg.data.path):
         raise ConfigError(f"'data.path' {cfg.data.path!r} does not exist.")
     if cfg.model.input_size is not None and len(cfg.model.input_size) not in (1, 2):
         raise ConfigError(f"'model.input_size' must be [size] or [H, W]; got {cfg.model.input_size}.")

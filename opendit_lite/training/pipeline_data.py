@@ -8,6 +8,7 @@ pipeline's scheduler samples its latent shape with (Flux's and LTX-Video's depen
 one per bucket).
 """
 
+import sys
 from typing import Dict, Tuple
 
 from ..builders.image import with_bad_sample_skipping
@@ -23,20 +24,30 @@ from ..builders.pipeline import (
 from ..builders.pipeline_experts import expert_objective_range
 from ..builders.video import bucket_loss_weights, video_buckets
 from ..data.buckets import assign_bucket
+from ..data.latent_shards import LatentShards, check_shards, is_sharded
 from ..data.media_folders import MEDIA_DATA_TYPES
 from ..data.video_csv import collate_conditioned
 from ..data.video_latents import PipelineLatentDataset, collate_pipeline_latents, load_null_text, video_latent_meta
+from ..distributed.ranks import global_rank
 from ..errors import ConfigError
 from ..precision import resolve_precision
 from .spec import TrainingData
 
 
-def _latent_dataset(cfg) -> PipelineLatentDataset:
+def _latent_dataset(cfg):
     meta = video_latent_meta(cfg.data.path)
     try:
-        return PipelineLatentDataset(cfg.data.path, meta.get("files", {}))
+        if is_sharded(meta):
+            check_shards(cfg.data.path)
+            return LatentShards(cfg.data.path, meta)
+        dataset = PipelineLatentDataset(cfg.data.path, meta.get("files", {}))
     except ValueError as e:
         raise ConfigError(f"'data.path': {e}.") from None
+    if global_rank() == 0:
+        print(f"note: {cfg.data.path} holds one .pt file per clip; shards read faster and stream from object "
+              f"stores: python scripts/extract_latents.py --convert {cfg.data.path} --output <new folder>",
+              file=sys.stderr)
+    return dataset
 
 
 def _check_latent_buckets(dataset: PipelineLatentDataset, buckets) -> None:

@@ -98,3 +98,17 @@ def test_a_pipeline_run_on_a_folder_trains_the_inputs_of_the_same_csv(tmp_path, 
     (x_folder, text_folder), (x_csv, text_csv) = inputs
     assert torch.equal(x_folder, x_csv) and text_folder.keys() == text_csv.keys()
     assert all(torch.equal(text_folder[k], text_csv[k]) for k in text_csv)
+
+
+def test_latents_extract_from_a_folder_config(tmp_path, tiny_pipeline):
+    from opendit_lite.data.video_latents import video_latent_meta
+    from tests.pipeline_runs import load_script
+
+    folder = _captioned(tmp_path / "set", ["a.png", "b.png"], ["a red disc", "a blue square"])
+    config = tmp_path / "run.yaml"
+    config.write_text(f"model:\n  pipeline: {tiny_pipeline('flux')}\ndata:\n  type: folder\n  path: {folder}\n"
+                      f"  image_size: 16\n")
+    load_script("scripts/extract_latents.py").main(["--config", str(config), "--output", str(tmp_path / "latents"),
+                                                    "--num-workers", "0"])
+    meta = video_latent_meta(str(tmp_path / "latents"))
+    assert meta["count"] == 2 and meta["storage"] == "mds" and meta["pixel_sizes"] == [[1, 16, 16]]
