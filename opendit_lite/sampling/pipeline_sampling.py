@@ -178,7 +178,8 @@ def pipeline_batches(pipe, cfg, prompts: List[str], ranks: SamplingRanks) -> Ite
         for indices in ranks.batches(len(prompts), 1):
             generators = SampleGenerators(cfg.sample.seed, indices).generators
             i = indices[0]
-            out = pipe(prompt=prompts[i], generator=generators, output_type="pt", **settings,  # image: 1st argument
+            # the prompt by keyword: an image-to-video pipeline's __call__ takes the image first
+            out = pipe(prompt=prompts[i], generator=generators, output_type="pt", **settings,
                        **conditioning.call_images(_open_images(images[i])))
             yield indices, pipeline_pixels(out).float().cpu()
         return

@@ -159,7 +159,7 @@ def capture(pipe, prompt, noise: Optional[torch.Tensor] = None, stop_after_step:
         else:
             call_kwargs.setdefault("generator", torch.Generator().manual_seed(seed))
         with torch.no_grad():
-            pipe(prompt=prompt, callback_on_step_end=next_step, **call_kwargs)  # Kontext's first argument: image
+            pipe(prompt=prompt, callback_on_step_end=next_step, **call_kwargs)  # image-to-video takes image first
     finally:
         for handle in handles:
             handle.remove()

@@ -106,7 +106,11 @@ def test_a_duplicate_or_inconsistent_record_is_refused_before_anything_is_regist
 
 # The released checkpoints the records hold, with their size as announced (billions of parameters).
 RELEASE_BILLIONS = {"Wan-AI/Wan2.1-T2V-14B-Diffusers": 14, "black-forest-labs/FLUX.1-dev": 12,
-                    "hunyuanvideo-community/HunyuanVideo": 13, "black-forest-labs/FLUX.1-Kontext-dev": 12}
+                    "hunyuanvideo-community/HunyuanVideo": 13,
+                    # announced as 14B: the DiT's; the image cross-attention's own key/value projections add 2.1B
+                    "Wan-AI/Wan2.1-I2V-14B-480P-Diffusers": 16,
+                    "Wan-AI/Wan2.2-I2V-A14B-Diffusers": 14, "Wan-AI/Wan2.2-TI2V-5B-Diffusers": 5,
+                    "black-forest-labs/FLUX.1-Kontext-dev": 12}
 
 
 def test_every_release_builds_its_class_at_its_announced_size():
