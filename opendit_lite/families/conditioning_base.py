@@ -151,6 +151,11 @@ class PipelineConditioning:
         pipeline's ``__call__`` that take them."""
         return {"image": images[0] if len(images) == 1 else list(images)}
 
+    def call_size(self, height: int, width: int) -> Dict[str, Any]:
+        """The keywords ``__call__`` takes beyond ``height`` / ``width`` to render a ``height x width`` target
+        at that size ({} for most; FluxKontextPipeline: ``max_area``, else it renders about a megapixel)."""
+        return {}
+
     def loss_mask(self, model_config: Mapping, constants: Mapping, x: torch.Tensor) -> Optional[torch.Tensor]:
         """Where the loss counts for latent clips x [B, C, T, h, w]: a 0/1 tensor broadcastable to x, or
         None (everywhere)."""

@@ -155,7 +155,8 @@ def pipeline_call_settings(cfg) -> Dict[str, Any]:
     pipeline's default), and ``guidance_scale`` when ``sample.cfg_scale`` (or, for a guidance-distilled
     model, the trained ``model.guidance``) sets one; for a model distilled from classifier-free guidance
     (``guidance_free``, Z-Image-Turbo) the scale that runs no unconditional branch; otherwise the
-    pipeline's own default guidance."""
+    pipeline's own default guidance; and what the conditioning adds to render that size (``call_size``:
+    Flux Kontext's ``max_area``)."""
     folder = pipeline_folder(cfg.model.pipeline)
     family, s, d = folder.family, cfg.sample, cfg.data
     image_only = family.adapter.image_only
@@ -167,6 +168,8 @@ def pipeline_call_settings(cfg) -> Dict[str, Any]:
                     "sample.num_frames/height/width ask for")
     settings: Dict[str, Any] = dict(num_inference_steps=s.num_sampling_steps)
     settings.update({k: v for k, v in (("num_frames", frames), ("height", height), ("width", width)) if v})
+    if height and width:
+        settings.update(folder.conditioning.call_size(height, width))
     guided = folder.conditioning.guided(folder.transformer_config())
     guidance = s.cfg_scale if s.cfg_scale is not None else (cfg.model.guidance if guided else None)
     if guidance is None and folder.conditioning.guidance_free(folder.path):  # distilled: no unconditional branch

@@ -110,7 +110,8 @@ RELEASE_BILLIONS = {"Wan-AI/Wan2.1-T2V-14B-Diffusers": 14, "black-forest-labs/FL
                     # announced as 14B: the DiT's; the image cross-attention's own key/value projections add 2.1B
                     "Wan-AI/Wan2.1-I2V-14B-480P-Diffusers": 16,
                     "Wan-AI/Wan2.2-I2V-A14B-Diffusers": 14, "Wan-AI/Wan2.2-TI2V-5B-Diffusers": 5,
-                    "Tongyi-MAI/Z-Image-Turbo": 6, "Tongyi-MAI/Z-Image": 6}
+                    "Tongyi-MAI/Z-Image-Turbo": 6, "Tongyi-MAI/Z-Image": 6,
+                    "black-forest-labs/FLUX.1-Kontext-dev": 12}
 
 
 def test_every_release_builds_its_class_at_its_announced_size():

@@ -7,6 +7,8 @@ the kernel, checkpointing, LoRA and plugin tests' models, with perturbed weights
 at sp 4). Text streams: Flux 7 text tokens (odd: text is never split), HunyuanVideo 12 with sample 0
 masking 3 (its key mask over [image, text]), LTX-Video 16 with sample 0 masking 5 (a cross-attention
 mask); the masks change the serial output by about 1e-2, so they are really exercised.
+Flux also takes "kontext": FLUX.1 Kontext's layout, the "uneven" target's 15 tokens then a 2 x 3
+reference's 6 whose ids have first coordinate 1 (21 in all).
 """
 
 import torch
@@ -63,6 +65,9 @@ def inputs(family: str, model, batch: int = 2, variant: str = "uneven", seed: in
     """Forward keyword arguments of ``model`` (of ``family``) for a batch of ``variant`` token counts."""
     g = torch.Generator().manual_seed(seed)
     cfg = model.config
+    if family == "flux" and variant == "kontext":
+        return _kontext(inputs(family, model, batch, "uneven", seed),
+                        torch.randn(batch, 6, cfg.in_channels, generator=torch.Generator().manual_seed(seed + 1)))
     grid = _GRIDS[family][variant]
 
     def rand(*shape):
@@ -105,3 +110,12 @@ def inputs(family: str, model, batch: int = 2, variant: str = "uneven", seed: in
         return dict(hidden_states=rand(batch, cfg.in_channels, *grid), encoder_hidden_states=rand(batch, 10, 32),
                     pooled_projections=rand(batch, cfg.pooled_projection_dim), timestep=steps(), return_dict=False)
     raise KeyError(family)
+
+
+def _kontext(target: dict, reference: torch.Tensor) -> dict:
+    """FLUX.1 Kontext's transformer inputs: a reference's packed 2 x 3 tokens [B, 6, C] after the target's on
+    the sequence axis, with ids (1, row, column) after the target's (0, row, column), as its pipeline joins them."""
+    ids = torch.ones(2, 3, 3)
+    ids[..., 1], ids[..., 2] = torch.arange(2)[:, None], torch.arange(3)[None, :]
+    return dict(target, hidden_states=torch.cat([target["hidden_states"], reference], dim=1),  # [B, 15 + 6, C]
+                img_ids=torch.cat([target["img_ids"], ids.reshape(6, 3)]))                    # [21, 3]
