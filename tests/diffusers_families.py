@@ -25,6 +25,7 @@ FAMILIES = (
     "CogVideoXTransformer3DModel",
     "HunyuanVideoTransformer3DModel",
     "LTXVideoTransformer3DModel",
+    "Flux2Transformer2DModel",
 )
 
 CONFIGS: Dict[str, dict] = {
@@ -50,6 +51,9 @@ CONFIGS: Dict[str, dict] = {
     "LTXVideoTransformer3DModel": dict(
         in_channels=8, out_channels=8, num_attention_heads=2, attention_head_dim=8, cross_attention_dim=16,
         num_layers=2, qk_norm="rms_norm_across_heads", caption_channels=32),
+    "Flux2Transformer2DModel": dict(
+        patch_size=1, in_channels=16, num_layers=1, num_single_layers=1, attention_head_dim=8, num_attention_heads=2,
+        joint_attention_dim=24, timestep_guidance_channels=16, axes_dims_rope=(2, 2, 2, 2), guidance_embeds=True),
 }
 
 # name -> (family, overrides)
@@ -133,6 +137,16 @@ def forward_inputs(name: str, batch: int = 2, seed: int = 1) -> dict:
         return dict(hidden_states=randn(batch, FRAMES * HEIGHT * WIDTH, 8), timestep=times * 1000,
                     encoder_hidden_states=randn(batch, TEXT_TOKENS, 32), encoder_attention_mask=mask.long(),
                     num_frames=FRAMES, height=HEIGHT, width=WIDTH, return_dict=False)
+    if family == "Flux2Transformer2DModel":
+        h, w = HEIGHT, WIDTH                                                   # one token per latent pixel
+        rows, cols = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
+        zeros = torch.zeros_like(rows)
+        img_ids = torch.stack([zeros, rows, cols, zeros], dim=-1).reshape(1, -1, 4)   # [1, N, 4]: (0, row, column, 0)
+        txt_ids = torch.stack([torch.zeros(TEXT_TOKENS, dtype=torch.long)] * 3 + [torch.arange(TEXT_TOKENS)], -1)
+        return dict(hidden_states=randn(batch, h * w, config["in_channels"]), timestep=times,
+                    guidance=torch.full((batch,), 4.0), encoder_hidden_states=randn(batch, TEXT_TOKENS, 24),
+                    txt_ids=txt_ids[None].expand(batch, -1, -1), img_ids=img_ids.expand(batch, -1, -1),
+                    return_dict=False)
     raise KeyError(name)
 
 

@@ -10,7 +10,10 @@ stored here decode with that pipeline's VAE step:
 * ``mean_std_scale``: (z - mean) x scaling_factor / std, with the VAE model's ``latents_mean`` /
   ``latents_std`` buffers;
 * ``shift_scale``: (z - shift_factor) x scaling_factor (the VAE config's);
-* ``scale``: z x scaling_factor.
+* ``scale``: z x scaling_factor;
+* ``patch_batch_norm``: the VAE's 2x2 patches as channels ([C, h, w] -> [4C, h/2, w/2], channel-major),
+  normalised by the VAE's own BatchNorm running statistics (``vae.bn``, AutoencoderKLFlux2): stored as
+  the patched latents [4C, 1, h/2, w/2] the transformer takes one token per latent pixel of.
 
 Image families (``image_only``) encode images, stored as 1-frame latents [C, 1, h, w]. Caption states
 are the text encoder's last hidden states (the transformer's text width) with their padding mask.
@@ -35,7 +38,7 @@ class FamilyEncoders:
 
     transformer: str                       # the diffusers transformer class (``model.name`` in a config)
     vae: str                               # the diffusers VAE class
-    latent_norm: str                       # "mean_std", "mean_std_scale", "shift_scale" or "scale"
+    latent_norm: str                       # "mean_std", "mean_std_scale", "shift_scale", "scale", "patch_batch_norm"
     text_models: Tuple[str, ...]           # transformers ``model_type``s of the text encoder it takes
     max_length: int                        # caption tokens, as the family's pipeline pads them
     image_only: bool = False               # an image model: 1-frame clips
@@ -82,6 +85,10 @@ def load_family_text_encoder(spec: FamilyEncoders, path: str, what: str, max_len
     if model_type not in spec.text_models:
         raise ConfigError(f"{what} holds a {model_type or 'model without model_type'} text model; the "
                           f"{spec.transformer} family encodes captions with {' or '.join(spec.text_models)}.")
+    if model_type not in TEXT_MODEL_CLASSES:
+        raise ConfigError(f"the {spec.transformer} family's transformer reads its {model_type} text encoder as its "
+                          f"diffusers pipeline prompts it, which only that pipeline computes: encode the captions from "
+                          f"the pipeline folder (extract_latents.py --pipeline, or model.pipeline in a run).")
     model_cls = getattr(transformers, TEXT_MODEL_CLASSES[model_type])
     from .pipeline_folder import has_tokenizer
 
@@ -112,7 +119,20 @@ def normalize_latents(spec: FamilyEncoders, vae: nn.Module, z: torch.Tensor) -> 
         return (z - _channel(vae.latents_mean, z)) * c.scaling_factor / _channel(vae.latents_std, z)
     if spec.latent_norm == "shift_scale":
         return (z - (c.shift_factor or 0.0)) * c.scaling_factor
+    if spec.latent_norm == "patch_batch_norm":
+        return patch_batch_norm(vae, z)
     return z * c.scaling_factor
+
+
+def patch_batch_norm(vae: nn.Module, z: torch.Tensor) -> torch.Tensor:
+    """Raw latents [B, C, T, h, w] -> the VAE's 2x2 patches as channels [B, 4C, T, h/2, w/2] (channel c's
+    patch position (i, j) at 4c + 2i + j), normalised by its BatchNorm running mean and variance."""
+    B, C, T, h, w = z.shape
+    p = z.reshape(B, C, T, h // 2, 2, w // 2, 2).permute(0, 1, 4, 6, 2, 3, 5).reshape(B, 4 * C, T, h // 2, w // 2)
+    bn = vae.bn
+    mean = _channel(bn.running_mean.float(), p)
+    std = torch.sqrt(_channel(bn.running_var.float(), p) + vae.config.batch_norm_eps)
+    return (p - mean) / std
 
 
 @torch.no_grad()

@@ -37,6 +37,11 @@ TARGETS = {
                                        ["proj_out", "single_transformer_blocks.0.norm.linear"]),
     "LTXVideoTransformer3DModel": (20, ["transformer_blocks.0.attn2.to_v", "transformer_blocks.1.ff.net.0.proj"],
                                    ["proj_out", "proj_in"]),
+    "Flux2Transformer2DModel": (14, ["transformer_blocks.0.attn.add_v_proj", "transformer_blocks.0.ff.linear_in",
+                                     "transformer_blocks.0.ff_context.linear_out",
+                                     "single_transformer_blocks.0.attn.to_qkv_mlp_proj",
+                                     "single_transformer_blocks.0.attn.to_out"],
+                                ["proj_out", "x_embedder", "single_stream_modulation.linear", "norm_out.linear"]),
 }
 
 
