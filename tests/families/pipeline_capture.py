@@ -160,7 +160,7 @@ def capture(pipe, prompt, noise: Optional[torch.Tensor] = None, stop_after_step:
         else:
             call_kwargs.setdefault("generator", torch.Generator().manual_seed(seed))
         with torch.no_grad():
-            pipe(prompt=prompt, callback_on_step_end=next_step, **call_kwargs)  # Flux2Pipeline: image first
+            pipe(prompt=prompt, callback_on_step_end=next_step, **call_kwargs)  # by keyword: image may come first
     finally:
         for handle in handles:
             handle.remove()
