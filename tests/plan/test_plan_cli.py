@@ -24,7 +24,8 @@ def _run_plan(capsys, *argv):
 
 
 # The configs naming a released pipeline folder (a placeholder to edit): planned with a tiny one of its layout.
-PIPELINE_CONFIGS = {"configs/flux_lora.yaml": "flux", "configs/wan_lora.yaml": "wan"}
+PIPELINE_CONFIGS = {"configs/flux_lora.yaml": "flux", "configs/wan_lora.yaml": "wan",
+                    "configs/flux2_lora.yaml": "flux2"}
 
 
 @pytest.mark.parametrize("config", CONFIGS)
