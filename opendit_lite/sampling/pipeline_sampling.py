@@ -175,7 +175,7 @@ def pipeline_batches(pipe, cfg, prompts: List[str], ranks: SamplingRanks) -> Ite
         for indices in ranks.batches(len(prompts), 1):
             generators = SampleGenerators(cfg.sample.seed, indices).generators
             i = indices[0]
-            out = pipe(prompts[i], generator=generators, output_type="pt", **settings,
+            out = pipe(prompt=prompts[i], generator=generators, output_type="pt", **settings,
                        **conditioning.call_images(_open_images(images[i])))
             yield indices, pipeline_pixels(out).float().cpu()
         return

@@ -13,11 +13,11 @@ stores exactly what the CSV route trains on.
 Run with -s to see the largest difference of each input."""
 
 import math
-import os
 
 import torch
 
 from opendit_lite.builders.video import build_video_model
+from opendit_lite.data.latent_shards import load_null_text_shards
 from opendit_lite.families.tiny_pipelines import TINY_CALLS
 from opendit_lite.training.video import prepare_video_data
 from tests.families.pipeline_capture import capture, model_latents
@@ -82,10 +82,13 @@ def test_a_flux2_training_step_feeds_the_transformer_what_flux2pipeline_feeds_it
     out = str(tmp_path / "latents")
     assert extract_script().main(["--pipeline", folder, "--csv", csv, "--num-frames", "1", "--height", "32",
                                   "--width", "32", "--num-workers", "0", "--output", out]) == 1
-    stored = torch.load(os.path.join(out, "00000000.pt"), weights_only=True)
-    assert torch.allclose(stored["latents"], x0[0], atol=1e-6)
-    assert torch.equal(stored["text"]["encoder_hidden_states"], text["encoder_hidden_states"][0])
-    null = torch.load(os.path.join(out, "null_text.pt"), weights_only=True)["encoder_hidden_states"]
+    latents_cfg = pipeline_config(folder, csv, call, str(tmp_path / "run2"), "data.type=latents", f"data.path={out}")
+    route = prepare_video_data(latents_cfg, torch.device("cpu"))
+    latents, inputs, _ = route.dataset[0]                                        # [C, 1, h, w], {key: [...]}
+    stored_x0, stored_text = route.model_inputs((latents[None], {k: v[None] for k, v in inputs.items()}, None))
+    assert torch.allclose(stored_x0, x0, atol=1e-6)
+    assert torch.equal(stored_text["encoder_hidden_states"], text["encoder_hidden_states"])
+    null = load_null_text_shards(out)["encoder_hidden_states"]
     assert torch.equal(null, runs[True].conditional(0)["encoder_hidden_states"])
     # ... and the latents are the pipeline's own VAE step (its reference-image encoder: mode, 2x2 patches, BatchNorm)
     assert torch.allclose(pipe._encode_vae_image(clip[:, 0][None], generator=None), x0[:, :, 0], atol=1e-5)
