@@ -1,8 +1,9 @@
 """FLUX.2's adapter: its forward inputs from a clip batch and its training recipe: flow matching,
 logit-normal training times, shifted as ``Flux2Pipeline`` samples the clip's token count at its default
-50 steps (``exp(mu)`` of FLUX.2's empirical fit, ``compute_empirical_mu``: about e^2.0 at 256 tokens,
-e^2.4 at 4096). FLUX.2 multiplies the time and the guidance by 1000 itself and takes ``t``; its guidance
-embedding (the guidance-distilled dev model) is given ``GUIDANCE`` = 4, ``Flux2Pipeline``'s default.
+50 steps (``exp(mu)`` of FLUX.2's empirical fit, ``compute_empirical_mu``: e^1.62 at 256 tokens, e^2.02
+at 4096, 1024x1024, e^3.23 at 16384). FLUX.2 multiplies the time and the guidance by 1000 itself and
+takes ``t``; its guidance embedding (the guidance-distilled dev model) is given ``GUIDANCE`` = 4,
+``Flux2Pipeline``'s default.
 
 The clips are the latents ``Flux2Pipeline`` denoises: the VAE's 2x2 patches already in the channels
 (the transformer's ``in_channels``, 128 in the release, ``patch_size`` 1), so one latent pixel is one
