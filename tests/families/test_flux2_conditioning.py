@@ -7,8 +7,9 @@ that puts the noisy latents where the pipeline's are. Every input (the Mistral s
 and 30 stacked, 512 tokens with their padding, text and image ids, guidance, the timestep's scale)
 equals the pipeline's; a dropped caption sees what the pipeline feeds for an empty prompt (it has no
 negative prompt). The training shift is the one the pipeline's scheduler samples with at its default
-step count (FLUX.2's empirical mu), and the latents route (scripts/extract_latents.py --pipeline)
-stores exactly what the CSV route trains on.
+step count (FLUX.2's empirical mu), the latents route (scripts/extract_latents.py --pipeline)
+stores exactly what the CSV route trains on, those latents are the pipeline's own VAE step, and the
+family's adapter (a run from ``model.path``) gives the transformer the same inputs.
 
 Run with -s to see the largest difference of each input."""
 
@@ -70,6 +71,15 @@ def test_a_flux2_training_step_feeds_the_transformer_what_flux2pipeline_feeds_it
         assert diff <= (1e-5 if key in ("hidden_states", "timestep") else 0.0), f"{key} differs by {diff}"
     torch.stack(losses).sum().backward()
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
+
+    # the family's adapter (a run from model.path) feeds the same inputs as the pipeline's conditioning
+    from opendit_lite.families import FAMILIES
+
+    t = torch.tensor([700.0])
+    with torch.no_grad():
+        via_adapter = FAMILIES["flux2"].adapter.forward(model, model.config, x0, t, text["encoder_hidden_states"],
+                                                        None, None)
+        torch.testing.assert_close(via_adapter, denoiser(x0, t, **text), rtol=0, atol=1e-6)
 
     # the shift: the pipeline's scheduler at its default 50 steps samples sigma' = s sigma / (1 + (s - 1) sigma)
     capture(pipe, CAPTION, noise=noise, stop_after_step=0, height=call["height"], width=call["width"])
