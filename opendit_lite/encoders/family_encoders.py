@@ -45,6 +45,9 @@ class FamilyEncoders:
     # The pipeline's folders of that text encoder and its tokenizer (Flux's T5 is its second encoder,
     # SD3's its third).
     text_folders: Tuple[str, str] = ("text_encoder", "tokenizer")
+    # Pixels per row (and column) of the stored latents: the VAE's factor, times the patch side where the
+    # latents are stored patched into channels (FLUX.2's 8 x 2); the planner's image sizes of a model.path run.
+    pixels_per_latent: int = 8
 
 
 # transformers' class for each text-encoder model type (the encoder half only for T5s).

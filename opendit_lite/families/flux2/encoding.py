@@ -10,4 +10,4 @@ computes, so captions are encoded from a pipeline folder (``model.pipeline``, ``
 from ...encoders.family_encoders import FamilyEncoders
 
 ENCODING = FamilyEncoders("Flux2Transformer2DModel", "AutoencoderKLFlux2", "patch_batch_norm", ("mistral3",), 512,
-                          image_only=True)
+                          image_only=True, pixels_per_latent=16)                  # 8x VAE, then 2x2 patches
