@@ -102,3 +102,21 @@ def test_a_flux2_training_step_feeds_the_transformer_what_flux2pipeline_feeds_it
     assert torch.equal(null, runs[True].conditional(0)["encoder_hidden_states"])
     # ... and the latents are the pipeline's own VAE step (its reference-image encoder: mode, 2x2 patches, BatchNorm)
     assert torch.allclose(pipe._encode_vae_image(clip[:, 0][None], generator=None), x0[:, :, 0], atol=1e-5)
+
+
+def test_flux2_captions_are_encoded_from_the_pipeline_folder_only(tiny_pipeline):
+    """``extract_latents.py --family flux2`` cannot encode captions: the transformer reads Mistral's states
+    as the pipeline prompts it (chat template, three stacked layers), which only the pipeline computes."""
+    import os
+
+    import pytest
+
+    from opendit_lite.encoders.family_encoders import load_family_text_encoder
+    from opendit_lite.errors import ConfigError
+    from opendit_lite.families import FAMILIES
+
+    folder = tiny_pipeline("flux2")
+    with pytest.raises(ConfigError, match="only that pipeline computes"):
+        load_family_text_encoder(FAMILIES["flux2"].encoding, os.path.join(folder, "text_encoder"), "the text encoder",
+                                 tokenizer_path=os.path.join(folder, "tokenizer"))
+
