@@ -23,7 +23,7 @@ from opendit_lite.parallel import FAMILIES as SP_SPECS
 FOLDER = os.path.dirname(families.__file__)
 PIECES = {"__init__.py", "adapter.py", "sp_spec.py", "fused_norms.py", "encoding.py", "conditioning.py", "tiny.py",
           "step_cache.py"}
-EXPECTED = {"wan", "hunyuan_video", "cogvideox", "ltx_video", "flux", "sd3", "z_image"}
+EXPECTED = {"wan", "hunyuan_video", "cogvideox", "ltx_video", "flux", "sd3", "z_image", "flux2"}
 
 
 def _folders():
@@ -111,7 +111,8 @@ RELEASE_BILLIONS = {"Wan-AI/Wan2.1-T2V-14B-Diffusers": 14, "black-forest-labs/FL
                     "Wan-AI/Wan2.1-I2V-14B-480P-Diffusers": 16,
                     "Wan-AI/Wan2.2-I2V-A14B-Diffusers": 14, "Wan-AI/Wan2.2-TI2V-5B-Diffusers": 5,
                     "Tongyi-MAI/Z-Image-Turbo": 6, "Tongyi-MAI/Z-Image": 6,
-                    "black-forest-labs/FLUX.1-Kontext-dev": 12}
+                    "black-forest-labs/FLUX.1-Kontext-dev": 12,
+                    "black-forest-labs/FLUX.2-dev": 32}
 
 
 def test_every_release_builds_its_class_at_its_announced_size():
