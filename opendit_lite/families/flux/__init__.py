@@ -1,7 +1,7 @@
 """Flux (FLUX.1) (diffusers' ``FluxTransformer2DModel``): its record in the families registry, built from the
 pieces in this folder (``adapter.py``, ``sp_spec.py``, ``fused_norms.py``, ``encoding.py``,
-``conditioning.py``, ``tiny.py``, ``step_cache.py``), its capabilities and its released checkpoints' shapes
-for the planner; registered on import."""
+``conditioning.py``, ``tiny.py``, ``step_cache.py``, ``original_lora.py``), its capabilities and its released
+checkpoints' shapes for the planner; registered on import."""
 
 from ..lora_targets import CONTEXT_FEED_FORWARD, FEED_FORWARD, JOINT_ATTENTION, SINGLE_STREAM_MLP
 from ..registry import Family, Release, register_family
@@ -9,6 +9,7 @@ from .adapter import FluxAdapter
 from .conditioning import CONDITIONING
 from .encoding import ENCODING
 from .fused_norms import FUSED_NORMS
+from .original_lora import ORIGINAL_LORA
 from .sp_spec import SP_SPEC
 from .step_cache import STEP_CACHE
 from .tiny import TINY
@@ -31,4 +32,5 @@ FAMILY = register_family(Family(
         axes_dims_rope=[16, 56, 56])),),
     conditioning=CONDITIONING,
     tiny=TINY,
+    original_lora=ORIGINAL_LORA,
 ))

@@ -1,7 +1,7 @@
 """Wan 2.1 / 2.2 (diffusers' ``WanTransformer3DModel``): its record in the families registry, built from the
 pieces in this folder (``adapter.py``, ``sp_spec.py``, ``fused_norms.py``, ``encoding.py``,
-``conditioning.py``, ``tiny.py``, ``step_cache.py``), its capabilities and its released checkpoints' shapes
-for the planner; registered on import."""
+``conditioning.py``, ``tiny.py``, ``step_cache.py``, ``original_lora.py``), its capabilities and its released
+checkpoints' shapes for the planner; registered on import."""
 
 from ..lora_targets import ATTENTION
 from ..registry import Family, Release, register_family
@@ -9,6 +9,7 @@ from .adapter import WanAdapter
 from .conditioning import CONDITIONING
 from .encoding import ENCODING
 from .fused_norms import FUSED_NORMS
+from .original_lora import ORIGINAL_LORA
 from .sp_spec import SP_SPEC
 from .step_cache import STEP_CACHE
 from .tiny import TINY
@@ -31,4 +32,5 @@ FAMILY = register_family(Family(
         qk_norm="rms_norm_across_heads", eps=1e-6, image_dim=None, added_kv_proj_dim=None, rope_max_seq_len=1024)),),
     conditioning=CONDITIONING,
     tiny=TINY,
+    original_lora=ORIGINAL_LORA,
 ))
