@@ -215,6 +215,6 @@ def require_original_layout(family, class_name: str):
         name = family.name if family is not None else class_name
         raise ConfigError(f"the {name} family declares no original checkpoint layout for LoRA files (no "
                           f"families/{name}/original_lora.py), so there is no ComfyUI format to write or read for "
-                          f"{class_name}: use export.lora_format: diffusers (its pipeline's LoRA file, which ComfyUI "
-                          f"reads for most families), or a LoRA file in the diffusers format.")
+                          f"{class_name}: use export.lora_format: diffusers (its pipeline's LoRA file), or a LoRA file "
+                          f"in the diffusers format.")
     return spec

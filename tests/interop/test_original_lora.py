@@ -28,6 +28,7 @@ from safetensors.torch import load_file, save_file
 from opendit_lite.errors import ConfigError
 from opendit_lite.families import FAMILIES, family_of
 from opendit_lite.interop import LORA_WEIGHT_NAME, export_lora
+from opendit_lite.interop.family_checkpoint import check_lora_format
 from opendit_lite.interop.lora_import import check_lora_file, load_lora_file
 from opendit_lite.interop.original_lora import COMFYUI_WEIGHT_NAME, diffusers_parts, export_original_lora
 from opendit_lite.models.lora import apply_lora
@@ -147,6 +148,11 @@ def test_a_family_without_original_layout_and_bad_files_are_refused_in_one_parag
     model = _adapted(cog, seed=1)
     with pytest.raises(ConfigError, match="cogvideox family declares no original checkpoint layout"):
         export_original_lora(model, str(tmp_path / "cog"))
+    for fmt in ("comfyui", "both"):  # export.lora_format's check, before a run starts
+        with pytest.raises(ConfigError, match="cogvideox family declares no original .*export.lora_format: diffusers"):
+            check_lora_format(cog, fmt)
+    with pytest.raises(ConfigError, match="not a LoRA file format"):
+        check_lora_format("WanTransformer3DModel", "kohya")
     export_lora(model, str(tmp_path / "cog"))  # the diffusers format starts a CogVideoX run
     assert "6 of the model's" not in load_lora_file(_adapted(cog, seed=3), str(tmp_path / "cog"))
 
