@@ -18,6 +18,7 @@ by rows), those layers are left out of the diffusers comparison only: the round 
 """
 
 import inspect
+import re
 
 import diffusers
 import pytest
@@ -31,6 +32,7 @@ from opendit_lite.interop import LORA_WEIGHT_NAME, export_lora
 from opendit_lite.interop.family_checkpoint import check_lora_format
 from opendit_lite.interop.lora_import import check_lora_file, load_lora_file
 from opendit_lite.interop.original_lora import COMFYUI_WEIGHT_NAME, diffusers_parts, export_original_lora
+from opendit_lite.models.capabilities import lora_targets
 from opendit_lite.models.lora import apply_lora
 from tests.diffusers_families import build, randomize_adapters
 
@@ -43,12 +45,20 @@ NOT_READ_BY_DIFFUSERS = {
 }
 CONVERTED = ("WanTransformer3DModel", "FluxTransformer2DModel", "HunyuanVideoTransformer3DModel",
              "LTXVideoTransformer3DModel")
+# case -> (tests.diffusers_families model, constructor overrides, layers adapted beyond the family's targets)
+CASES = {
+    **{family: (family, {}, ()) for family in CONVERTED + ("SD3Transformer2DModel",)},
+    "SD3.5-dual-attention": ("SD3.5-dual-attention", {}, ()),  # x_block.attn2.qkv
+    # Wan image-to-video: the cross-attention's image keys and values (cross_attn.k_img / v_img)
+    "Wan-i2v": ("WanTransformer3DModel", dict(image_dim=16, added_kv_proj_dim=24), ("add_k_proj", "add_v_proj")),
+}
 
 
-def _adapted(family: str, seed: int) -> torch.nn.Module:
-    model = build(family)
+def _adapted(case: str, seed: int) -> torch.nn.Module:
+    name, overrides, extra = CASES.get(case, (case, {}, ()))
+    model = build(name, **overrides)
     torch.manual_seed(seed)  # peft draws A at random: each seed its own adapters
-    apply_lora(model, rank=RANK, alpha=ALPHA, dropout=0.0)
+    apply_lora(model, rank=RANK, alpha=ALPHA, dropout=0.0, targets=lora_targets(model) + extra)
     return randomize_adapters(model, seed=seed).eval()
 
 
@@ -73,17 +83,18 @@ def _load_like_the_pipeline(pipeline, source, transformer, adapter_name):
     pipeline.load_lora_into_transformer(state, **kwargs)
 
 
-@pytest.mark.parametrize("family", sorted(CONVERTED + ("SD3Transformer2DModel",)))
-def test_the_comfyui_file_loads_as_the_diffusers_file_and_starts_a_run_with_the_same_adapters(family, tmp_path):
-    import re
-
-    trained = _adapted(family, seed=1)
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_the_comfyui_file_loads_as_the_diffusers_file_and_starts_a_run_with_the_same_adapters(case, tmp_path):
+    trained = _adapted(case, seed=1)
+    family = type(trained).__name__
     out = str(tmp_path / "lora")
     export_lora(trained, out)
     export_original_lora(trained, out)
     comfy = load_file(f"{out}/{COMFYUI_WEIGHT_NAME}")
     spec = family_of(family).original_lora
     assert all(k.startswith("diffusion_model.") for k in comfy)
+    variant_layer = {"SD3.5-dual-attention": ".x_block.attn2.qkv.", "Wan-i2v": ".cross_attn.k_img."}.get(case)
+    assert variant_layer is None or any(variant_layer in k for k in comfy)
     if spec.keys == "kohya":  # the alpha keys carry the trained scale: alpha / rank = lora_alpha / r
         alphas = {k[:-len(".alpha")]: v.item() for k, v in comfy.items() if k.endswith(".alpha")}
         assert alphas and all(a / comfy[f"{k}.lora_down.weight"].shape[0] == ALPHA / RANK for k, a in alphas.items())
@@ -96,7 +107,7 @@ def test_the_comfyui_file_loads_as_the_diffusers_file_and_starts_a_run_with_the_
         readable = {k: v for k, v in comfy.items() if skip is None or not any(
             re.fullmatch(skip, p) for p in diffusers_parts(spec, _layer(k)))}
         pipeline = getattr(diffusers, family_of(family).pipeline)
-        fresh = build(family).eval()
+        fresh = build(CASES[case][0], **CASES[case][1]).eval()
         _load_like_the_pipeline(pipeline, out, fresh, "diffusers")
         _load_like_the_pipeline(pipeline, readable, fresh, "comfyui")
         from_diffusers, from_comfy = _updates(fresh, "diffusers"), _updates(fresh, "comfyui")
@@ -123,7 +134,7 @@ def test_the_comfyui_file_loads_as_the_diffusers_file_and_starts_a_run_with_the_
     # lora.init_from: either file gives a fresh adapted model the trained adapters' weights
     want = _adapter_weights(trained)
     for name in (LORA_WEIGHT_NAME, COMFYUI_WEIGHT_NAME):
-        resumed = _adapted(family, seed=7)
+        resumed = _adapted(case, seed=7)
         assert check_lora_file(f"{out}/{name}", family) == ("comfyui" if name == COMFYUI_WEIGHT_NAME else "diffusers")
         assert "of the model's" in load_lora_file(resumed, f"{out}/{name}")
         got = _adapter_weights(resumed)
@@ -133,12 +144,10 @@ def test_the_comfyui_file_loads_as_the_diffusers_file_and_starts_a_run_with_the_
 
 def _layer(key: str) -> str:
     """The original layer of a ComfyUI file's key."""
-    import re
     return re.sub(r"\.(lora_(down|up|A|B)\.weight|alpha)$", "", key[len("diffusion_model."):])
 
 
 def _matches(template: str, layer: str) -> bool:
-    import re
     return re.fullmatch(re.escape(template).replace(re.escape("{i}"), r"\d+"), layer) is not None
 
 
@@ -154,7 +163,8 @@ def test_a_family_without_original_layout_and_bad_files_are_refused_in_one_parag
     with pytest.raises(ConfigError, match="not a LoRA file format"):
         check_lora_format("WanTransformer3DModel", "kohya")
     export_lora(model, str(tmp_path / "cog"))  # the diffusers format starts a CogVideoX run
-    assert "6 of the model's" not in load_lora_file(_adapted(cog, seed=3), str(tmp_path / "cog"))
+    assert re.match(r"lora.init_from: (\d+) of the model's \1 adapted layers",
+                    load_lora_file(_adapted(cog, seed=3), str(tmp_path / "cog")))
 
     wan = _adapted("WanTransformer3DModel", seed=1)
     export_original_lora(wan, str(tmp_path / "wan"))
