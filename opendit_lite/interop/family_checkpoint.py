@@ -81,6 +81,14 @@ def family_model_skeleton(model: dict, lora: Optional[dict] = None, component: s
     return skeleton
 
 
+def default_lora_format(model_name: str) -> str:
+    """A LoRA run's adapter files when none is chosen: both formats for a family that declares an
+    original checkpoint layout (a ComfyUI user finds their file without asking), the diffusers format
+    otherwise."""
+    family = family_of(model_name)
+    return "both" if family is not None and family.original_lora is not None else "diffusers"
+
+
 def check_lora_format(model_name: str, lora_format: str) -> None:
     """A ConfigError when ``lora_format`` is no format, or names the ComfyUI file for a family without
     an original layout."""

@@ -40,8 +40,7 @@ from ..data.buckets import BucketBatchSampler
 from ..distributed.ranks import global_rank
 from ..encoders.video_vae import VideoVAE
 from ..errors import ConfigError
-from ..families import family_of
-from ..interop.family_checkpoint import check_lora_format, export_family_checkpoint
+from ..interop.family_checkpoint import check_lora_format, default_lora_format, export_family_checkpoint
 from ..interop.original_lora import COMFYUI_WEIGHT_NAME
 from ..parallel.modes import ulysses_heads_error
 from ..precision import Precision
@@ -126,10 +125,7 @@ def check_export(cfg) -> None:
 def export_lora_format(cfg) -> str:
     """The adapter file(s) of a LoRA run's export: ``export.lora_format``; null: both formats for a family
     that declares an original checkpoint layout, the diffusers format otherwise."""
-    if cfg.export.lora_format is not None:
-        return cfg.export.lora_format
-    family = family_of(cfg.model.name)
-    return "both" if family is not None and family.original_lora is not None else "diffusers"
+    return cfg.export.lora_format or default_lora_format(cfg.model.name)
 
 
 def export_lora_mode(cfg) -> str:
