@@ -185,3 +185,26 @@ def test_a_family_without_original_layout_and_bad_files_are_refused_in_one_parag
         check_lora_file(str(tmp_path / "wan"), "DiT-S/2")
     with safe_open(f"{tmp_path}/wan/{COMFYUI_WEIGHT_NAME}", "pt") as f:  # the trained rank and alpha, sd-scripts' names
         assert f.metadata() == {"ss_network_dim": str(RANK), "ss_network_alpha": str(ALPHA)}
+
+
+def test_a_fused_layer_with_one_shared_down_matrix_splits_into_each_layers_adapter(tmp_path):
+    """Some trainers write a fused qkv adapter of rank r whose down matrix q, k and v share: each layer
+    gets that down matrix and its rows of the up matrix (reference: the fused update chunked in three,
+    as diffusers' single-file converter splits qkv). A dense up matrix of rank 3 r is no sum of
+    per-layer adapters: refused."""
+    model = _adapted("SD3Transformer2DModel", seed=3)
+    g = torch.Generator().manual_seed(0)
+    down, up = torch.randn(RANK, 16, generator=g), torch.randn(3 * 16, RANK, generator=g)   # [r, in], [3 out, r]
+    layer = "diffusion_model.joint_blocks.0.x_block.attn.qkv"
+    path = str(tmp_path / "shared.safetensors")
+    save_file({f"{layer}.lora_down.weight": down, f"{layer}.lora_up.weight": up,
+               f"{layer}.alpha": torch.tensor(2.0 * RANK)}, path)  # scale 2
+    assert load_lora_file(model, path).startswith("lora.init_from: 3 of the model's")
+    reference = (2.0 * up @ down).chunk(3, dim=0)
+    updates = _updates(model)
+    for part, want in zip(("to_q", "to_k", "to_v"), reference):
+        assert (updates[f"transformer_blocks.0.attn.{part}"] - want).abs().max() < TOL, part
+    save_file({f"{layer}.lora_down.weight": torch.randn(3 * RANK, 16, generator=g),
+               f"{layer}.lora_up.weight": torch.randn(3 * 16, 3 * RANK, generator=g)}, path)
+    with pytest.raises(ConfigError, match="not block diagonal"):
+        load_lora_file(model, path)
