@@ -46,7 +46,12 @@ def test_every_family_folder_holds_every_piece(name):
     for optional, field in OPTIONAL.items():
         assert (optional in files) == (getattr(FAMILIES[name], field) is not None), (name, optional)
     files -= set(OPTIONAL)
-    assert files == PIECES, f"families/{name}/ holds {sorted(files)}; every family holds {sorted(PIECES)}"
+    # a variant pipeline's conditioning (image-to-video, edit) in conditioning_<variant>.py, defined in the folder
+    variants = {f for f in files if f.startswith("conditioning_")}
+    assert files - variants == PIECES, f"families/{name}/ holds {sorted(files)}; every family holds {sorted(PIECES)}"
+    for variant in FAMILIES[name].variants:
+        module = type(variant.conditioning).__module__
+        assert module.startswith(f"opendit_lite.families.{name}."), f"{variant.pipeline}'s conditioning is in {module}"
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
