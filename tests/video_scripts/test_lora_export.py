@@ -88,18 +88,26 @@ def pipeline_output(pipeline: str, lora: str = None, weight_name: str = None) ->
 
 @pytest.fixture(scope="module")
 def lora_run(tiny_pipeline, tmp_path_factory):
-    """60 LoRA steps on the tiny Wan pipeline's transformer, exported by default."""
+    """60 LoRA steps on the tiny Wan pipeline's transformer, exported by default: (pipeline, run, latents)."""
     root = tmp_path_factory.mktemp("lora")
     pipeline = tiny_pipeline("wan")
-    main("train_video", lora_run_args(pipeline, wan_latents(pipeline, root), str(root), 60))
-    return pipeline, str(root / "lora")
+    data = wan_latents(pipeline, root)
+    main("train_video", lora_run_args(pipeline, data, str(root), 60))
+    return pipeline, str(root / "lora"), data
 
 
-def test_the_default_export_is_the_lora_files_alone_and_holds_most_of_what_was_learned(lora_run, capsys):
+def test_the_default_export_is_the_lora_files_alone_and_holds_most_of_what_was_learned(lora_run, tmp_path, capsys):
+    """(And, in this test so that the run above is made once per test session whichever worker takes
+    it:) ``lora.init_from`` its ComfyUI file starts every adapter of a new run from it: after 1 step of
+    lr 5e-3 the adapters are within lr of the file's (AdamW's first step moves a weight by about lr at
+    most), far from a fresh start (B = 0)."""
+    from safetensors.torch import load_file
+
     from opendit_lite.checkpoint.layout import find_resume_checkpoint, saved_config
+    from opendit_lite.checkpoint.weights import read_weights
     from opendit_lite.interop.family_checkpoint import export_family_checkpoint
 
-    pipeline, run = lora_run
+    pipeline, run, data = lora_run
     out = os.path.join(run, "diffusers")
     # no base weights beside them; Wan has an original layout, so both formats by default
     assert sorted(os.listdir(out)) == [COMFYUI_WEIGHT_NAME, "pytorch_lora_weights.safetensors"]
@@ -120,28 +128,23 @@ def test_the_default_export_is_the_lora_files_alone_and_holds_most_of_what_was_l
     assert (trained - base).norm() > 1e-3 * base.norm(), "the adapters learned nothing to compare"
     assert 0.5 <= ratio <= 1.1, ratio
 
-
-def test_a_run_from_the_comfyui_file_and_a_long_ema_horizon_on_a_short_lora_run_is_one_warning(lora_run, tmp_path,
-                                                                                                  capsys):
-    """(Two checks on one short run.) ``lora.init_from`` the first run's ComfyUI file starts every adapter
-    from it: after 2 steps of lr 5e-3 the adapters are within 2 lr of the file's, far from a fresh start."""
-    from safetensors.torch import load_file
-
-    from opendit_lite.checkpoint.layout import find_resume_checkpoint
-    from opendit_lite.checkpoint.weights import read_weights
-
-    pipeline, run = lora_run
-    comfy = os.path.join(run, "diffusers", COMFYUI_WEIGHT_NAME)
-    data = wan_latents(pipeline, tmp_path)
-    main("train_video", [*lora_run_args(pipeline, data, str(tmp_path), 2), "ema.warmup=false",
-                         "export.diffusers=false", f"lora.init_from={comfy}"])
-    out, err = capsys.readouterr()
-    lines = [line for line in err.splitlines() if "ema.decay" in line]
-    assert len(lines) == 1 and lines[0].startswith("warning: ema.decay 0.9999 over 2 steps keeps 0.0%"), err
-    assert "ema.warmup=true" in lines[0]
-    assert re.search(r"lora.init_from: (\d+) of the model's \1 adapted layers", out + err), out + err
+    comfy = os.path.join(out, COMFYUI_WEIGHT_NAME)
+    capsys.readouterr()
+    main("train_video", [*lora_run_args(pipeline, data, str(tmp_path), 1), "export.diffusers=false",
+                         f"lora.init_from={comfy}"])
+    log = "".join(capsys.readouterr())
+    assert re.search(r"lora.init_from: (\d+) of the model's \1 adapted layers", log), log
     started = read_weights(find_resume_checkpoint(os.path.join(tmp_path, "lora", "checkpoints"), "lora"), use_ema=False)
     up = load_file(comfy)["diffusion_model.blocks.0.self_attn.q.lora_up.weight"]     # the file's B of that layer
     b = started["blocks.0.attn1.to_q.lora_B.default.weight"]
-    # AdamW moves a weight by at most about lr a step; a fresh start (B = 0) would be max |up| away
-    assert (b - up).abs().max() <= 2 * 5e-3 * 1.01 < 0.5 * up.abs().max(), "the run did not start from the file"
+    assert (b - up).abs().max() <= 5e-3 * 1.01 < 0.5 * up.abs().max(), "the run did not start from the file"
+
+
+def test_a_long_ema_horizon_on_a_short_lora_run_is_one_warning(tiny_pipeline, tmp_path, capsys):
+    data = wan_latents(tiny_pipeline("wan"), tmp_path)
+    main("train_video", [*lora_run_args(tiny_pipeline("wan"), data, str(tmp_path), 2), "ema.warmup=false",
+                         "export.diffusers=false"])
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if "ema.decay" in line]
+    assert len(lines) == 1 and lines[0].startswith("warning: ema.decay 0.9999 over 2 steps keeps 0.0%"), err
+    assert "ema.warmup=true" in lines[0]
