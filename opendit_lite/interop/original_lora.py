@@ -1,7 +1,8 @@
 """LoRA adapters in a family's original checkpoint layout (ComfyUI's), going out and coming in.
 
-    export_original_lora(model, "out")        # out/comfyui_lora.safetensors: diffusion_model.<original layer>...
-    adapters = from_original(spec, state, parts)   # such a file's tensors -> per diffusers layer (A, B, scale)
+    export_original_lora(model, "out")    # out/comfyui_lora.safetensors: diffusion_model.<original layer>...
+    tensors = to_original(spec, adapters, scale, widths)                   # the same, as tensors
+    adapters = from_original(spec, tensors, rank, widths, adapted)         # back: layer -> (A, B, scale)
 
 The names come from the family's ``original_lora`` piece (``families/original_lora_spec.py``,
 ``<family>/original_lora.py``): each original layer and the diffusers layers it holds, in the order
