@@ -103,6 +103,8 @@ def pipeline_latents(pipe, noise: torch.Tensor) -> torch.Tensor:
     if name in QWEN_IMAGE_PIPELINES:
         image = noise[:, :, 0]                                                        # [B, C, h, w]
         return pipe._pack_latents(image, *image.shape)                                # [B, hw/4, 4C]
+    if name == "Flux2Pipeline":
+        return noise[:, :, 0]                                                         # [B, C, h, w]: it packs them
     if name == "LTXPipeline":
         return pipe._pack_latents(noise, pipe.transformer_spatial_patch_size,          # [B, N, C pt p p]
                                   pipe.transformer_temporal_patch_size)
@@ -126,6 +128,8 @@ def model_latents(pipe, latents: torch.Tensor, shape) -> torch.Tensor:
     if name in QWEN_IMAGE_PIPELINES:  # the edit pipelines append the reference tokens: the target's come first
         scale = pipe.vae_scale_factor
         return pipe._unpack_latents(latents[:, :(h // 2) * (w // 2)], h * scale, w * scale, scale)  # [B, C, 1, h, w]
+    if name == "Flux2Pipeline":
+        return latents.transpose(1, 2).reshape(B, C, 1, h, w)                         # [B, C, 1, h, w]
     if name == "LTXPipeline":
         return pipe._unpack_latents(latents, T, h, w, pipe.transformer_spatial_patch_size,
                                     pipe.transformer_temporal_patch_size)

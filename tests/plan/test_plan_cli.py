@@ -28,7 +28,8 @@ PIPELINE_CONFIGS = {"configs/flux_lora.yaml": "flux", "configs/wan_lora.yaml": "
                     "configs/qwen_image_lora.yaml": "qwenimage",
                     "configs/qwen_image_edit_lora.yaml": "qwenimage_edit_plus",
                     "configs/wan_i2v_lora.yaml": "wan_i2v", "configs/wan_ti2v_lora.yaml": "wan_ti2v_i2v",
-                    "configs/z_image_lora.yaml": "z_image", "configs/flux_kontext_lora.yaml": "flux_kontext"}
+                    "configs/z_image_lora.yaml": "z_image", "configs/flux_kontext_lora.yaml": "flux_kontext",
+                    "configs/flux2_lora.yaml": "flux2"}
 
 
 @pytest.mark.parametrize("config", CONFIGS)

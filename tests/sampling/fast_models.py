@@ -46,6 +46,7 @@ FAMILIES = {
     "hunyuan_video": ("HunyuanVideoTransformer3DModel", dict(in_channels=3, out_channels=3), 2),
     "ltx_video": ("LTXVideoTransformer3DModel", dict(in_channels=3, out_channels=3), 2),
     "qwen_image": ("QwenImageTransformer2DModel", dict(in_channels=12, out_channels=3), 1),
+    "flux2": ("Flux2Transformer2DModel", dict(in_channels=3), 1),
 }
 
 
