@@ -116,7 +116,7 @@ def test_flux2_captions_are_encoded_from_the_pipeline_folder_only(tiny_pipeline)
     from opendit_lite.families import FAMILIES
 
     folder = tiny_pipeline("flux2")
-    with pytest.raises(ConfigError, match="only that pipeline computes"):
+    with pytest.raises(ConfigError, match="only its pipeline.s own encode_prompt gives"):
         load_family_text_encoder(FAMILIES["flux2"].encoding, os.path.join(folder, "text_encoder"), "the text encoder",
                                  tokenizer_path=os.path.join(folder, "tokenizer"))
 
