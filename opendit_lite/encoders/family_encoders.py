@@ -42,10 +42,13 @@ class FamilyEncoders:
     # The pipeline's folders of that text encoder and its tokenizer (Flux's T5 is its second encoder,
     # SD3's its third).
     text_folders: Tuple[str, str] = ("text_encoder", "tokenizer")
+    # The VAE encodes one clip at a time (HunyuanVideo 1.5's fails on a batch of more than one).
+    one_clip_at_a_time: bool = False
 
 
 # transformers' class for each text-encoder model type (the encoder half only for T5s).
-TEXT_MODEL_CLASSES = {"t5": "T5EncoderModel", "umt5": "UMT5EncoderModel", "llama": "LlamaModel"}
+TEXT_MODEL_CLASSES = {"t5": "T5EncoderModel", "umt5": "UMT5EncoderModel", "llama": "LlamaModel",
+                      "qwen2_5_vl_text": "Qwen2_5_VLTextModel"}
 
 
 def _json_config(path: str, what: str) -> dict:
@@ -121,8 +124,9 @@ def encode_family_latents(spec: FamilyEncoders, vae: nn.Module, clips: torch.Ten
     """clips [B, 3, T, H, W] in [-1, 1] -> normalised latents [B, C, T', h, w] (images: T = T' = 1);
     ``sample``: draw from the posterior (else its mean)."""
     x = clips[:, :, 0] if spec.image_only else clips                       # [B, 3, H, W] or [B, 3, T, H, W]
-    dist = vae.encode(x.to(next(vae.parameters()).dtype)).latent_dist
-    z = (dist.sample() if sample else dist.mode()).float()
+    x = x.to(next(vae.parameters()).dtype)
+    dists = [vae.encode(c).latent_dist for c in (x.split(1) if spec.one_clip_at_a_time else (x,))]
+    z = torch.cat([(d.sample() if sample else d.mode()).float() for d in dists])
     if spec.image_only:
         z = z.unsqueeze(2)                                                # [B, C, 1, h, w]
     return normalize_latents(spec, vae, z)

@@ -26,7 +26,7 @@ Nothing here imports diffusers at import time: an adapter reads the model's conf
 calls the model; the other pieces name diffusers' classes.
 """
 
-from . import cogvideox, flux, hunyuan_video, ltx_video, sd3, wan  # noqa: F401  (registers the six families)
+from . import cogvideox, flux, hunyuan_video, hunyuan_video15, ltx_video, sd3, wan  # noqa: F401  (registers the families)
 from .adapter_base import FamilyAdapter, Recipe
 from .conditioning_base import PipelineConditioning
 from .family_denoiser import FamilyDenoiser

@@ -23,7 +23,7 @@ from opendit_lite.parallel import FAMILIES as SP_SPECS
 FOLDER = os.path.dirname(families.__file__)
 PIECES = {"__init__.py", "adapter.py", "sp_spec.py", "fused_norms.py", "encoding.py", "conditioning.py", "tiny.py",
           "step_cache.py"}
-EXPECTED = {"wan", "hunyuan_video", "cogvideox", "ltx_video", "flux", "sd3"}
+EXPECTED = {"wan", "hunyuan_video", "hunyuan_video15", "cogvideox", "ltx_video", "flux", "sd3"}
 
 
 def _folders():
@@ -101,7 +101,7 @@ def test_a_duplicate_or_inconsistent_record_is_refused_before_anything_is_regist
 
 # The released checkpoints the records hold, with their size as announced (billions of parameters).
 RELEASE_BILLIONS = {"Wan-AI/Wan2.1-T2V-14B-Diffusers": 14, "black-forest-labs/FLUX.1-dev": 12,
-                    "hunyuanvideo-community/HunyuanVideo": 13}
+                    "hunyuanvideo-community/HunyuanVideo": 13, "hunyuanvideo-community/HunyuanVideo-1.5-480p_t2v": 8}
 
 
 def test_every_release_builds_its_class_at_its_announced_size():
