@@ -1,13 +1,14 @@
 """HunyuanVideo 1.5 (diffusers' ``HunyuanVideo15Transformer3DModel``; HunyuanVideo 1.0, another class,
 is ``families/hunyuan_video/``): its record in the families registry, built from the pieces in this
 folder (``adapter.py``, ``sp_spec.py``, ``fused_norms.py``, ``encoding.py``, ``conditioning.py``,
-``tiny.py``, ``step_cache.py``), its capabilities and its released 8.3B transformer's shape for the
-planner; registered on import."""
+``tiny.py``, ``step_cache.py``; the image-to-video variant's ``conditioning_i2v.py``), its
+capabilities and its released 8.3B transformer's shape for the planner; registered on import."""
 
 from ..lora_targets import CONTEXT_FEED_FORWARD, FEED_FORWARD, JOINT_ATTENTION
-from ..registry import Family, Release, register_family
+from ..registry import Family, PipelineVariant, Release, register_family
 from .adapter import HunyuanVideo15Adapter
 from .conditioning import CONDITIONING
+from .conditioning_i2v import CONDITIONING as I2V_CONDITIONING
 from .encoding import ENCODING
 from .fused_norms import FUSED_NORMS
 from .sp_spec import SP_SPEC
@@ -28,6 +29,7 @@ FAMILY = register_family(Family(
     step_cache=STEP_CACHE,
     conditioning=CONDITIONING,
     tiny=TINY,
+    variants=(PipelineVariant("HunyuanVideo15ImageToVideoPipeline", I2V_CONDITIONING),),
     aliases=("hunyuanvideo15", "hunyuanvideo1.5"),
     releases=(Release("hunyuanvideo-community/HunyuanVideo-1.5-480p_t2v", dict(
         in_channels=65, out_channels=32, num_attention_heads=16, attention_head_dim=128, num_layers=54,
