@@ -6,7 +6,8 @@ sample is what the user gets by calling the pipeline with the run's export loade
 * ``load_trained_pipeline``: the pipeline with the checkpoint's weights (the EMA by default). A LoRA
   run's adapters are written as the run's export writes them (``interop.family_checkpoint``, the
   pipeline class's own ``save_lora_weights``) into a temporary folder and loaded with the pipeline's
-  ``load_lora_weights`` (Wan 2.2's low-noise expert's with ``load_into_transformer_2``); a full
+  ``load_lora_weights`` (Wan 2.2's low-noise expert's with ``load_into_transformer_2``; a pipeline
+  without it, HunyuanVideo 1.5's, with its transformer's ``load_lora_adapter``); a full
   fine-tune's transformer(s) take the checkpoint's weights. Every transformer the pipeline runs is
   then parallelized for sampling (``parallelize_from_config``: sequence parallelism over the
   sampling mesh's group, kernels, ``sample.compile``).
@@ -34,6 +35,7 @@ from ..config import ConfigError
 from ..diffusion.sampling_utils import SampleGenerators
 from ..encoders.pipeline_folder import TRANSFORMERS, load_pipeline
 from ..interop.family_checkpoint import write_export
+from ..interop.pretrained_files import LORA_WEIGHT_NAME
 from ..models.experts import NoiseExperts
 from .cache.cache_settings import resolve_cache
 from .sharding import SamplingRanks
@@ -69,13 +71,17 @@ def load_trained_pipeline(cfg, ckpt: str, ranks: SamplingRanks):
     (``sample.use_ema``), its transformers parallelized for sampling (module docstring)."""
     folder = pipeline_folder(cfg.model.pipeline)
     pipe = load_pipeline(folder.path, device=ranks.device, skip=())
+    if folder.family.encoding.one_clip_at_a_time:  # its VAE fails on a batch (HunyuanVideo 1.5's): one clip at a time
+        pipe.vae.enable_slicing()
     saved = saved_config(ckpt)
     lora, trained = saved.get("lora"), trained_components(cfg)
     if lora and lora.get("rank"):
         with tempfile.TemporaryDirectory(prefix="opendit_lora_") as tmp:
             write_export(saved["model"], lora, ckpt, tmp, use_ema=cfg.sample.use_ema, lora_mode="adapter")
             for component in trained:
-                if component == "transformer":
+                if component == "transformer" and not hasattr(pipe, "load_lora_weights"):  # HunyuanVideo 1.5's
+                    pipe.transformer.load_lora_adapter(tmp, weight_name=LORA_WEIGHT_NAME)
+                elif component == "transformer":
                     pipe.load_lora_weights(tmp)
                 else:
                     pipe.load_lora_weights(os.path.join(tmp, component), load_into_transformer_2=True)

@@ -76,3 +76,24 @@ def test_a_training_step_feeds_the_transformer_what_hunyuan_video15_feeds_it(tin
     sigma = calls.conditional(1)["timestep"].reshape(-1)[0].double() / 1000   # the 2-step grid's 0.5, shifted
     assert objective.shift == pipe.scheduler.config.shift
     assert abs(objective.shift_time(torch.tensor(0.5, dtype=torch.float64)) - sigma) < 1e-6
+
+
+def test_the_parameters_built_frozen_are_those_no_step_gives_a_gradient(tiny_pipeline):
+    """The last block's text-stream output projection and feed-forward are in no step's graph (a caption
+    without quoted text, as here, leaves no other parameter out): exactly what the adapter declares
+    untrained and ``build_diffusers_model`` freezes, so DDP sees a gradient for every trained parameter."""
+    from diffusers import HunyuanVideo15Transformer3DModel
+
+    from opendit_lite.builders.diffusers_model import freeze_untrained
+    from opendit_lite.families import family_adapter
+
+    model = HunyuanVideo15Transformer3DModel.from_pretrained(tiny_pipeline("hunyuanvideo15"), subfolder="transformer")
+    adapter = family_adapter(model)
+    g = torch.Generator().manual_seed(0)
+    x, states = torch.randn(2, 4, 2, 4, 4, generator=g), torch.randn(2, 6, 16, generator=g)
+    mask = torch.arange(6)[None] < torch.tensor([6, 4])[:, None]
+    adapter.forward(model, model.config, x, torch.tensor([300.0, 800.0]), states, mask, None).square().mean().backward()
+    without = {name for name, p in model.named_parameters() if p.grad is None}
+    assert without == set(adapter.untrained_parameters(model.config))
+    frozen = {name for name, p in freeze_untrained(model).named_parameters() if not p.requires_grad}
+    assert frozen == without

@@ -4,7 +4,7 @@ folder (``adapter.py``, ``sp_spec.py``, ``fused_norms.py``, ``encoding.py``, ``c
 ``tiny.py``, ``step_cache.py``; the image-to-video variant's ``conditioning_i2v.py``), its
 capabilities and its released 8.3B transformer's shape for the planner; registered on import."""
 
-from ..lora_targets import CONTEXT_FEED_FORWARD, FEED_FORWARD, JOINT_ATTENTION
+from ..lora_targets import ATTENTION, FEED_FORWARD
 from ..registry import Family, PipelineVariant, Release, register_family
 from .adapter import HunyuanVideo15Adapter
 from .conditioning import CONDITIONING
@@ -21,7 +21,10 @@ FAMILY = register_family(Family(
     pipeline="HunyuanVideo15Pipeline",
     module="diffusers.models.transformers.transformer_hunyuan_video15",
     block_lists=("transformer_blocks",),
-    lora_targets=JOINT_ATTENTION + FEED_FORWARD + CONTEXT_FEED_FORWARD,
+    # the attention projections and the video stream's feed-forward, not the text stream's output
+    # projection and feed-forward: the last block's are in no step's graph (adapters there would get
+    # no gradient, which DDP refuses)
+    lora_targets=ATTENTION + ("add_q_proj", "add_k_proj", "add_v_proj") + FEED_FORWARD,
     adapter=HunyuanVideo15Adapter(),
     sp_spec=SP_SPEC,
     fused_norms=FUSED_NORMS,
