@@ -141,11 +141,12 @@ def _pipeline_config(args):
 
     if args.config:
         cfg = load_config(args.config, [], schema=VideoTrainConfig)
-        if cfg.data.type != "csv" and not args.csv:
+        if cfg.data.type not in ("csv", "folder") and not args.csv:
             raise ConfigError(f"--config {args.config!r} trains on data.type={cfg.data.type}; extraction reads the "
-                              f"captioned images or clips of a CSV: set data.type=csv and data.path there, or give "
-                              f"--csv.")
-        cfg.data.type, cfg.data.path = "csv", args.csv or cfg.data.path
+                              f"captioned images or clips of a CSV or of media folders: set data.type=csv or folder "
+                              f"and data.path there, or give --csv.")
+        if args.csv:
+            cfg.data.type, cfg.data.path = "csv", args.csv
     else:
         overrides = [f"model.pipeline={args.pipeline}", "data.type=csv", f"data.path={args.csv}",
                      f"data.frame_interval={args.frame_interval}"]
@@ -155,7 +156,7 @@ def _pipeline_config(args):
         else:
             overrides += [f"data.num_frames={args.num_frames}", f"data.image_size={args.height}"]
         cfg = load_config(None, overrides, schema=VideoTrainConfig)
-    if cfg.data.path is None or not os.path.isfile(cfg.data.path):
+    if cfg.data.type == "csv" and (cfg.data.path is None or not os.path.isfile(cfg.data.path)):
         raise ConfigError(f"the CSV {cfg.data.path!r} is not a file; give a CSV with 'path' and 'text' columns.")
     for name in ("batch_size",):
         if getattr(args, name) < 1:
@@ -192,24 +193,27 @@ def extract_pipeline(args, cfg) -> int:
     import torch.distributed as dist
     from torch.utils.data import DataLoader
 
-    from opendit_lite.builders.pipeline import PipelineEncoders, pipeline_folder
-    from opendit_lite.data.video_csv import VideoCSVDataset
-    from opendit_lite.data.video_latents import (
-        PIPELINE_FORMAT,
-        save_null_text,
-        save_pipeline_latents,
-        write_video_latent_meta,
+    from opendit_lite.builders.pipeline import (
+        PipelineEncoders,
+        check_conditioning_rows,
+        conditioning_images,
+        pipeline_folder,
     )
+    from opendit_lite.data.latent_shards import LatentShardWriter
+    from opendit_lite.data.video_csv import media_dataset
+    from opendit_lite.data.video_latents import PIPELINE_FORMAT
     from opendit_lite.encoders.pipeline_folder import pipeline_fingerprint
 
     folder = pipeline_folder(cfg.model.pipeline)
+    conditioned = folder.conditioning.image_input != "none"
     try:
-        csv = VideoCSVDataset(cfg.data.path, num_frames=cfg.data.num_frames or 1,
-                              frame_interval=cfg.data.frame_interval, image_size=cfg.data.image_size or 1,
-                              random_start=False)
+        csv = media_dataset(cfg.data.type, cfg.data.path, cfg.data.num_frames or 1, cfg.data.frame_interval,
+                            cfg.data.image_size or 1, random_start=False, images=conditioning_images(folder),
+                            require_captions=cfg.data.require_captions)
+        check_conditioning_rows(folder, cfg.data.path, csv.image_paths, csv.where)
         sizes = _row_sizes(cfg, csv)
     except ValueError as e:
-        raise ConfigError(f"the CSV {cfg.data.path!r}: {e}") from None
+        raise ConfigError(f"data.path {cfg.data.path!r}: {e}") from None
     created, rank, world, device = _launch()
     try:
         start = time.time()
@@ -219,26 +223,28 @@ def extract_pipeline(args, cfg) -> int:
         for i in rows:
             groups.setdefault(sizes[i], []).append(i)
         os.makedirs(args.output, exist_ok=True)
+        writer = LatentShardWriter(args.output, rank)
         for size, members in groups.items():  # one pixel size per batch
-            loader = DataLoader(_Rows(csv, members, *size), batch_size=args.batch_size, num_workers=args.num_workers)
+            loader = DataLoader(_Rows(csv, members, *size), batch_size=args.batch_size, num_workers=args.num_workers,
+                                collate_fn=_collate_images if conditioned else None)
             try:
-                for index, clips, captions in loader:
-                    latents, text = encoders.encode(clips, list(captions))       # [B, C, T, h, w], {key: [B, ...]}
+                for index, clips, captions, *images in loader:  # images: per sample its conditioning images
+                    # latents [B, C, T, h, w], {key: [B, ...]}: text, and the images' inputs
+                    latents, text = encoders.encode(clips, list(captions), *images)
                     for j in range(len(index)):
-                        save_pipeline_latents(args.output, int(index[j]), latents[j],
-                                              {k: v[j] for k, v in text.items()}, captions[j])
+                        writer.write(int(index[j]), latents[j], {k: v[j] for k, v in text.items()}, captions[j])
             except ValueError as e:  # a clip too short or unreadable
-                raise ConfigError(f"the CSV {cfg.data.path!r}: {e}") from None
-        count = torch.tensor([len(rows)])
-        if world > 1:
-            dist.all_reduce(count)  # also waits for every rank's files
+                raise ConfigError(f"data.path {cfg.data.path!r}: {e}") from None
+        parts = [writer.close()]
+        if world > 1:  # every rank's part, once all are written
+            gathered = [None] * world
+            dist.all_gather_object(gathered, parts[0])
+            parts = gathered
+        count = torch.tensor([sum(len(part["rows"]) for part in parts)])
         if rank == 0:
-            save_null_text(args.output, encoders.null_text())
-            files = {f"{i:08d}.pt": list(size) for i, size in enumerate(sizes) if size is not None}
-            write_video_latent_meta(args.output, {
+            write_shard_meta(args.output, parts, sizes, encoders.null_text(), {
                 "format": PIPELINE_FORMAT, "family": folder.family.name, "transformer": folder.family.class_name,
                 "pipeline": os.path.abspath(folder.path), "fingerprint": pipeline_fingerprint(folder.path),
-                "count": int(count.item()), "files": files, "pixel_sizes": sorted({tuple(v) for v in files.values()}),
                 "text_tokens": cfg.text_encoder.max_length, "posterior": "mean"})
             skipped = sum(size is None for size in sizes)
             print(f"wrote {int(count.item())} {folder.family.name} clips from {folder.pipeline_class} at "
@@ -248,6 +254,53 @@ def extract_pipeline(args, cfg) -> int:
     finally:
         if created:
             dist.destroy_process_group()
+
+
+def write_shard_meta(out: str, parts, sizes, null_text, meta: dict) -> None:
+    """Rank 0: merge the ranks' shard parts into one dataset and write its meta.json (``meta`` plus the
+    count, storage, each sample's pixel size in the dataset's order, the tensors' dtypes) and null text."""
+    from opendit_lite.data.latent_shards import STORAGE, merge_parts, save_null_text_shards
+    from opendit_lite.data.video_latents import write_video_latent_meta
+
+    rows, dtypes = merge_parts(out, parts)
+    sample_sizes = [list(sizes[row]) for row in rows]
+    save_null_text_shards(out, null_text)
+    write_video_latent_meta(out, {**meta, "storage": STORAGE, "count": len(rows), "rows": rows,
+                                  "sample_sizes": sample_sizes, "dtypes": dtypes,
+                                  "pixel_sizes": sorted({tuple(s) for s in sample_sizes})})
+
+
+def convert_to_shards(args) -> int:
+    """``--convert <folder> --output <out>``: a folder of one ``.pt`` file per clip (the pipeline route's
+    former format, read with ``weights_only=True``) as shards, with its meta.json carried over."""
+    from opendit_lite.data.latent_shards import LatentShardWriter
+    from opendit_lite.data.video_latents import (
+        PIPELINE_FORMAT,
+        PipelineLatentDataset,
+        load_null_text,
+        video_latent_meta,
+    )
+
+    meta = video_latent_meta(args.convert)
+    if meta.get("format") != PIPELINE_FORMAT:
+        raise ConfigError(f"--convert {args.convert!r} holds no latents extracted from a pipeline (its meta.json does "
+                          f"not say format={PIPELINE_FORMAT!r}); extract them with --pipeline instead.")
+    try:
+        dataset = PipelineLatentDataset(args.convert, meta.get("files", {}))
+    except ValueError as e:
+        raise ConfigError(f"--convert: {e}.") from None
+    os.makedirs(args.output, exist_ok=True)
+    writer = LatentShardWriter(args.output, 0)
+    sizes = {}
+    for i in range(len(dataset)):
+        latents, text, caption = dataset[i]
+        row = int(os.path.splitext(os.path.basename(dataset.files[i]))[0])
+        sizes[row] = dataset.sizes[i]
+        writer.write(row, latents, text, caption)
+    kept = {k: v for k, v in meta.items() if k not in ("files", "count", "pixel_sizes")}
+    write_shard_meta(args.output, [writer.close()], sizes, load_null_text(args.convert), kept)
+    print(f"converted {len(dataset)} clips of {args.convert} to shards in {args.output}")
+    return len(dataset)
 
 
 # -------------------------------------------------------------------------------------- families
@@ -264,8 +317,15 @@ class _Rows:
 
     def __getitem__(self, i):
         row = self.rows[i]
-        clip, caption = self.csv[(row, *self.size)]
-        return row, clip, caption
+        return (row, *self.csv[(row, *self.size)])  # (row, clip, caption[, conditioning images])
+
+
+def _collate_images(items):
+    """Batches of ``(row, clip, caption, images)``: the images as one list per sample (sizes may differ)."""
+    import torch
+
+    rows, clips, captions, images = zip(*items)
+    return torch.tensor(rows), torch.stack(clips), list(captions), [list(i) for i in images]
 
 
 def _family_name(args) -> str:
@@ -410,8 +470,12 @@ def main(argv=None):
     family.add_argument("--height", type=int, default=256, help="clip height in pixels (resize to cover, centre crop)")
     family.add_argument("--width", type=int, default=256, help="clip width in pixels")
     family.add_argument("--max-length", type=int, help="caption tokens (default: the family pipeline's)")
+    family.add_argument("--convert", help="a folder of per-clip .pt latents extracted from a pipeline: write it as "
+                                          "shards to --output")
     args = p.parse_args(argv)
     _check_output(args.output)
+    if args.convert:
+        return convert_to_shards(args)
     whole = args.pipeline_path and os.path.isfile(os.path.join(args.pipeline_path, "model_index.json"))
     if args.pipeline or whole:
         if args.pipeline and args.pipeline_path:

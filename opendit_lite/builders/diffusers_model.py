@@ -26,6 +26,7 @@ from typing import Dict, Optional
 
 import torch.nn as nn
 
+from ..data.media_folders import MEDIA_DATA_TYPES
 from ..errors import ConfigError
 from ..families import FamilyDenoiser, Recipe, family_adapter, family_class_names, is_family
 from .pipeline_experts import build_experts, trained_components
@@ -151,7 +152,7 @@ def check_family_inputs(cfg, buckets=None, caption_width: Optional[int] = None) 
     m, d = cfg.model, cfg.data
     adapter, config = family_adapter(m.name), diffusers_config(cfg)
     if caption_width not in (None, m.caption_channels):
-        source = "text encoder" if d.type == "csv" else "precomputed caption states"
+        source = "text encoder" if d.type in MEDIA_DATA_TYPES else "precomputed caption states"
         raise ConfigError(f"{m.name} takes {m.caption_channels}-wide caption states, but the {source} give "
                           f"{caption_width}: use the text encoder the model was trained with (or extract the "
                           f"latents with it).")

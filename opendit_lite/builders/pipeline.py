@@ -27,6 +27,7 @@ from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 import torch
 import torch.nn as nn
 
+from ..data.media_folders import MEDIA_DATA_TYPES
 from ..data.video_latents import PIPELINE_FORMAT, video_latent_meta
 from ..encoders.family_encoders import encode_family_latents
 from ..encoders.pipeline_folder import (
@@ -38,7 +39,7 @@ from ..encoders.pipeline_folder import (
 )
 from ..errors import ConfigError
 from ..families import FAMILIES, Family, Recipe, family_of, family_of_pipeline
-from ..families.conditioning_base import PipelineConditioning
+from ..families.conditioning_base import PipelineConditioning, null_text_key
 from ..families.pipeline_denoiser import PipelineDenoiser
 
 
@@ -167,7 +168,7 @@ def _resolve_sizes(cfg, folder: PipelineFolder, pipe) -> None:
                               f"data.num_frames (and frames from data.buckets).")
         d.num_frames = 1
     shapes = [(b.get("frames", 1), b.get("height"), b.get("width")) for b in d.buckets or []]
-    if d.type == "csv" and not d.buckets:
+    if d.type in MEDIA_DATA_TYPES and not d.buckets:
         if d.num_frames is None:
             raise ConfigError(f"data.num_frames is not set: give the frames per clip to train {family.class_name} on "
                               f"({ratio} x n + 1, e.g. {ratio * 4 + 1}), or data.buckets.")
@@ -276,18 +277,111 @@ class PipelineEncoders:
         self.device = torch.device(device)
 
     @torch.no_grad()
-    def encode(self, clips: torch.Tensor, captions: Sequence[str]) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
-        """clips [B, 3, T, H, W] in [-1, 1], captions -> (latents [B, C, T', h, w], text inputs [B, ...])."""
+    def encode(self, clips: torch.Tensor, captions: Sequence[str], images: Optional[Sequence[Sequence[torch.Tensor]]]
+               = None) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
+        """clips [B, 3, T, H, W] in [-1, 1], captions, and for an image-conditioned pipeline each sample's
+        conditioning images ([3, H, W] in [-1, 1]) -> (latents [B, C, T', h, w], the per-sample inputs
+        [B, ...]: text, the images' (``conditioning.image_keys``), and where the pipeline encodes the
+        caption with the images, each sample's own unconditional text under ``null_text_key``)."""
         latents = encode_family_latents(self.family.encoding, self.pipe.vae, clips.to(self.device), sample=False)
-        return latents, self.encode_text(captions)
+        c = self.conditioning
+        if images is None:
+            if c.image_input != "none":
+                raise ValueError(f"{self.folder.pipeline_class} is conditioned on images, but the batch has none")
+            return latents, self.encode_text(captions)
+        images = [[image.to(self.device) for image in sample] for sample in images]
+        if c.null_text_per_image:
+            inputs = c.encode_text(self.pipe, list(captions), images)
+            null = c.encode_text(self.pipe, [c.null_prompt] * len(captions), images)
+            inputs.update({null_text_key(k): v for k, v in null.items()})
+        else:
+            inputs = self.encode_text(captions)
+        inputs.update(c.encode_images(self.pipe, images, tuple(clips.shape[2:])))
+        return latents, inputs
 
     @torch.no_grad()
     def encode_text(self, captions: Sequence[str]) -> Dict[str, torch.Tensor]:
         return self.conditioning.encode_text(self.pipe, list(captions))
 
     def null_text(self) -> Dict[str, torch.Tensor]:
-        """What the pipeline feeds its unconditional branch: the empty prompt encoded, [1, ...]."""
-        return self.encode_text([""])
+        """What the pipeline feeds its unconditional branch: its negative prompt (empty) encoded, [1, ...];
+        nothing where it is encoded with each sample's images (then it comes with the sample)."""
+        if self.conditioning.null_text_per_image:
+            return {}
+        return self.encode_text([self.conditioning.null_prompt])
+
+
+def conditioning_images(folder: PipelineFolder):
+    """How the CSV route reads the conditioning images of ``folder``'s pipeline (None: a text-only pipeline)."""
+    from ..data.video_csv import ConditioningImages
+
+    c = folder.conditioning
+    if c.image_input == "none":
+        return None
+    size = functools.partial(c.reference_size, light_pipeline(folder.path)) if c.image_input == "reference" else None
+    return ConditioningImages(c.image_input, max(1, c.max_images), size)
+
+
+def pipeline_csv_dataset(cfg, folder: PipelineFolder):
+    """The CSV route's dataset of a run from ``folder``: its clips and captions, and the conditioning images
+    its pipeline takes (``data.video_csv.ConditioningImages``), the rows checked first: an image for a
+    text-only pipeline, an edit row without one, more than the pipeline takes, a missing or unreadable
+    file are refused naming the rows."""
+    from ..data.video_csv import media_dataset
+
+    d = cfg.data
+    try:
+        dataset = media_dataset(d.type, d.path, d.num_frames, d.frame_interval, d.image_size,
+                                images=conditioning_images(folder), require_captions=d.require_captions)
+    except ValueError as e:
+        raise ConfigError(f"'data.path': {e}.") from None
+    check_conditioning_rows(folder, d.path, dataset.image_paths, dataset.where)
+    return dataset
+
+
+def _rows(where: Sequence[str]) -> str:
+    return ", ".join(where[:10]) + (f" and {len(where) - 10} more" if len(where) > 10 else "")
+
+
+def check_conditioning_rows(folder: PipelineFolder, csv: str, image_paths: Sequence[Tuple[str, ...]],
+                            where: Sequence[str]) -> None:
+    """A ConfigError naming the rows (``where``: "line 7" of a CSV, or a folder dataset's media file) whose
+    conditioning images the pipeline of ``folder`` cannot take; ``csv``: the data, for the message."""
+    c, name = folder.conditioning, folder.pipeline_class
+    lines = where
+    given = [line for line, paths in zip(lines, image_paths) if paths]
+    if c.image_input == "none" and given:
+        image_pipelines = [v.pipeline for v in folder.family.variants if v.conditioning.image_input != "none"]
+        also = f" (the {folder.family.name} family's image-conditioned pipelines: {', '.join(image_pipelines)})" \
+            if image_pipelines else ""
+        raise ConfigError(f"{csv}: {len(given)} row(s) name a conditioning image in the 'image' column (rows: "
+                          f"{_rows(given)}), but {name} is a text-only pipeline and would ignore it: remove the "
+                          f"'image' column, or train an image-conditioned pipeline's folder{also}.")
+    if c.image_input == "reference":
+        missing = [line for line, paths in zip(lines, image_paths) if not paths]
+        if missing:
+            raise ConfigError(f"{csv}: {len(missing)} row(s) have no reference image (rows: {_rows(missing)}), "
+                              f"which {name} edits: give each row its reference image in the 'image' column "
+                              f"(several separated by '|'), or remove the rows.")
+    most = max(1, c.max_images)
+    many = [line for line, paths in zip(lines, image_paths) if len(paths) > most]
+    if many:
+        raise ConfigError(f"{csv}: {len(many)} row(s) name more conditioning images than the {most} {name} takes "
+                          f"(rows: {_rows(many)}): keep at most {most} per row.")
+    from PIL import Image, UnidentifiedImageError
+
+    for line, paths in zip(lines, image_paths):
+        for path in paths:
+            if not os.path.isfile(path):
+                raise ConfigError(f"{csv}, {line}: the conditioning image {path!r} does not exist: fix the "
+                                  f"'image' column (paths are relative to the CSV's folder) or remove the row.")
+            if path.lower().endswith((".png", ".jpg", ".jpeg", ".webp", ".bmp")):
+                try:
+                    with Image.open(path) as im:
+                        im.verify()  # the header and the file's structure (no full decode)
+                except (OSError, UnidentifiedImageError, SyntaxError) as e:
+                    raise ConfigError(f"{csv}, {line}: the conditioning image {path!r} cannot be decoded "
+                                      f"({type(e).__name__}: {e}): replace the file or remove the row.") from None
 
 
 def pipeline_denoiser(cfg, model: nn.Module, null_text: Mapping[str, torch.Tensor],

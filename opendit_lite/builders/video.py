@@ -14,7 +14,8 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from ..data.buckets import Bucket, BucketBatchSampler, parse_buckets
-from ..data.video_csv import VideoCSVDataset
+from ..data.media_folders import MEDIA_DATA_TYPES
+from ..data.video_csv import media_dataset
 from ..data.video_latents import PIPELINE_FORMAT, VideoLatentDataset, video_latent_meta
 from ..data.video_shapes import MovingShapesDataset, caption_states
 from ..distributed.mesh import node_group
@@ -62,9 +63,9 @@ def _video_dataset(cfg, buckets: Optional[Sequence[Bucket]] = None):
                                        seed=cfg.global_seed, shapes=[b.shape for b in buckets] if buckets else None)
         except ValueError as e:
             raise ConfigError(f"data.type=shapes: {e}.") from None
-    if d.type == "csv":
-        return VideoCSVDataset(d.path, num_frames=d.num_frames, frame_interval=d.frame_interval,
-                               image_size=d.image_size)
+    if d.type in MEDIA_DATA_TYPES:
+        return media_dataset(d.type, d.path, d.num_frames, d.frame_interval, d.image_size,
+                             require_captions=d.require_captions)
     return VideoLatentDataset(d.path)
 
 

@@ -77,10 +77,20 @@ def _type_name(tp) -> str:
     origin = typing.get_origin(tp)
     if origin is typing.Union:
         args = [a for a in typing.get_args(tp) if a is not type(None)]
-        return f"{_type_name(args[0])} or null"
+        return " or ".join(_type_name(a) for a in args) + " or null"
     if origin in (list, List):
         return f"list of {_type_name(typing.get_args(tp)[0])}"
     return getattr(tp, "__name__", str(tp))
+
+
+def _matches(value: Any, tp) -> bool:
+    """Whether ``value`` is of the kind ``tp`` names (str, a list, a dict), without conversion."""
+    origin = typing.get_origin(tp) or tp
+    return isinstance(value, {list: (list, tuple), List: (list, tuple)}.get(origin, origin))
+
+
+def _refuse(key: str, value: Any, tp):
+    raise ConfigError(f"'{key}' must be a {_type_name(tp)}, got {value!r}.")
 
 
 def _coerce(key: str, value: Any, tp) -> Any:
@@ -90,7 +100,10 @@ def _coerce(key: str, value: Any, tp) -> Any:
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         if value is None:
             return None
-        return _coerce(key, value, args[0])
+        for arg in args[:-1]:  # the first alternative that takes the value as it is (a string, then a list)
+            if _matches(value, arg):
+                return _coerce(key, value, arg)
+        return _coerce(key, value, args[-1]) if len(args) == 1 or _matches(value, args[-1]) else _refuse(key, value, tp)
     if origin in (list, List):
         (item_tp,) = typing.get_args(tp)
         if isinstance(value, (int, float, str)) and not isinstance(value, bool):
@@ -442,7 +455,10 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError(
             f"'data.path' is required for data.type={cfg.data.type!r}: point it at {needs_path[cfg.data.type]}."
         )
-    if cfg.data.path and not os.path.exists(cfg.data.path):
+    if isinstance(cfg.data.path, list) and cfg.data.type != "folder":
+        raise ConfigError(f"'data.path' is a list, which only data.type=folder reads (media folders mixed by repeats); "
+                          f"data.type={cfg.data.type!r} reads one path: give one.")
+    if isinstance(cfg.data.path, str) and "://" not in cfg.data.path and not os.path.exists(cfg.data.path):
         raise ConfigError(f"'data.path' {cfg.data.path!r} does not exist.")
     if cfg.model.input_size is not None and len(cfg.model.input_size) not in (1, 2):
         raise ConfigError(f"'model.input_size' must be [size] or [H, W]; got {cfg.model.input_size}.")

@@ -9,7 +9,7 @@ messages come from ``opendit_lite.config.loader`` with ``schema=VideoTrainConfig
 """
 
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Union
 
 from .schema import BaseSampleConfig, DiffusionConfig, TrainConfig, _f, _section
 
@@ -59,9 +59,17 @@ class VideoModelConfig:
 class VideoDataConfig:
     # data.type -> what data.path must point at (checked by the loader)
     PATH_REQUIRED = {"csv": "a CSV file with 'path' and 'text' columns (one video and its caption a row)",
+                     "folder": "a folder of images or clips, each with a caption file of the same stem (cat.png + "
+                               "cat.txt), or a list of {path, repeats, caption_extension, control_path} entries",
                      "latents": "a folder of .pt files written by opendit_lite.data.video_latents.save_video_latents"}
-    type: str = _f("shapes", "dataset kind", choices=("shapes", "csv", "latents"))
-    path: Optional[str] = _f(None, "CSV file of (path, text) rows, or a precomputed-latent folder")
+    type: str = _f("shapes", "dataset kind: shapes (generated), csv, folder (media + same-stem caption files, "
+                             "opendit_lite/data/media_folders.py) or latents",
+                   choices=("shapes", "csv", "folder", "latents"))
+    path: Optional[Union[str, List[dict]]] = _f(None, "CSV file of (path, text[, image]) rows, a precomputed-latent "
+                                                      "folder, or (folder) a media folder or a list of {path, "
+                                                      "repeats, caption_extension, control_path} entries")
+    require_captions: bool = _f(False, "folder: stop (exit 2) when a media file has no caption file, instead of "
+                                       "warning and training it on the empty caption")
     num_frames: Optional[int] = _f(None, "frames per clip; null: 4 (shapes), 1 for an image model, the latents' "
                                          "(latents)", at_least=1)
     frame_interval: int = _f(3, "csv: take every n-th frame of the video", at_least=1)
@@ -110,7 +118,14 @@ class VideoSampleConfig(BaseSampleConfig):
                                           "model.guidance where set)", at_least=0)
     prompts: Optional[List[str]] = _f(None, "captions to sample; None: prompt_file, or a few shapes captions")
     prompt_file: Optional[str] = _f(None, "text file with one prompt a line (used when prompts is empty)")
+    images: Optional[List[str]] = _f(None, "an image-conditioned run from model.pipeline (image-to-video, edit): "
+                                           "the conditioning image file of each prompt, in order (several for one "
+                                           "prompt separated by '|', as the CSV's image column)")
     batch_size: int = _f(8, "prompts per forward on each data-parallel rank", at_least=1)
+    every: int = _f(0, "train_video.py / train.py: sample the prompts (and sample.images) every N steps from the "
+                       "checkpoint just saved (a multiple of ckpt_every; the weights the run exports), into "
+                       "<run dir>/samples/step_<N>/ with a contact sheet, and to TensorBoard / W&B; 0: never",
+                    at_least=0)
     num_frames: Optional[int] = _f(None, "frames to sample (pixels, as data.buckets); None: the trained clip's",
                                    at_least=1)
     height: Optional[int] = _f(None, "frame height to sample in pixels; None: the trained clip's", at_least=1)
@@ -162,9 +177,10 @@ class VideoTrainConfig(TrainConfig):
             return
         m.name = m.name or DEMO_MODEL
         t.kind = t.kind or "shapes"
-        t.max_length = t.max_length or DEMO_CAPTION_TOKENS
-        d.num_frames = d.num_frames or DEMO_FRAMES
-        d.image_size = d.image_size or DEMO_IMAGE_SIZE
+        # "is None", not "or": a 0 given is checked against the field's range (an error), not replaced
+        t.max_length = DEMO_CAPTION_TOKENS if t.max_length is None else t.max_length
+        d.num_frames = DEMO_FRAMES if d.num_frames is None else d.num_frames
+        d.image_size = DEMO_IMAGE_SIZE if d.image_size is None else d.image_size
         s.cfg_scale = DEFAULT_CFG_SCALE if s.cfg_scale is None else s.cfg_scale
 
 

@@ -10,6 +10,14 @@ columns ``num_frames``, ``height`` and ``width`` give it; rows without them are 
 for videos, PIL for images, which count as 1-frame videos) and the result is cached next to the CSV
 in ``<csv>.shapes.json``, keyed by path, size and modification time. An index ``(i, T, H, W)`` then
 reads row i as a T-frame clip resized to cover H x W and centre-cropped to it.
+
+Image-conditioned pipelines (image-to-video, edit) read an optional ``image`` column: one file, or
+several separated by ``|`` (relative paths from the CSV's folder). ``ConditioningImages`` says how a
+dataset reads them: ``first_frame`` (image-to-video: the clip's own first frame as loaded, same resize
+and crop, unless the row names a file, which is then resized and cropped as the clip is) or
+``reference`` (edit: required, each resized to the size its pipeline resizes it to). Items are then
+``(clip, caption, images)``, ``images`` a list of [3, H, W] in [-1, 1]; ``collate_conditioned`` batches
+them (the images as one list per sample: references of one batch may differ in size).
 """
 
 import csv
@@ -17,14 +25,20 @@ import json
 import os
 import random
 import sys
-from typing import Dict, List, Optional, Tuple
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
+from .media_folders import MediaRow, folder_entries, read_media_folders
+
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
 SHAPE_COLUMNS = ("num_frames", "height", "width")
+
+
+IMAGE_COLUMN = "image"
 
 
 def read_video_csv(path: str) -> List[Tuple[str, str]]:
@@ -32,6 +46,13 @@ def read_video_csv(path: str) -> List[Tuple[str, str]]:
 
     A cheap scan, no decoding: rows without a path or whose file is missing or empty are dropped
     with a warning; an empty caption is kept as "" (the model learns it like the null caption)."""
+    return [(row.path, row.caption) for row in read_conditioned_csv(path)]
+
+
+def read_conditioned_csv(path: str) -> List[MediaRow]:
+    """The rows ``read_video_csv`` keeps with their conditioning images (the ``image`` column's files,
+    ``|``-separated, resolved from the CSV's folder; () when the column is absent or empty) and their
+    CSV line."""
     if not os.path.isfile(path):
         raise ValueError(f"{path} is not a file: point data.path at a CSV file with 'path' and 'text' columns")
     try:
@@ -42,8 +63,8 @@ def read_video_csv(path: str) -> List[Tuple[str, str]]:
                          f"UTF-8") from None
 
 
-def _read_rows(path: str, f) -> List[Tuple[str, str]]:
-    """The rows of the open CSV ``f`` (see ``read_video_csv``)."""
+def _read_rows(path: str, f) -> List[MediaRow]:
+    """The rows of the open CSV ``f`` (see ``read_conditioned_csv``)."""
     reader = csv.DictReader(f)
     if not reader.fieldnames or not {"path", "text"} <= set(reader.fieldnames):
         raise ValueError(f"{path}: the CSV needs a header with 'path' and 'text' columns, got {reader.fieldnames}")
@@ -58,7 +79,9 @@ def _read_rows(path: str, f) -> List[Tuple[str, str]]:
         caption = (row.get("text") or "").strip()
         if not caption:
             uncaptioned.append(line)
-        rows.append((full, caption))
+        images = tuple(name.strip() for name in (row.get(IMAGE_COLUMN) or "").split("|") if name.strip())
+        images = tuple(p if os.path.isabs(p) else os.path.join(root, p) for p in images)
+        rows.append(MediaRow(full, caption, images, f"line {line}"))
     if dropped:
         print(f"warning: {path}: skipping {len(dropped)} row(s) whose video is missing or empty, e.g. {dropped[0]}",
               file=sys.stderr)
@@ -107,21 +130,36 @@ def read_sample_shapes(csv_path: str, frame_interval: int = 1,
             if len(selected) < len(kept) and path == kept[len(selected)]:
                 selected.append((row, path))
         resolved = selected
-    cache_path = csv_path + ".shapes.json"
-    cache: Dict[str, list] = json.load(open(cache_path)) if os.path.exists(cache_path) else {}
+    given = [tuple(int(row[c]) for c in SHAPE_COLUMNS) if all(row.get(c) not in (None, "") for c in SHAPE_COLUMNS)
+             else None for row, _ in resolved]
+    return probe_shapes([path for _, path in resolved], frame_interval, csv_path + ".shapes.json", given)
+
+
+def probe_shapes(paths: Sequence[str], frame_interval: int, cache_path: Optional[str],
+                 given: Optional[Sequence[Optional[Tuple[int, int, int]]]] = None) -> List[Tuple[int, int, int]]:
+    """Each file's (frames at ``frame_interval``, height, width): ``given`` where not None, else probed
+    once and cached in ``cache_path`` (keyed by path, size and modification time; None, or a folder
+    that cannot be written: not cached)."""
+    cache: Dict[str, list] = {}
+    if cache_path and os.path.exists(cache_path):
+        with open(cache_path) as f:
+            cache = json.load(f)
     shapes, probed = [], False
-    for row, path in resolved:
-        if all(row.get(c) not in (None, "") for c in SHAPE_COLUMNS):
-            shapes.append(tuple(int(row[c]) for c in SHAPE_COLUMNS))
+    for i, path in enumerate(paths):
+        if given is not None and given[i] is not None:
+            shapes.append(tuple(given[i]))
             continue
         st = os.stat(path)
         key = f"{path}|{st.st_size}|{int(st.st_mtime)}|{frame_interval}"
         if key not in cache:
             cache[key], probed = list(probe_shape(path, frame_interval)), True
         shapes.append(tuple(cache[key]))
-    if probed:
-        with open(cache_path, "w") as f:
-            json.dump(cache, f)
+    if probed and cache_path:
+        try:
+            with open(cache_path, "w") as f:
+                json.dump(cache, f)
+        except OSError:  # a read-only data folder: probed again next time
+            pass
     return shapes
 
 
@@ -155,12 +193,57 @@ def resize_center_crop(frames: torch.Tensor, size: int, width: Optional[int] = N
     return x[..., top:top + height, left:left + width].permute(1, 0, 2, 3).clamp(-1, 1)  # [3, T, h, w]
 
 
-class VideoCSVDataset(Dataset):
-    """item = (clip [3, T, S, S], caption)."""
+@dataclass(frozen=True)
+class ConditioningImages:
+    """How a dataset reads its rows' conditioning images: ``mode`` "first_frame" (image-to-video) or
+    "reference" (edit: required, at most ``max_images`` per row, each resized to
+    ``reference_size(height, width)``, the size its pipeline resizes it to)."""
 
-    def __init__(self, csv_path: str, num_frames: int = 16, frame_interval: int = 3, image_size: int = 256,
-                 random_start: bool = True):
-        self.csv_path, self.rows = csv_path, read_video_csv(csv_path)
+    mode: str
+    max_images: int = 1
+    reference_size: Optional[Callable[[int, int], Tuple[int, int]]] = None
+
+
+def load_image(path: str) -> torch.Tensor:
+    """An image file as uint8 [1, H, W, 3] (a 1-frame clip); a ValueError naming it when it cannot be read."""
+    try:
+        return decode_frames(path)[:1]  # a video file gives its first frame
+    except (OSError, SyntaxError, ValueError) as e:
+        raise ValueError(f"{path}: cannot be read as an image ({type(e).__name__}: {e})") from None
+
+
+def resize_exact(image: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """uint8 [1, H, W, 3] -> float [3, height, width] in [-1, 1], resized without cropping (Lanczos, as
+    diffusers' image processors resize a reference image)."""
+    import numpy as np
+    from PIL import Image
+
+    pil = Image.fromarray(image[0].numpy()).resize((width, height), resample=Image.LANCZOS)
+    return torch.from_numpy(np.array(pil)).permute(2, 0, 1).float() / 127.5 - 1                 # [3, h, w]
+
+
+def collate_conditioned(items: Sequence) -> list:
+    """A batch of ``(index, (clip, caption, images))`` -> ``[indices [B], (clips [B, 3, T, H, W],
+    captions, images: one list per sample)]``."""
+    indices = torch.tensor([index for index, _ in items])
+    clips = torch.stack([item[0] for _, item in items])
+    return [indices, (clips, [item[1] for _, item in items], [list(item[2]) for _, item in items])]
+
+
+class VideoCSVDataset(Dataset):
+    """item = (clip [3, T, S, S], caption), or with ``images`` (``ConditioningImages``) (clip, caption,
+    conditioning images: a list of [3, H, W] in [-1, 1])."""
+
+    def __init__(self, csv_path: Optional[str], num_frames: int = 16, frame_interval: int = 3, image_size: int = 256,
+                 random_start: bool = True, images: Optional[ConditioningImages] = None,
+                 rows: Optional[Sequence[MediaRow]] = None, shapes_cache: Optional[str] = None):
+        """``csv_path``: the CSV to read; or None and ``rows`` read elsewhere (``data.media_folders``),
+        their probed sizes cached in ``shapes_cache``."""
+        rows = read_conditioned_csv(csv_path) if rows is None else list(rows)
+        self.csv_path, self.rows = csv_path, [(row.path, row.caption) for row in rows]
+        self.image_paths = [row.images for row in rows]
+        self.where = [row.where for row in rows]  # "line 7" of the CSV, or the media file
+        self.images, self.shapes_cache = images, shapes_cache
         self._sample_shapes: Optional[List[Tuple[int, int, int]]] = None
         self.num_frames, self.frame_interval = num_frames, frame_interval
         self.image_size, self.random_start = image_size, random_start
@@ -171,6 +254,8 @@ class VideoCSVDataset(Dataset):
     @property
     def sample_shapes(self) -> List[Tuple[int, int, int]]:
         """Each row's own (frames at frame_interval, height, width); read or probed on first use."""
+        if self._sample_shapes is None and self.csv_path is None:
+            self._sample_shapes = probe_shapes([path for path, _ in self.rows], self.frame_interval, self.shapes_cache)
         if self._sample_shapes is None:
             self._sample_shapes = read_sample_shapes(
                 self.csv_path, self.frame_interval, kept=[path for path, _ in self.rows])
@@ -191,5 +276,35 @@ class VideoCSVDataset(Dataset):
             raise ValueError(f"{path}: {frames.shape[0]} frames, fewer than the {span} needed for "
                              f"num_frames={num_frames} at frame_interval={self.frame_interval}")
         start = random.randint(0, frames.shape[0] - span) if self.random_start else 0
-        clip = frames[start:start + span:self.frame_interval]
-        return resize_center_crop(clip, height, width), caption
+        clip = resize_center_crop(frames[start:start + span:self.frame_interval], height, width)   # [3, T, H, W]
+        if self.images is None:
+            return clip, caption
+        return clip, caption, self._conditioning_images(index, clip)
+
+    def _conditioning_images(self, index: int, clip: torch.Tensor) -> List[torch.Tensor]:
+        """Row ``index``'s conditioning images, each [3, H, W] in [-1, 1] (module docstring)."""
+        paths = self.image_paths[index]
+        if self.images.mode == "first_frame":
+            if not paths:
+                return [clip[:, 0]]                                                    # [3, H, W]
+            return [resize_center_crop(load_image(paths[0]), *clip.shape[-2:])[:, 0]]
+        references = []
+        for path in paths:
+            image = load_image(path)                                                    # [1, H, W, 3]
+            height, width = self.images.reference_size(image.shape[1], image.shape[2])
+            references.append(resize_exact(image, height, width))
+        return references
+
+
+def media_dataset(kind: str, path, num_frames: int, frame_interval: int, image_size: int, random_start: bool = True,
+                  images: Optional[ConditioningImages] = None, require_captions: bool = False) -> VideoCSVDataset:
+    """The dataset of captioned media ``data.type`` ``kind`` reads: a CSV (``path`` its file) or folders of
+    media and caption files (``path`` a folder or a list of entries, ``data.media_folders``; the probed
+    sizes cached in the first folder's ``.shapes.json``)."""
+    if kind == "csv":
+        return VideoCSVDataset(path, num_frames=num_frames, frame_interval=frame_interval, image_size=image_size,
+                               random_start=random_start, images=images)
+    rows = read_media_folders(path, require_captions)
+    cache = os.path.join(folder_entries(path)[0].path, ".shapes.json")
+    return VideoCSVDataset(None, num_frames=num_frames, frame_interval=frame_interval, image_size=image_size,
+                           random_start=random_start, images=images, rows=rows, shapes_cache=cache)

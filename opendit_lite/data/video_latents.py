@@ -10,7 +10,10 @@ Latents extracted from a diffusers pipeline folder (``--pipeline``; ``meta.json`
 ``format: pipeline``, with the pipeline's fingerprint and each file's pixel size) hold the pipeline's
 own text inputs instead of states and mask: ``text``, a mapping of transformer keyword to tensor
 (``save_pipeline_latents``, read by ``PipelineLatentDataset``), and ``null_text.pt`` holds what the
-pipeline feeds its unconditional branch (``save_null_text``).
+pipeline feeds its unconditional branch (``save_null_text``). Today's extraction writes shards instead
+(``data.latent_shards``: a few files for many clips, streamed from a folder or an object store); a
+folder of ``.pt`` files stays readable (``PipelineLatentDataset``), and
+``scripts/extract_latents.py --convert <folder> --output <shards>`` converts it.
 """
 
 import glob
@@ -20,6 +23,8 @@ from typing import Dict
 
 import torch
 from torch.utils.data import Dataset
+
+from .latent_shards import NULL_TEXT_SHARDS, is_url, load_null_text_shards, read_meta
 
 
 def save_video_latents(folder: str, index: int, latents: torch.Tensor, states: torch.Tensor,
@@ -41,7 +46,10 @@ def write_video_latent_meta(folder: str, meta: Dict) -> str:
 
 
 def video_latent_meta(folder: str) -> Dict:
-    """The folder's ``meta.json`` ({} when it has none, e.g. latents written with ``save_video_latents`` alone)."""
+    """The folder's ``meta.json`` ({} when it has none, e.g. latents written with ``save_video_latents`` alone);
+    ``folder`` may be an object store URL of shards (``data.latent_shards``)."""
+    if is_url(folder):
+        return read_meta(folder) or {}
     path = os.path.join(folder, META)
     if not os.path.isfile(path):
         return {}
@@ -73,6 +81,8 @@ def save_null_text(folder: str, text: Dict[str, torch.Tensor]) -> str:
 
 
 def load_null_text(folder: str) -> Dict[str, torch.Tensor]:
+    if is_url(folder) or os.path.isfile(os.path.join(folder, NULL_TEXT_SHARDS)):
+        return load_null_text_shards(folder)
     path = os.path.join(folder, NULL_TEXT)
     if not os.path.isfile(path):
         raise ValueError(f"{folder!r} holds no {NULL_TEXT} (what the pipeline feeds its unconditional branch): "

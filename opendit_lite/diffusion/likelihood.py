@@ -8,6 +8,7 @@ as 8-bit values rescaled to [-1, 1], so that likelihood is the Gaussian mass of 
 """
 
 import math
+from typing import Optional
 
 import torch
 
@@ -15,9 +16,14 @@ _BIN_HALF_WIDTH = 1.0 / 255.0  # 256 levels spread over [-1, 1]: bins are 2/255 
 _LOG_FLOOR = 1e-12  # keeps log() finite when a bin's mass underflows
 
 
-def mean_flat(x: torch.Tensor) -> torch.Tensor:
-    """Mean over every axis except the batch axis: [B, ...] -> [B]."""
-    return x.mean(dim=tuple(range(1, x.dim())))
+def mean_flat(x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Mean over every axis except the batch axis: [B, ...] -> [B]; with ``mask`` (0/1, broadcastable
+    to x), the mean over the elements where it is 1 (a sample with none: 0)."""
+    dims = tuple(range(1, x.dim()))
+    if mask is None:
+        return x.mean(dim=dims)
+    mask = mask.to(x.dtype).expand_as(x)                                                   # [B, ...]
+    return (x * mask).sum(dim=dims) / mask.sum(dim=dims).clamp(min=1)
 
 
 def normal_kl(mean1: torch.Tensor, logvar1: torch.Tensor, mean2: torch.Tensor, logvar2: torch.Tensor) -> torch.Tensor:

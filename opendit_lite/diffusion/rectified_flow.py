@@ -131,11 +131,14 @@ class RectifiedFlow:
         model_kwargs: Optional[dict] = None,
         noise: Optional[torch.Tensor] = None,
         t: Optional[torch.Tensor] = None,
+        loss_mask: Optional[torch.Tensor] = None,
     ) -> Dict[str, torch.Tensor]:
         """``{"loss": [B]}``: the per-sample MSE between the predicted and the true velocity.
 
         ``t`` [B] in [0, 1] defaults to ``sample_time``; ``noise`` defaults to a standard normal. Only
         the first C output channels are read, so a model with a learned-sigma block trains unchanged.
+        ``loss_mask`` (0/1, broadcastable to x_start): the elements the mean is taken over (the latents
+        a pipeline denoises, not those it keeps as given).
         """
         if noise is None:
             noise = torch.randn_like(x_start)
@@ -147,7 +150,7 @@ class RectifiedFlow:
             raise ValueError(f"t must have shape [B] = ({x_start.shape[0]},), got {tuple(t.shape)}")
         x_t = self.add_noise(x_start, noise, t)
         prediction = self._velocity(model, x_t, t, model_kwargs or {})
-        return {"loss": mean_flat((prediction - (noise - x_start)) ** 2)}
+        return {"loss": mean_flat((prediction - (noise - x_start)) ** 2, loss_mask)}
 
     def _velocity(self, model: Callable[..., torch.Tensor], x: torch.Tensor, t: torch.Tensor, model_kwargs: dict):
         """The model's velocity at (x [B, C, ...], t [B] in [0, 1]): the first C output channels."""

@@ -112,7 +112,8 @@ class PipelineConditioning:
     image_input: str = "none"            # one of IMAGE_INPUTS
     max_images: int = 0                  # conditioning images per sample the pipeline takes
     image_keys: Tuple[str, ...] = ()     # the per-sample inputs ``encode_images`` gives
-    null_text_per_image: bool = False    # the unconditional text is encoded with each sample's images
+    null_text_per_image: bool = False    # the caption (and the unconditional text) is encoded with the images
+    null_prompt: str = ""                # what the pipeline's unconditional branch encodes (its negative prompt)
 
     # -- text ----------------------------------------------------------------------------------
     def max_sequence_length(self, pipe) -> int:
@@ -143,6 +144,11 @@ class PipelineConditioning:
         if self.image_input == "none":
             return {}
         raise NotImplementedError
+
+    def call_images(self, images: Sequence[Any]) -> Dict[str, Any]:
+        """One prompt's conditioning images (PIL images, as the user gives them) -> the keywords of the
+        pipeline's ``__call__`` that take them."""
+        return {"image": images[0] if len(images) == 1 else list(images)}
 
     def loss_mask(self, model_config: Mapping, constants: Mapping, x: torch.Tensor) -> Optional[torch.Tensor]:
         """Where the loss counts for latent clips x [B, C, T, h, w]: a 0/1 tensor broadcastable to x, or

@@ -53,6 +53,11 @@ class PipelineDenoiser:
                     inputs[k] = rows_where(drop, null, inputs[k])
         return self.conditioning.inputs(self.config, self.constants, x, t, inputs)
 
+    def loss_mask(self, x: torch.Tensor) -> Optional[torch.Tensor]:
+        """Where the loss counts for latent clips x [B, C, T, h, w] (None: everywhere): the pipeline's
+        conditioning keeps some latents as given (Wan 2.2 TI2V's first frame)."""
+        return self.conditioning.loss_mask(self.config, self.constants, x)
+
     def __call__(self, x: torch.Tensor, t: torch.Tensor, drop: Optional[torch.Tensor] = None,
                  **text: torch.Tensor) -> torch.Tensor:
         """x [B, C, T, h, w], t [B] (the objective's timestep), drop [B] bool, text inputs [B, ...]

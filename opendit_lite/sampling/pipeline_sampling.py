@@ -22,7 +22,7 @@ tokens are split over them and gathered at its output, so every rank denoises th
 
 import os
 import tempfile
-from typing import Any, Dict, Iterator, List, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import torch
 
@@ -64,6 +64,52 @@ def check_pipeline_sampling(cfg, given_pipeline, given_text_encoder) -> None:
                           f"apply to this library's own sampler only: remove them (sequence parallelism, sp_size, "
                           f"does apply).")
     pipeline_call_settings(cfg)  # the sizes, checked before anything is loaded
+    sample_images(cfg, None)
+
+
+def sample_images(cfg, count: Optional[int]) -> Optional[List[List[str]]]:
+    """``sample.images`` as one list of files per prompt (None: a text-only pipeline), checked against the
+    run's pipeline: required for an image-conditioned one, refused for a text-only one, one entry per
+    prompt (``count``; None: not checked yet), at most the images the pipeline takes, existing files."""
+    folder = pipeline_folder(cfg.model.pipeline)
+    c, given = folder.conditioning, cfg.sample.images
+    if c.image_input == "none":
+        if given:
+            raise ConfigError(f"sample.images gives conditioning images, but {folder.pipeline_class} is a text-only "
+                              f"pipeline and would ignore them: remove sample.images.")
+        return None
+    if not given:
+        what = "the first frame of each video" if c.image_input == "first_frame" else "the image each prompt edits"
+        raise ConfigError(f"the run trained {folder.pipeline_class}, which is conditioned on an image ({what}): give "
+                          f"sample.images, one image file per prompt in the order of the prompts (several for one "
+                          f"prompt separated by '|').")
+    images = [[p.strip() for p in entry.split("|") if p.strip()] for entry in given]
+    if count is not None and len(images) != count:
+        raise ConfigError(f"sample.images gives {len(images)} entries for {count} prompts: give one per prompt, in "
+                          f"the order of the prompts.")
+    most = max(1, c.max_images)
+    for i, paths in enumerate(images):
+        if not paths or len(paths) > most:
+            raise ConfigError(f"sample.images entry {i} names {len(paths)} images; {folder.pipeline_class} takes "
+                              f"1{f' to {most}' if most > 1 else ''} per prompt.")
+        for path in paths:
+            if not os.path.isfile(path):
+                raise ConfigError(f"sample.images entry {i}: {path!r} does not exist.")
+    return images
+
+
+def _open_images(paths: List[str]) -> list:
+    from PIL import Image, UnidentifiedImageError
+
+    opened = []
+    for path in paths:
+        try:
+            with Image.open(path) as im:
+                opened.append(im.convert("RGB"))
+        except (OSError, UnidentifiedImageError, SyntaxError) as e:
+            raise ConfigError(f"sample.images: {path!r} cannot be decoded as an image ({type(e).__name__}: {e}): "
+                              f"give an image file.") from None
+    return opened
 
 
 def load_trained_pipeline(cfg, ckpt: str, ranks: SamplingRanks):
@@ -129,6 +175,16 @@ def pipeline_batches(pipe, cfg, prompts: List[str], ranks: SamplingRanks) -> Ite
     """This rank's block of ``prompts`` in batches of ``sample.batch_size``: yields (global indices,
     clips [b, 3, T, H, W] in [-1, 1] on the CPU; images are 1-frame clips), the pipeline's output."""
     settings = pipeline_call_settings(cfg)
+    images = sample_images(cfg, len(prompts))
+    if images is not None:  # one call per prompt with its images: image-conditioned pipelines batch them unevenly
+        conditioning = pipeline_folder(cfg.model.pipeline).conditioning
+        for indices in ranks.batches(len(prompts), 1):
+            generators = SampleGenerators(cfg.sample.seed, indices).generators
+            i = indices[0]
+            out = pipe(prompts[i], generator=generators, output_type="pt", **settings,
+                       **conditioning.call_images(_open_images(images[i])))
+            yield indices, pipeline_pixels(out).float().cpu()
+        return
     for indices in ranks.batches(len(prompts), cfg.sample.batch_size):
         generators = SampleGenerators(cfg.sample.seed, indices).generators  # prompt i's noise: (seed, i)
         out = pipe([prompts[i] for i in indices], generator=generators, output_type="pt", **settings)

@@ -54,6 +54,9 @@ def find_video_checkpoint(cfg) -> str:
         raise ConfigError(f"{ckpt!r} was trained without model.pipeline (its model is {cfg.model.name}), so there is "
                           f"no pipeline of it to sample through: remove model.pipeline={pipeline} (it samples with "
                           f"its own sampler), or give sample.ckpt of a run trained from that pipeline.")
+    if cfg.sample.images:
+        raise ConfigError(f"sample.images gives conditioning images, but {cfg.model.name} was trained on captions "
+                          f"alone (no image-conditioned pipeline) and would ignore them: remove sample.images.")
     cfg.text_encoder.path = path or cfg.text_encoder.path
     check_sampler(cfg)
     if not pixel_space(cfg) and not cfg.vae.path:

@@ -8,31 +8,46 @@ pipeline's scheduler samples its latent shape with (Flux's and LTX-Video's depen
 one per bucket).
 """
 
+import sys
 from typing import Dict, Tuple
 
+from ..builders.image import with_bad_sample_skipping
 from ..builders.objective import objective_for
 from ..builders.pipeline import (
     PipelineEncoders,
     latent_clip_shape,
+    pipeline_csv_dataset,
     pipeline_denoiser,
     pipeline_folder,
     pipeline_recipe,
 )
 from ..builders.pipeline_experts import expert_objective_range
-from ..builders.video import bucket_loss_weights, build_video_dataset, video_buckets
+from ..builders.video import bucket_loss_weights, video_buckets
 from ..data.buckets import assign_bucket
+from ..data.latent_shards import LatentShards, check_shards, is_sharded
+from ..data.media_folders import MEDIA_DATA_TYPES
+from ..data.video_csv import collate_conditioned
 from ..data.video_latents import PipelineLatentDataset, load_null_text, video_latent_meta
+from ..distributed.ranks import global_rank
 from ..errors import ConfigError
 from ..precision import resolve_precision
 from .spec import TrainingData
 
 
-def _latent_dataset(cfg) -> PipelineLatentDataset:
+def _latent_dataset(cfg):
     meta = video_latent_meta(cfg.data.path)
     try:
-        return PipelineLatentDataset(cfg.data.path, meta.get("files", {}))
+        if is_sharded(meta):
+            check_shards(cfg.data.path)
+            return LatentShards(cfg.data.path, meta)
+        dataset = PipelineLatentDataset(cfg.data.path, meta.get("files", {}))
     except ValueError as e:
         raise ConfigError(f"'data.path': {e}.") from None
+    if global_rank() == 0:
+        print(f"note: {cfg.data.path} holds one .pt file per clip; shards read faster and stream from object "
+              f"stores: python scripts/extract_latents.py --convert {cfg.data.path} --output <new folder>",
+              file=sys.stderr)
+    return dataset
 
 
 def _check_latent_buckets(dataset: PipelineLatentDataset, buckets) -> None:
@@ -54,16 +69,18 @@ def prepare_pipeline_data(cfg, device, sp_group=None) -> TrainingData:
     config = folder.transformer_config()
     buckets = video_buckets(cfg)
     m.caption_channels = family.adapter.text_width(config)
-    if d.type == "csv":
-        dataset = build_video_dataset(cfg, buckets)
+    conditioned = folder.conditioning.image_input != "none"
+    collate = collate_conditioned if conditioned and d.type in MEDIA_DATA_TYPES else None
+    if d.type in MEDIA_DATA_TYPES:  # a CSV or media folders, encoded while training
+        dataset = with_bad_sample_skipping(lambda: pipeline_csv_dataset(cfg, folder), cfg)
         precision = resolve_precision(cfg.precision, device.type)
         text_dtype = precision.autocast_dtype or precision.param_dtype  # the encoders in the run's compute dtype
         encoders = PipelineEncoders(folder, device, text_dtype=text_dtype)
         null_text = encoders.null_text()
 
         def model_inputs(batch):
-            clips, captions = batch                                         # [B, 3, T, H, W], B captions
-            return encoders.encode(clips, captions)                         # latents [B, C, T', h, w], text
+            clips, captions, *images = batch                 # [B, 3, T, H, W], B captions, per sample its images
+            return encoders.encode(clips, captions, *images)  # latents [B, C, T', h, w], text (and image) inputs
 
         def pixel_shape(batch):
             return tuple(batch[0].shape[2:])                               # (T, H, W) of the clips
@@ -108,7 +125,7 @@ def prepare_pipeline_data(cfg, device, sp_group=None) -> TrainingData:
         return pipeline_denoiser(cfg, model, null_text, call)
 
     if not buckets:
-        return TrainingData(dataset, model_inputs, objective=objective, denoiser=denoiser)
+        return TrainingData(dataset, model_inputs, objective=objective, denoiser=denoiser, collate=collate)
 
     def batch_sampler(model, dp_rank: int, dp_size: int, world_size: int, log, precision):
         from .video import sized_bucket_sampler  # the sizes were checked against the pipeline already
@@ -118,10 +135,10 @@ def prepare_pipeline_data(cfg, device, sp_group=None) -> TrainingData:
     weights = bucket_loss_weights(buckets)
 
     def loss_weight(batch):  # a batch holds one bucket, of one pixel shape
-        return weights[pixel_shape(batch) if d.type == "csv" else _latent_pixel_shape(batch, cfg)]
+        return weights[pixel_shape(batch) if d.type in MEDIA_DATA_TYPES else _latent_pixel_shape(batch, cfg)]
 
     return TrainingData(dataset, model_inputs, batch_sampler=batch_sampler, loss_weight=loss_weight,
-                        objective=objective, denoiser=denoiser)
+                        objective=objective, denoiser=denoiser, collate=collate)
 
 
 def _latent_pixel_shape(batch, cfg) -> Tuple[int, int, int]:

@@ -93,8 +93,9 @@ def check_fresh_run(cfg) -> None:
 
 
 def check_data_path(kind: str, path) -> None:
-    """``path`` (when the data type reads one) is readable and not empty."""
-    if not path:
+    """``path`` (when the data type reads one) is readable and not empty (a folder dataset's list of
+    entries is checked when it is read, ``data.media_folders``)."""
+    if not path or not isinstance(path, str) or "://" in path:  # an object store: read when the data opens
         return
     if not os.access(path, os.R_OK):
         raise ConfigError(f"'data.path' {path!r} is not readable by this user.")

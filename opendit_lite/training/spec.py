@@ -24,7 +24,9 @@ class TrainingData:
     objective of a batch of clean inputs of that shape (a shift per bucket: the token-count shift of
     Flux and LTX-Video), else the config's; ``denoiser(model, wrapped)``, when given, is what the
     objective calls, in place of the spec's (a run from a pipeline folder, whose denoiser holds what the
-    data encoded once: the pipeline's unconditional text)."""
+    data encoded once: the pipeline's unconditional text); ``collate``, when given, batches the loader's
+    ``(index, item)`` pairs in place of torch's default (items with a list of conditioning images of
+    several sizes)."""
 
     dataset: Any
     # loader batch -> (x [B, ...] the clean input of the objective, extra model keyword arguments)
@@ -33,6 +35,7 @@ class TrainingData:
     loss_weight: Optional[Callable[[Any], float]] = None
     objective: Optional[Callable[[Tuple[int, ...]], Any]] = None
     denoiser: Optional[Callable[[nn.Module, nn.Module], Callable]] = None
+    collate: Optional[Callable[[Any], Any]] = None
 
 
 @dataclass(frozen=True)
@@ -49,7 +52,8 @@ class TrainerSpec:
     (None: the family has no evaluation); ``finish(cfg, checkpoint, run_dir)`` runs on every rank
     after the last step with the final checkpoint (a diffusers family's export); ``objective(cfg)``
     builds the training objective (None: ``builders.objective.build_training_objective``; the video
-    trainer's restricts the times of one trained expert to its noise range).
+    trainer's restricts the times of one trained expert to its noise range); ``sampler(cfg, log)``
+    builds the hook run after each saved checkpoint for ``sample.every`` (None: the trainer has none).
     """
 
     name: str
@@ -63,3 +67,4 @@ class TrainerSpec:
     evaluator: Optional[Callable[[Any, Any], Optional[Callable[[int, str], None]]]] = None
     finish: Optional[Callable[[Any, str, str], None]] = None
     objective: Optional[Callable[[Any], Any]] = None
+    sampler: Optional[Callable[[Any, Any], Optional[Callable[[int, str], None]]]] = None

@@ -78,7 +78,7 @@ class TrainState:
 
 
 def build_train_state(cfg, plugin: OpenDiTPlugin, booster: Booster, model, dataset,
-                      batch_sampler=None) -> TrainState:
+                      batch_sampler=None, collate=None) -> TrainState:
     """Boost ``model`` with AdamW, the LR schedule and a resumable distributed loader, and build the
     EMA (``ema.enable``) from its weights: the state of a fresh run at step 0.
 
@@ -98,12 +98,12 @@ def build_train_state(cfg, plugin: OpenDiTPlugin, booster: Booster, model, datas
         # also keeps iter() from drawing on the global RNG, which a resumed run restores.
         workers_seed = torch.Generator().manual_seed(cfg.global_seed + plugin.dp_rank)
         dataloader = torch.utils.data.DataLoader(dataset, batch_sampler=batch_sampler, num_workers=cfg.num_workers,
-                                                 pin_memory=cfg.pin_memory, generator=workers_seed)
+                                                 pin_memory=cfg.pin_memory, generator=workers_seed, collate_fn=collate)
     else:
         dataloader = plugin.prepare_dataloader(dataset, batch_size=micro_batch, shuffle=True, seed=cfg.global_seed,
                                                drop_last=True, num_workers=cfg.num_workers,
                                                pin_memory=cfg.pin_memory,
-                                               distributed_sampler_cls=ResumableDistributedSampler)
+                                               distributed_sampler_cls=ResumableDistributedSampler, collate_fn=collate)
     if len(dataloader) == 0:
         raise ConfigError(f"The dataset has {len(dataset)} samples, fewer than one batch of {micro_batch} per "
                           f"data-parallel rank; lower global_batch_size or add data.")

@@ -120,6 +120,27 @@ class MetricsLogger:
                 for k, v in values.items():
                     self.tb.add_scalar(k, v, step)
 
+    def images(self, step: int, name: str, paths) -> None:
+        """Sample files written at ``step`` (images, videos, a contact sheet last) to TensorBoard (the
+        contact sheet, as an image) and W&B (every image, and the videos)."""
+        if not self.enabled or (self.tb is None and self.wandb is None):
+            return
+        import numpy as np
+        from PIL import Image
+
+        pictures = [p for p in paths if p.lower().endswith((".png", ".jpg", ".jpeg"))]
+        if self.tb is not None and pictures:
+            with Image.open(pictures[-1]) as im:
+                self.tb.add_image(name, np.asarray(im.convert("RGB")), step, dataformats="HWC")
+            self.tb.flush()
+        if self.wandb is not None:
+            import wandb
+
+            media = [wandb.Image(p, caption=os.path.basename(p)) for p in pictures]
+            videos = [p for p in paths if p.lower().endswith((".mp4", ".gif"))]
+            media += [wandb.Video(p, caption=os.path.basename(p)) for p in videos]
+            self.wandb.log({name: media}, step=step)
+
     def advance(self, n: int = 1) -> None:
         if self.bar is not None:
             self.bar.update(n)

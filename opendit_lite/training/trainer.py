@@ -44,7 +44,9 @@ def train(spec: TrainerSpec, cfg, info) -> str:
     run_dir = os.path.join(cfg.results_dir, cfg.exp_name)
     log = MetricsLogger(run_dir, enabled=info.is_main, loggers=cfg.logger, run_name=cfg.exp_name,
                         config=to_dict(cfg))
-    after_save = evaluation_hook(spec, cfg, log)  # eval_every: checked before anything is built
+    # after each checkpoint: eval_every's evaluation, sample.every's samples (checked before anything is built)
+    hooks = [evaluation_hook(spec, cfg, log), spec.sampler(cfg, log) if spec.sampler is not None else None]
+    after_save = chain_hooks([hook for hook in hooks if hook is not None])
 
     plugin, booster = build_booster(cfg, info)  # first: it builds the mesh sequence parallelism needs
     seed_everything(cfg.global_seed, 0, 1)  # the same model initialisation on every rank
@@ -72,7 +74,8 @@ def train(spec: TrainerSpec, cfg, info) -> str:
         batch_sampler = data.batch_sampler(model, plugin.dp_rank, plugin.dp_size, info.world_size, log,
                                            precision=plugin.precision)
     # Batches are [dataset indices, loader batch]: a sample's draws are keyed by its index (see batch_loss).
-    state = build_train_state(cfg, plugin, booster, model, IndexedDataset(data.dataset), batch_sampler)
+    state = build_train_state(cfg, plugin, booster, model, IndexedDataset(data.dataset), batch_sampler,
+                              collate=data.collate)
     # Anything else random (data augmentation) draws from one stream per data-parallel rank, which
     # the ranks of a sequence-parallel group share.
     seed_everything(cfg.global_seed, plugin.dp_rank, plugin.dp_size)
@@ -115,6 +118,18 @@ def train(spec: TrainerSpec, cfg, info) -> str:
                                use_ema=cfg.ema.enable, lora=to_dict(cfg.lora))
         print(f"wrote the merged LoRA weights to {merged} (sample.ckpt={merged} or init_from={merged})")
     return path
+
+
+def chain_hooks(hooks):
+    """One ``after_save(step, checkpoint)`` running ``hooks`` in order (None when there are none)."""
+    if not hooks:
+        return None
+
+    def after_save(step: int, checkpoint: str) -> None:
+        for hook in hooks:
+            hook(step, checkpoint)
+
+    return after_save
 
 
 def evaluation_hook(spec: TrainerSpec, cfg, log):

@@ -37,6 +37,7 @@ from ..builders.video import (
 from ..config import to_dict
 from ..config.video_schema import VideoTrainConfig
 from ..data.buckets import BucketBatchSampler
+from ..data.media_folders import MEDIA_DATA_TYPES
 from ..distributed.ranks import global_rank
 from ..encoders.video_vae import VideoVAE
 from ..errors import ConfigError
@@ -45,6 +46,7 @@ from ..interop.family_checkpoint import export_family_checkpoint
 from ..interop.pretrained_files import LORA_WEIGHT_NAME
 from ..parallel.modes import ulysses_heads_error
 from ..precision import Precision
+from .periodic_samples import check_periodic_sampling, periodic_sampling
 from .pipeline_data import prepare_pipeline_data
 from .spec import TrainerSpec, TrainingData
 
@@ -77,6 +79,7 @@ def validate_video_config(cfg) -> None:
         if cfg.sp_size > 1 and cfg.sp_mode == "ulysses" and heads % cfg.sp_size:
             raise ulysses_heads_error(heads, cfg.sp_size, f"{m.name}'s attention")
     check_export(cfg)
+    check_periodic_sampling(cfg)
     d = cfg.diffusion
     if not is_family(m.name):  # the zoo's video models: rectified flow with logit-normal times unless set
         d.objective = d.objective or "rflow"
@@ -197,7 +200,7 @@ def prepare_video_data(cfg, device, sp_group=None) -> TrainingData:
         resolve_family_text(cfg)
     dataset = build_video_dataset(cfg, buckets)
     # CSV captions are encoded while training; shapes and latents carry their states.
-    captions = load_caption_encoder(cfg, device) if cfg.data.type == "csv" else None
+    captions = load_caption_encoder(cfg, device) if cfg.data.type in MEDIA_DATA_TYPES else None
     vae = load_video_vae(cfg, device, sp_group=sp_group) if cfg.data.type != "latents" else None
     resolve_video_geometry(cfg, dataset, vae, captions.width if captions else None, buckets)
     if family:
@@ -255,4 +258,4 @@ def video_denoiser(cfg, model, call):
 VIDEO_TRAINER = TrainerSpec(name="video", schema=VideoTrainConfig, prepare_data=prepare_video_data,
                             build_model=build_video_model, describe=describe_video_input,
                             validate=validate_video_config, denoiser=video_denoiser, finish=export_at_end,
-                            objective=video_objective)
+                            objective=video_objective, sampler=periodic_sampling)

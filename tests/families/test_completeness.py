@@ -38,9 +38,13 @@ def test_the_six_families_each_have_a_folder_and_a_record():
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_every_family_folder_holds_every_piece(name):
-    files = {f for f in os.listdir(os.path.join(FOLDER, name))  # a variant's conditioning_<variant>.py besides
-             if f.endswith(".py") and not f.startswith("conditioning_")}
-    assert files == PIECES, f"families/{name}/ holds {sorted(files)}; every family holds {sorted(PIECES)}"
+    files = {f for f in os.listdir(os.path.join(FOLDER, name)) if f.endswith(".py")}
+    # a variant pipeline's conditioning (image-to-video, edit) in conditioning_<variant>.py, defined in the folder
+    variants = {f for f in files if f.startswith("conditioning_")}
+    assert files - variants == PIECES, f"families/{name}/ holds {sorted(files)}; every family holds {sorted(PIECES)}"
+    for variant in FAMILIES[name].variants:
+        module = type(variant.conditioning).__module__
+        assert module.startswith(f"opendit_lite.families.{name}."), f"{variant.pipeline}'s conditioning is in {module}"
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
