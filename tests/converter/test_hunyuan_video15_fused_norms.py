@@ -1,11 +1,10 @@
 """HunyuanVideo 1.5's fused AdaLN (``families/hunyuan_video15/fused_norms.py``) against the same model
-unconverted: the loss, the output and every parameter's gradient (fp32, 1e-5), through the kernels' torch
-path and, where Triton's interpreter runs (conftest), the Triton kernels; the state-dict keys stay
+unconverted: the output and every parameter's gradient (fp32, 1e-5), through the kernels' torch path
+(one Triton interpreter run measured the same: a few seconds more of CPU); the state-dict keys stay
 diffusers'. Its TeaCache signal (``step_cache.py``) is the tensor its first block's attention receives."""
 
 import copy
 
-import pytest
 import torch
 
 import opendit_lite.kernels.adaln as adaln_kernel
@@ -26,13 +25,11 @@ def _loss_and_grads(model, inputs):
     return out.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-@pytest.mark.parametrize("path", ["torch", "triton"])
-def test_fused_hunyuan_video15_equals_unconverted(path, monkeypatch):
-    if path == "triton" and not adaln_kernel.triton_runs_on(torch.zeros(1)):
-        pytest.skip("the Triton kernels do not run on CPU tensors here (TRITON_INTERPRET is not set)")
-    if path == "torch":
-        monkeypatch.setattr(adaln_kernel, "triton_runs_on", lambda x: False)
-        monkeypatch.setattr(residual_kernel, "triton_runs_on", lambda x: False)
+def test_fused_hunyuan_video15_equals_unconverted(monkeypatch):
+    # the kernels' torch path: the block binding is what is HunyuanVideo 1.5's own (the kernels themselves are
+    # checked against it through Triton in tests/kernels and tests/converter/test_diffusers_families.py)
+    monkeypatch.setattr(adaln_kernel, "triton_runs_on", lambda x: False)
+    monkeypatch.setattr(residual_kernel, "triton_runs_on", lambda x: False)
     model = fam.build("hunyuan_video15")
     converted = copy.deepcopy(model)
     ModuleConverter(fused_adaln=True).convert(converted)

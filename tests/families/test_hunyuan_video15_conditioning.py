@@ -6,11 +6,12 @@ its objective's loss is taken at the pipeline's time with the noise that puts th
 the pipeline's are. Every input equals the pipeline's: the caption's states in the chat template with
 the template cropped and its mask, ByT5's glyph states and mask, the zero image states, the latents
 with their zero condition channels, the timestep's scale (and no ``timestep_r``); for a dropped
-caption, the unconditional branch. The training times are shifted as the pipeline's scheduler shifts
-its sampling times.
+caption, the unconditional branch (one denoising step: every input's layout shows in it). The
+training times are shifted as the pipeline's scheduler shifts its sampling times.
 
 Run with -s to see the largest difference of each input."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -44,7 +45,7 @@ def test_a_training_step_feeds_the_transformer_what_hunyuan_video15_feeds_it(tin
     denoiser = data.denoiser(model, model)
     pipe = DiffusionPipeline.from_pretrained(folder, local_files_only=True)
     noise = torch.randn(x0.shape, generator=torch.Generator().manual_seed(1))
-    calls = capture(pipe, CAPTION, noise=noise, **call)
+    calls = capture(pipe, CAPTION, noise=noise, **dict(call, num_inference_steps=1))  # one step: both branches
     objective = data.objective(tuple(x0.shape))
 
     largest, losses = {}, []
@@ -71,11 +72,13 @@ def test_a_training_step_feeds_the_transformer_what_hunyuan_video15_feeds_it(tin
     torch.stack(losses).sum().backward()
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
 
-    # the unconditional branch is the empty caption: no glyph text, and the training shift is the scheduler's
+    # the unconditional branch is the empty caption: no glyph text
     assert calls.unconditional(0)["encoder_attention_mask_2"].sum() == 0
-    sigma = calls.conditional(1)["timestep"].reshape(-1)[0].double() / 1000   # the 2-step grid's 0.5, shifted
+    # the training times are shifted as the scheduler shifts the pipeline's sampling grid (1, 0.75, 0.5, 0.25)
+    pipe.scheduler.set_timesteps(sigmas=np.linspace(1.0, 0.0, 5)[:-1])
     assert objective.shift == pipe.scheduler.config.shift
-    assert abs(objective.shift_time(torch.tensor(0.5, dtype=torch.float64)) - sigma) < 1e-6
+    shifted = objective.shift_time(torch.tensor([1.0, 0.75, 0.5, 0.25], dtype=torch.float64))
+    assert torch.allclose(shifted, pipe.scheduler.sigmas[:4].double(), atol=1e-6)
 
 
 def test_the_parameters_built_frozen_are_those_no_step_gives_a_gradient(tiny_pipeline):
