@@ -20,6 +20,7 @@ The ranks of one sequence-parallel group run the pipeline on the same prompts; t
 tokens are split over them and gathered at its output, so every rank denoises the same latents.
 """
 
+import inspect
 import os
 import tempfile
 from typing import Any, Dict, Iterator, List, Optional, Tuple
@@ -174,21 +175,42 @@ def pipeline_call_settings(cfg) -> Dict[str, Any]:
 def pipeline_batches(pipe, cfg, prompts: List[str], ranks: SamplingRanks) -> Iterator[Tuple[range, torch.Tensor]]:
     """This rank's block of ``prompts`` in batches of ``sample.batch_size``: yields (global indices,
     clips [b, 3, T, H, W] in [-1, 1] on the CPU; images are 1-frame clips), the pipeline's output."""
-    settings = pipeline_call_settings(cfg)
+    settings = call_keywords(pipe, cfg, pipeline_call_settings(cfg))
     images = sample_images(cfg, len(prompts))
+    # the prompt by keyword: HunyuanVideo 1.5's image-to-video pipeline takes its image first
     if images is not None:  # one call per prompt with its images: image-conditioned pipelines batch them unevenly
         conditioning = pipeline_folder(cfg.model.pipeline).conditioning
         for indices in ranks.batches(len(prompts), 1):
             generators = SampleGenerators(cfg.sample.seed, indices).generators
             i = indices[0]
-            out = pipe(prompts[i], generator=generators, output_type="pt", **settings,
+            out = pipe(prompt=prompts[i], generator=generators, output_type="pt", **settings,
                        **conditioning.call_images(_open_images(images[i])))
             yield indices, pipeline_pixels(out).float().cpu()
         return
     for indices in ranks.batches(len(prompts), cfg.sample.batch_size):
         generators = SampleGenerators(cfg.sample.seed, indices).generators  # prompt i's noise: (seed, i)
-        out = pipe([prompts[i] for i in indices], generator=generators, output_type="pt", **settings)
+        out = pipe(prompt=[prompts[i] for i in indices], generator=generators, output_type="pt", **settings)
         yield indices, pipeline_pixels(out).float().cpu()
+
+
+def call_keywords(pipe, cfg, settings: Dict[str, Any]) -> Dict[str, Any]:
+    """``settings`` as ``pipe.__call__`` takes them. A pipeline whose call takes no ``guidance_scale`` but
+    holds a ``guider`` (HunyuanVideo 1.5's) gets the scale on a copy of its guider; one that takes no
+    ``height`` / ``width`` (HunyuanVideo 1.5's image-to-video: its image sets the clip's size) is called
+    without the trained size, and an explicit ``sample.height`` / ``sample.width`` is refused."""
+    params = inspect.signature(type(pipe).__call__).parameters
+    settings = dict(settings)
+    if "guidance_scale" in settings and "guidance_scale" not in params:
+        if getattr(pipe, "guider", None) is None:
+            raise ConfigError(f"{type(pipe).__name__} takes no guidance scale: remove sample.cfg_scale.")
+        pipe.guider = pipe.guider.new(guidance_scale=settings.pop("guidance_scale"))
+    sizes = [k for k in ("height", "width") if k in settings and k not in params]
+    if sizes and (cfg.sample.height or cfg.sample.width):
+        raise ConfigError(f"{type(pipe).__name__} sizes the clip by its image (it takes no height or width): "
+                          f"remove sample.height and sample.width.")
+    for key in sizes:
+        del settings[key]
+    return settings
 
 
 def pipeline_pixels(output) -> torch.Tensor:
