@@ -8,7 +8,8 @@
 
 Providers: ``eager`` (``reference_adaln`` from tests/kernels/test_fused_adaln.py: torch LayerNorm,
 then the multiply and add, as ``LayerNormModulate`` runs), ``compile`` (``torch.compile`` of the
-same function) and ``triton`` (``opendit_lite.kernels.fused_adaln``). Writes
+same function) and ``triton`` (the kernel behind ``opendit_lite.kernels.fused_adaln``, past the
+dispatch that may serve a shape with the compiled torch path: ``kernel_choice.py``). Writes
 benchmarks/results/fused_adaln[_token]_<gpu>.csv and .png.
 
 Effective bandwidth counts the bytes an ideal fused implementation must move, the same for every
@@ -65,7 +66,7 @@ def residual_bytes_moved(B: int, N: int, D: int, elem: int, layout: str) -> dict
 
 
 def residual_providers(compile_backend: str = "inductor"):
-    from opendit_lite.kernels import gated_residual_adaln
+    from opendit_lite.kernels.gated_residual import gated_residual_adaln_triton
     from tests.kernels.test_gated_residual import reference_gated_residual
 
     torch._dynamo.reset()
@@ -73,7 +74,7 @@ def residual_providers(compile_backend: str = "inductor"):
     return {
         "eager": lambda *a: reference_gated_residual(*a, EPS),
         "compile": lambda *a: compiled(*a, EPS),
-        "triton": lambda *a: gated_residual_adaln(*a, EPS),
+        "triton": lambda *a: gated_residual_adaln_triton(*a, EPS),  # the kernel itself, past the dispatch
     }
 
 
@@ -92,7 +93,7 @@ def bench_residual_shape(shape: Tuple[int, int, int], layout: str, dtype: torch.
 
 
 def providers(compile_backend: str = "inductor"):
-    from opendit_lite.kernels import fused_adaln
+    from opendit_lite.kernels.adaln import adaln_triton
     from tests.kernels.test_fused_adaln import reference_adaln
 
     torch._dynamo.reset()  # a fresh compile per shape; the recompile limit would fall back to eager
@@ -100,7 +101,7 @@ def providers(compile_backend: str = "inductor"):
     return {
         "eager": lambda x, s, c: reference_adaln(x, s, c, EPS),
         "compile": lambda x, s, c: compiled(x, s, c, EPS),
-        "triton": lambda x, s, c: fused_adaln(x, s, c, EPS),
+        "triton": lambda x, s, c: adaln_triton(x, s, c, EPS),  # the kernel itself, past the dispatch
     }
 
 

@@ -16,7 +16,7 @@ New model families add a ``<family>_forward_flops(model)`` here and reference it
 builder in ``train_step.py``.
 """
 
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch.nn as nn
 
@@ -73,3 +73,44 @@ def mfu(achieved_tflops_per_device: float, peak_tflops: Optional[float]) -> Opti
     """Model FLOPs utilisation: achieved model TFLOP/s per device over the device's dense peak."""
     return None if not peak_tflops else achieved_tflops_per_device / peak_tflops
 
+
+
+# ----------------------------------------------------------------------------------------------
+# Wan (diffusers WanTransformer3DModel)
+# ----------------------------------------------------------------------------------------------
+
+def wan_forward_macs(config: dict, frames: int, height: int, width: int, text_tokens: int) -> Tuple[int, int]:
+    """(linear, attention) multiply-adds of one Wan transformer forward for one sample of ``frames`` x
+    ``height`` x ``width`` latents and ``text_tokens`` caption tokens, read from the diffusers config.
+
+    N video tokens (latents over the (pt, ph, pw) patch), L caption tokens, D = heads x head_dim, F the
+    FFN width, C_in / C_out latent channels, P = pt ph pw:
+        patch embedding   N (C_in P) D
+        caption embedder  L (text_dim D + D^2)             (two linear layers)
+        time embedder     freq D + D^2 + D 6D              (sinusoid -> D -> D, then the modulation)
+        per block         self q, k, v, o  4 N D^2
+                          cross q, o       2 N D^2;  cross k, v  2 L D^2
+                          FFN              2 N D F
+        output            N D (C_out P)
+    Attention products (Q K^T and P V), per block: self 2 N^2 D, cross 2 N L D. They are returned
+    apart because their backward is always twice their forward (no weights: a LoRA step saves
+    nothing on them), while a frozen linear layer's backward is one product (the input gradient)."""
+    pt, ph, pw = config["patch_size"]
+    d = config["num_attention_heads"] * config["attention_head_dim"]
+    n = (frames // pt) * (height // ph) * (width // pw)
+    lt, f, layers = text_tokens, config["ffn_dim"], config["num_layers"]
+    p = pt * ph * pw
+    per_block = 4 * n * d * d + 2 * n * d * d + 2 * lt * d * d + 2 * n * d * f
+    linear = (n * config["in_channels"] * p * d + lt * (config["text_dim"] * d + d * d)
+              + config.get("freq_dim", 256) * d + d * d + 6 * d * d + layers * per_block
+              + n * d * config["out_channels"] * p)
+    attention = layers * (2 * n * n * d + 2 * n * lt * d)
+    return linear, attention
+
+
+def wan_train_flops(config: dict, frames: int, height: int, width: int, text_tokens: int, lora: bool) -> float:
+    """Model FLOPs of one training step for one sample: 3 x forward for a full fine-tune; for LoRA the
+    frozen linear layers' backward is the input gradient alone (2 x their forward; the adapters' own
+    products are under 1% at rank 32 and left out), attention's stays 2 x its forward."""
+    linear, attention = wan_forward_macs(config, frames, height, width, text_tokens)
+    return 2.0 * ((2 if lora else 3) * linear + 3 * attention)

@@ -1,10 +1,12 @@
-"""One prepared GPU command: the GPU tests and the project's headline figures in one bounded run,
-written as they are measured. docs/gpu.md says how to run it on the offline GPU machine
-(``make gpu-report``: the wheels of .whl/ installed offline, then this script with ``--budget 480``).
+"""The prepared GPU commands: the GPU tests and the project's headline figures in two bounded runs
+(two parts, one 10-minute command each), written as they are measured. docs/gpu.md says how to run
+them on the offline GPU machine (``make gpu-report``: the wheels of .whl/ installed offline, then
+this script with ``--budget 480``).
 
-    python benchmarks/gpu_report.py --budget 480                # one CUDA GPU
+    python benchmarks/gpu_report.py --budget 480                # one CUDA GPU: the first part (dit)
+    python benchmarks/gpu_report.py --part wan --budget 480     # the second part (wan)
     python benchmarks/gpu_report.py --only kernels plan --budget 150   # a rerun of some sections
-    python benchmarks/gpu_report.py --dry-run                    # the CPU: every section at toy sizes, < 60 s
+    python benchmarks/gpu_report.py --dry-run                    # the CPU: both parts at toy sizes
     python benchmarks/gpu_report.py --readme-table               # the README's table from the committed results
 
 Sections, in priority order; each runs in its own process under its own timeout (a hang or a crash
@@ -25,14 +27,23 @@ loses that section's unfinished part only), and every row is written the moment 
                  diffusers transformer (forward activations) and DiT-XL/2 (a whole ZeRO-2 step)
     max_seq_len  the largest DiT-XL/2 step without checkpointing, with it, and with offload, in the
                  time left
+  and the second part (``--part wan``; benchmarks/wan_report.py):
+    wan_train    a Wan 2.1 1.3B-shaped transformer at 480x832, 33 and 81 frames, full fine-tune and
+                 LoRA: our best settings against the loop a diffusers user writes; tokens/s, MFU
+                 (attention counted), peak memory
+    wan_24gb     a Wan 2.1 14B-shaped LoRA step with the planner's 24 GiB settings under a 24 GiB
+                 cap, and with its settings for the whole device uncapped; peaks, step times and the
+                 planner's predictions
 
-Each section gets its share of ``--budget``: sections 1-5 have caps (SECTIONS) that add up to the
-default budget, time a section does not use goes to the ones after it, and the last takes what is
-left. Every row carries the device name and the torch and triton versions.
+Each section gets its share of ``--budget``: the sections of a part but its last have caps
+(SECTIONS) that add up to at most the default budget, time a section does not use goes to the ones
+after it, and the last takes what is left. Every row carries the device name and the torch and
+triton versions.
 
 Files, in $OUT when set, else benchmarks/results/ (the dry run: outputs/gpu_report_dry_run/):
 results.json (every row of every section; ``check_schema`` validates it), summary.md (the same as
-tables, rewritten with every row) and pytest.log.
+tables, rewritten with every row) and pytest.log; the second part: results_wan.json and
+summary_wan.md.
 """
 
 import argparse
@@ -63,6 +74,15 @@ SCHEMA_VERSION = 1
 RESULTS_DIR = os.path.join(ROOT, "benchmarks", "results")
 DRY_RUN_DIR = os.path.join(ROOT, "outputs", "gpu_report_dry_run")
 RESULTS_NAME, SUMMARY_NAME, PYTEST_LOG = "results.json", "summary.md", "pytest.log"
+# The report in two parts, one 10-minute command each (docs/gpu.md); the dry run runs both at once.
+PARTS = {"dit": ("tests", "train_bf16", "train_fp8", "kernels", "plan", "max_seq_len"),
+         "wan": ("wan_train", "wan_24gb")}
+PART_BUDGET_S = 480.0  # each part's default budget on the GPU
+
+
+def result_files(part: str) -> Tuple[str, str]:
+    """(results, summary) file names of a part: the second part's beside the first's in one folder."""
+    return (RESULTS_NAME, SUMMARY_NAME) if part in ("dit", "all") else (f"results_{part}.json", f"summary_{part}.md")
 STATUSES = ("pending", "running", "ok", "failed", "timeout", "skipped")
 STAMP = ("device", "torch", "triton")  # carried by every row
 MIN_SECTION_S = 10.0  # a section is not started with less time than this
@@ -77,31 +97,34 @@ class Options:
     kernel_shapes: Tuple[Tuple[int, int, int], ...] = ()   # (B, N, D); () the report's shapes
     batch_search: bool = True                              # train_bf16's largest-batch search
     train_steps: Optional[Tuple[int, int]] = None          # (warm-up, timed) steps; None the report's
+    part: str = "dit"                                      # which part's files the sections write (PARTS)
+    wan_frames: Tuple[int, ...] = ()                       # wan_train's clips by frame count; () all
 
 
 # ----------------------------------------------------------------------------------------------
 # Results: results.json holds everything; summary.md is rendered from it after every change
 # ----------------------------------------------------------------------------------------------
 
-def load_results(out_dir: str) -> dict:
-    with open(os.path.join(out_dir, RESULTS_NAME)) as f:
+def load_results(out_dir: str, part: str = "dit") -> dict:
+    with open(os.path.join(out_dir, result_files(part)[0])) as f:
         return json.load(f)
 
 
 def write_results(out_dir: str, doc: dict) -> None:
     """results.json (replaced atomically: a process killed mid-write leaves the previous file) and summary.md."""
-    path = os.path.join(out_dir, RESULTS_NAME)
+    results_name, summary_name = result_files(doc["run"].get("part", "dit"))
+    path = os.path.join(out_dir, results_name)
     with open(path + ".tmp", "w") as f:
         json.dump(doc, f, indent=1, allow_nan=False)
     os.replace(path + ".tmp", path)
-    summary = os.path.join(out_dir, SUMMARY_NAME)
+    summary = os.path.join(out_dir, summary_name)
     with open(summary + ".tmp", "w") as f:
         f.write(render_summary(doc))
     os.replace(summary + ".tmp", summary)
 
 
-def update_results(out_dir: str, change: Callable[[dict], None]) -> dict:
-    doc = load_results(out_dir)
+def update_results(out_dir: str, change: Callable[[dict], None], part: str = "dit") -> dict:
+    doc = load_results(out_dir, part)
     change(doc)
     write_results(out_dir, doc)
     return doc
@@ -151,11 +174,13 @@ class Context:
 
     def record(self, row: dict) -> None:
         row = {**clean(row), **self.stamp()}
-        update_results(self.out_dir, lambda doc: section_entry(doc, self.section)["rows"].append(row))
+        update_results(self.out_dir, lambda doc: section_entry(doc, self.section)["rows"].append(row),
+                       self.options.part)
         print(f"[{self.section}] " + ", ".join(f"{k}={v}" for k, v in row.items() if k not in STAMP), flush=True)
 
     def note(self, text: str) -> None:
-        update_results(self.out_dir, lambda doc: section_entry(doc, self.section)["notes"].append(text))
+        update_results(self.out_dir, lambda doc: section_entry(doc, self.section)["notes"].append(text),
+                       self.options.part)
         print(f"[{self.section}] note: {text}", flush=True)
 
     def path(self, name: str) -> str:
@@ -275,7 +300,9 @@ def run_tests(ctx: Context) -> None:
            "--continue-on-collection-errors", "--timeout", "240", "-n", str(workers)]
     cmd += DRY_RUN_TESTS if ctx.dry_run else list(ctx.options.tests) or gpu_test_files()
     ctx.note(f"command: {' '.join(cmd[1:])} ({'CUDA' if torch.cuda.is_available() else 'CPU, Triton interpreter'})")
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    # The tests test the kernels: the dispatch that may serve a shape with torch.compile instead (and would
+    # compile a reference at every new shape) is pinned to the kernel, except in its own test.
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OPENDIT_KERNEL_CHOICE="fused")
     log_path = ctx.path(PYTEST_LOG)
     with open(log_path, "w") as log:
         # pytest leads its own process group so that its xdist workers stop with it
@@ -408,7 +435,7 @@ def section_train_fp8(ctx: Context) -> None:
                  f"{error} The dry run trains the loss comparison in bf16 twice instead.")
     if fp8:
         ts, args, workload, info, device, sizes = train_step_setup(ctx, "fp8")
-        measured = [s for s in load_results(ctx.out_dir)["sections"] if s["name"] == "train_bf16"]
+        measured = [s for s in load_results(ctx.out_dir, ctx.options.part)["sections"] if s["name"] == "train_bf16"]
         phase = f"batch {sizes.batch}"
         bf16 = {r["config"]: r["samples_per_s"] for s in measured for r in s["rows"]
                 if r.get("kind") == "throughput" and r.get("status") == "ok" and r.get("phase") == phase}
@@ -502,8 +529,23 @@ def section_kernels(ctx: Context) -> None:
                 for k in ("baseline", "speedup", "gpu", "torch_version", "triton_version", "tflops"):
                     row.pop(k)
                 ctx.record(dict(kind="kernel", **row))
+            ctx.record(choice_row(kernel, shape, p50))
             if device == "cuda":
                 torch.cuda.empty_cache()
+
+
+def choice_row(kernel: str, shape: Tuple[int, int, int], p50: Dict[Tuple[str, str], float]) -> dict:
+    """What the kernel dispatch serves at ``shape``, forward and backward (``kernel_choice.py``): the
+    faster of the fused kernel and torch.compile of its torch path, read from this section's ``full``
+    rows of the two (the dispatch's own measurement, once per signature in a run, is the same
+    comparison; timing it here again would cost a compilation per shape and kernel)."""
+    B, N, D = shape
+    triton_ms, compile_ms = p50[("triton", "full")], p50[("compile", "full")]
+    ours = min(triton_ms, compile_ms)
+    return dict(kind="choice", kernel=kernel, shape=f"B{B} N{N} D{D}",
+                provider="compile" if compile_ms < triton_ms else "triton", triton_ms=triton_ms,
+                compile_ms=compile_ms, ours_ms=ours, ours_vs_compile=round(compile_ms / ours, 4),
+                source="this section's full rows")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -564,6 +606,22 @@ def section_max_seq_len(ctx: Context) -> None:
 
 
 # ----------------------------------------------------------------------------------------------
+# Sections 7 and 8 (the second part): Wan 1.3B training against diffusers, Wan 14B LoRA in 24 GiB
+# ----------------------------------------------------------------------------------------------
+
+def section_wan_train(ctx: Context) -> None:
+    import wan_report
+
+    wan_report.section_train(ctx)
+
+
+def section_wan_24gb(ctx: Context) -> None:
+    import wan_report
+
+    wan_report.section_24gb(ctx)
+
+
+# ----------------------------------------------------------------------------------------------
 # The sections and their time
 # ----------------------------------------------------------------------------------------------
 
@@ -583,6 +641,10 @@ SECTIONS = [
     Section("plan", "Planner: predicted against measured memory", 40.0, section_plan),
     Section("max_seq_len", "Largest step without / with activation checkpointing / with offload", None,
             section_max_seq_len),
+    Section("wan_train", "Wan 2.1 1.3B-shaped training step at 480x832: ours against the diffusers loop", 300.0,
+            section_wan_train),
+    Section("wan_24gb", "Wan 2.1 14B-shaped LoRA step under a 24 GiB cap with the planner's settings, and uncapped",
+            None, section_wan_24gb),
 ]
 BY_NAME = {s.name: s for s in SECTIONS}
 
@@ -592,10 +654,10 @@ def allot(section: Section, later: Sequence[Section], remaining: float, banked: 
     run. A capped section gets its cap plus ``banked``, the seconds the earlier capped sections left
     unused, as long as the later sections' caps stay reserved; when the caps do not fit in what
     remains, every capped section gets its proportional share. The uncapped section (the last) gets
-    whatever remains."""
-    if section.cap_s is None:
-        return remaining
+    whatever remains once the later caps are reserved (the last section of each part is uncapped)."""
     reserved = sum(s.cap_s for s in later if s.cap_s is not None)
+    if section.cap_s is None:  # the later caps kept, or (when they do not fit) an equal share with the later ones
+        return max(remaining - reserved, remaining / (1 + len(later)))
     if reserved + section.cap_s > remaining:
         return remaining * section.cap_s / (reserved + section.cap_s)
     return min(section.cap_s + banked, remaining - reserved)
@@ -649,6 +711,7 @@ def preload() -> None:
     import max_seq_len  # noqa: F401
     import plan_accuracy  # noqa: F401
     import train_step  # noqa: F401
+    import wan_report  # noqa: F401
     from diffusers import WanTransformer3DModel  # noqa: F401
 
     import opendit_lite.families  # noqa: F401
@@ -662,14 +725,15 @@ def run_report(out_dir: str, budget: float, names: Sequence[str], dry_run: bool,
     import common  # benchmarks/common.py (imports torch)
 
     os.makedirs(out_dir, exist_ok=True)
-    for stale in (RESULTS_NAME, SUMMARY_NAME, PYTEST_LOG):
+    part = options.part
+    for stale in result_files(part) + ((PYTEST_LOG,) if "tests" in names else ()):
         with contextlib.suppress(FileNotFoundError):
             os.remove(os.path.join(out_dir, stale))
     chosen = [BY_NAME[n] for n in names]
     doc = dict(schema=SCHEMA_VERSION,
                run=dict(**versions(context=False), python=platform.python_version(), commit=common.git_commit(),
                         date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-                        budget_s=budget, dry_run=dry_run, finished=False),
+                        budget_s=budget, dry_run=dry_run, finished=False, part=part),
                sections=[dict(name=s.name, title=s.title, status="pending", timeout_s=None, seconds=None, notes=[],
                               rows=[]) for s in chosen])
     write_results(out_dir, doc)
@@ -685,11 +749,11 @@ def run_report(out_dir: str, budget: float, names: Sequence[str], dry_run: bool,
                 entry = section_entry(doc, section.name)
                 entry.update(status="skipped", timeout_s=round(max(seconds, 0.0), 1))
                 entry["notes"].append("skipped: no time left in the budget")
-            update_results(out_dir, skip)
+            update_results(out_dir, skip, part)
             continue
         print(f"== {section.name}: {section.title} (at most {seconds:.0f} s)", flush=True)
         update_results(out_dir, lambda doc, s=section, t=seconds: section_entry(doc, s.name).update(
-            status="running", timeout_s=round(t, 1)))
+            status="running", timeout_s=round(t, 1)), part)
         began = time.monotonic()
         status = run_section(section, out_dir, dry_run, seconds, start_method, options)
         took = round(time.monotonic() - began, 1)
@@ -700,9 +764,9 @@ def run_report(out_dir: str, budget: float, names: Sequence[str], dry_run: bool,
             if status == "timeout":
                 entry["notes"].append(f"stopped at its timeout ({seconds:.0f} s); the rows above are those "
                                       f"measured before it")
-        update_results(out_dir, done)
+        update_results(out_dir, done, part)
         print(f"== {section.name}: {status} in {took} s", flush=True)
-    return update_results(out_dir, lambda doc: doc["run"].update(finished=True))
+    return update_results(out_dir, lambda doc: doc["run"].update(finished=True), part)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -723,6 +787,12 @@ REQUIRED_ROW_KEYS = {
     ("plan", "step"): ("model", "latent", "batch", "predicted_gib", "measured_peak_gib", "ratio"),
     ("max_seq_len", "max"): ("mode", "size", "batch", "tokens", "max_is_lower_bound"),
     ("max_seq_len", "timed"): ("mode", "size", "batch", "tokens", "step_ms", "peak_gib"),
+    ("kernels", "choice"): ("kernel", "shape", "provider", "triton_ms", "compile_ms", "ours_ms", "ours_vs_compile",
+                            "source"),
+    ("wan_train", "wan_step"): ("model", "clip", "tokens", "mode", "impl", "settings", "step_ms", "tokens_per_s",
+                                "tflops", "mfu", "peak_gib", "vs_diffusers"),
+    ("wan_24gb", "lora_24gb"): ("model", "case", "cap_gib", "blocks_to_swap", "base_precision", "selective_ratio",
+                                "ac_offload", "predicted_gib", "status"),
 }
 
 
@@ -756,13 +826,14 @@ def check_schema(doc: dict, out_dir: Optional[str] = None) -> List[str]:
             if missing:
                 problems.append(f"{name} row {i} ({kind}): no {', '.join(missing)}")
     if out_dir is not None:
-        summary = os.path.join(out_dir, SUMMARY_NAME)
+        results_name, summary_name = result_files(run.get("part", "dit"))
+        summary = os.path.join(out_dir, summary_name)
         if not os.path.isfile(summary):
-            problems.append(f"no {SUMMARY_NAME} beside {RESULTS_NAME}")
+            problems.append(f"no {summary_name} beside {results_name}")
         else:
             with open(summary) as f:
                 text = f.read()
-            problems += [f"{SUMMARY_NAME} does not mention section {s['name']}" for s in doc.get("sections", [])
+            problems += [f"{summary_name} does not mention section {s['name']}" for s in doc.get("sections", [])
                          if f"`{s['name']}`" not in text]
         if any(s["name"] == "tests" and s["status"] not in ("pending", "skipped") for s in doc.get("sections", [])) \
                 and not os.path.isfile(os.path.join(out_dir, PYTEST_LOG)):
@@ -789,6 +860,11 @@ SUMMARY_COLUMNS = {
              "predicted_act_gib", "measured_forward_growth_gib", "act_ratio"),
     "max": ("mode", "size", "batch", "tokens", "max_is_lower_bound"),
     "timed": ("mode", "size", "batch", "tokens", "is_max", "step_ms", "tflops", "mfu", "peak_gib"),
+    "choice": ("kernel", "shape", "provider", "triton_ms", "compile_ms", "ours_vs_compile", "source"),
+    "wan_step": ("clip", "tokens", "mode", "impl", "checkpointed", "step_ms", "tokens_per_s", "tflops", "mfu",
+                 "peak_gib", "vs_diffusers"),
+    "lora_24gb": ("case", "cap_gib", "blocks_to_swap", "base_precision", "selective_ratio", "ac_offload", "status",
+                  "predicted_gib", "peak_gib", "predicted_over_measured", "step_s", "capped_over_uncapped_time"),
 }
 
 
@@ -837,7 +913,6 @@ def render_summary(doc: dict) -> str:
 
 README_BEGIN = "<!-- gpu-report: generated by `python benchmarks/gpu_report.py --readme-table --write`; do not edit -->"
 README_END = "<!-- /gpu-report -->"
-COMMITTED = os.path.join(RESULTS_DIR, RESULTS_NAME)
 
 
 def readme_table(doc: Optional[dict]) -> str:
@@ -888,15 +963,50 @@ def readme_table(doc: Optional[dict]) -> str:
     maxima = [r for r in sections.get("max_seq_len", {}).get("rows", []) if r.get("kind") == "max"]
     if maxima:
         lines += markdown_table(maxima, ("model", "mode", "batch", "tokens", "max_is_lower_bound")) + [""]
+    choices = [r for r in sections.get("kernels", {}).get("rows", []) if r.get("kind") == "choice"]
+    if choices:
+        lines += markdown_table(choices, ("kernel", "shape", "provider", "triton_ms", "compile_ms", "ours_vs_compile"))
+        lines += ["", "(what the kernel dispatch serves at each shape, forward + backward: the fused kernel or "
+                  "torch.compile of its torch path, whichever it measured faster; `ours_vs_compile` >= 1 by "
+                  "construction.)", ""]
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
-def readme_block(doc: Optional[dict]) -> str:
-    return f"{README_BEGIN}\n{readme_table(doc)}{README_END}"
+def wan_readme_table(doc: Optional[dict]) -> str:
+    """The README's Wan rows, from the second part's results (None or a dry run: says none exists)."""
+    if doc is None or doc["run"].get("dry_run"):
+        return ("No Wan results are committed yet: `benchmarks/results/results_wan.json` is written by "
+                "`make gpu-report GPU_REPORT_ARGS=\"--part wan\"` on a GPU machine (docs/gpu.md).\n")
+    run = doc["run"]
+    sections = {s["name"]: s for s in doc["sections"]}
+    lines = [f"Wan, measured by `make gpu-report` (`--part wan`) on {run['device']} (torch {run['torch']}, commit "
+             f"{run['commit']}, {run['date']}); every number comes from `benchmarks/results/results_wan.json`.", ""]
+    steps = [r for r in sections.get("wan_train", {}).get("rows", []) if r.get("kind") == "wan_step"]
+    if steps:
+        lines += markdown_table([dict(r, mfu=None if r.get("mfu") in ("", None) else round(100 * r["mfu"], 1))
+                                 for r in steps],
+                                ("clip", "tokens", "mode", "impl", "checkpointed", "step_ms", "tokens_per_s", "mfu",
+                                 "peak_gib", "vs_diffusers"))
+        lines += ["", "(Wan 2.1 1.3B-shaped transformer, batch 1, 512 caption tokens; `impl` diffusers: bf16, "
+                  "SDPA, compile_repeated_blocks, AdamW; ours: fused kernels, compile, ZeRO-2; `mfu` in %, "
+                  "attention counted; `vs_diffusers`: its step time over ours, same run.)", ""]
+    lora = [r for r in sections.get("wan_24gb", {}).get("rows", []) if r.get("kind") == "lora_24gb"]
+    if lora:
+        lines += markdown_table(lora, ("case", "blocks_to_swap", "base_precision", "selective_ratio", "ac_offload",
+                                       "status", "predicted_gib", "peak_gib", "step_s", "capped_over_uncapped_time"))
+        lines += ["", "(Wan 2.1 14B-shaped LoRA step, 21x80x80 latents (the tokens of 81 frames at 480x832), with the "
+                  "planner's settings for 24 GiB "
+                  "under a 24 GiB cap, and for the whole device uncapped; GiB allocated.)", ""]
+    return "\n".join(lines).rstrip("\n") + "\n"
 
 
-def committed_results() -> Optional[dict]:
-    return load_results(RESULTS_DIR) if os.path.isfile(COMMITTED) else None
+def readme_block(doc: Optional[dict], wan: Optional[dict] = None) -> str:
+    return f"{README_BEGIN}\n{readme_table(doc)}\n{wan_readme_table(wan)}{README_END}"
+
+
+def committed_results(part: str = "dit") -> Optional[dict]:
+    return load_results(RESULTS_DIR, part) if os.path.isfile(os.path.join(RESULTS_DIR, result_files(part)[0])) \
+        else None
 
 
 def write_readme(path: str) -> bool:
@@ -906,7 +1016,7 @@ def write_readme(path: str) -> bool:
     begin, end = text.find(README_BEGIN), text.find(README_END)
     if begin < 0 or end < begin:
         raise SystemExit(f"error: {path} has no generated block ({README_BEGIN} ... {README_END}) to replace")
-    new = text[:begin] + readme_block(committed_results()) + text[end + len(README_END):]
+    new = text[:begin] + readme_block(committed_results(), committed_results("wan")) + text[end + len(README_END):]
     if new != text:
         with open(path, "w") as f:
             f.write(new)
@@ -920,8 +1030,12 @@ def write_readme(path: str) -> bool:
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--budget", type=float, help="seconds for all sections together (default 480; dry run 300)")
+    parser.add_argument("--part", choices=(*PARTS, "all"),
+                        help="which part of the report: dit (sections " + ", ".join(PARTS["dit"]) + "; the default on "
+                             "the GPU) or wan (" + ", ".join(PARTS["wan"]) + "), one 10-minute command each, each "
+                             "with its own files; all: both (the dry run's default)")
     parser.add_argument("--only", nargs="+", choices=list(BY_NAME), metavar="SECTION",
-                        help=f"run these sections only, in priority order ({', '.join(BY_NAME)})")
+                        help=f"run these sections of the part only, in priority order ({', '.join(BY_NAME)})")
     parser.add_argument("--dry-run", action="store_true",
                         help="on the CPU at toy sizes, then check the files' schema (a test runs this)")
     parser.add_argument("--out", help="output folder (default: $OUT, else benchmarks/results/; dry run: "
@@ -941,10 +1055,18 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                         help="kernels: these shapes instead of the report's five, e.g. 128x256x1152 1x65536x1152")
     narrow.add_argument("--no-batch-search", dest="batch_search", action="store_false",
                         help="train_bf16: the baseline and the best configuration at batch 128 only")
+    narrow.add_argument("--wan-frames", nargs="+", type=int, choices=(33, 81), default=(),
+                        help="wan_train: these clips only (frames at 480x832) instead of 33 and 81")
     narrow.add_argument("--train-steps", nargs=2, type=int, metavar=("WARMUP", "STEPS"),
                         help=f"train_bf16 and train_fp8: warm-up and timed steps (default {GPU_STEP.warmup} "
                              f"{GPU_STEP.steps})")
     args = parser.parse_args(argv)
+    args.part = args.part or ("all" if args.dry_run else "dit")
+    if args.only:
+        outside = [n for n in args.only if n not in part_sections(args.part)]
+        if outside:
+            parser.error(f"--only {' '.join(outside)}: not in --part {args.part} "
+                         f"({', '.join(part_sections(args.part))}); name the part that holds them")
     if args.budget is not None and args.budget <= 0:
         parser.error("--budget must be > 0 seconds")
     if args.train_steps is not None and (args.train_steps[0] < 1 or args.train_steps[1] < 1):
@@ -959,9 +1081,14 @@ def kernel_shape(text: str) -> Tuple[int, int, int]:
     return tuple(int(p) for p in parts)
 
 
+def part_sections(part: str) -> Tuple[str, ...]:
+    return tuple(n for p in PARTS.values() for n in p) if part == "all" else PARTS[part]
+
+
 def options_from(args: argparse.Namespace) -> Options:
     return Options(tests=tuple(args.tests), kernel_shapes=tuple(args.kernel_shapes), batch_search=args.batch_search,
-                   train_steps=tuple(args.train_steps) if args.train_steps else None)
+                   train_steps=tuple(args.train_steps) if args.train_steps else None, part=args.part,
+                   wan_frames=tuple(args.wan_frames))
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -970,7 +1097,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if args.write:
             print(("rewrote the generated block of " if write_readme(args.write) else "up to date: ") + args.write)
         else:
-            print(readme_block(committed_results()))
+            print(readme_block(committed_results(), committed_results("wan")))
         return 0
     if args.dry_run:  # the Triton kernels in Triton's interpreter, set before opendit_lite.kernels is imported
         os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -982,8 +1109,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
               "section at toy sizes on the CPU.", file=sys.stderr)
         return 2
     out_dir = args.out or (DRY_RUN_DIR if args.dry_run else os.environ.get("OUT") or RESULTS_DIR)
-    budget = args.budget or (300.0 if args.dry_run else 480.0)  # the dry run's sections end long before
-    names = [s.name for s in SECTIONS if not args.only or s.name in args.only]
+    chosen = part_sections(args.part)
+    # the dry run's sections end long before; "all" on the GPU is both parts' budgets (two commands' worth)
+    budget = args.budget or (300.0 if args.dry_run else PART_BUDGET_S * (len(PARTS) if args.part == "all" else 1))
+    names = [s.name for s in SECTIONS if s.name in chosen and (not args.only or s.name in args.only)]
     start_method = args.start_method or ("fork" if args.dry_run else "spawn")
     if args.dry_run and start_method == "fork":
         preload()
@@ -993,7 +1122,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     statuses = {s["name"]: s["status"] for s in doc["sections"]}
     print(f"{len(names)} sections in {time.monotonic() - started:.0f} s: "
           + ", ".join(f"{n} {s}" for n, s in statuses.items()))
-    print(f"wrote {os.path.join(out_dir, RESULTS_NAME)}, {os.path.join(out_dir, SUMMARY_NAME)}")
+    print("wrote " + ", ".join(os.path.join(out_dir, name) for name in result_files(args.part)))
     for problem in problems:
         print(f"schema: {problem}", file=sys.stderr)
     return 0 if not problems and all(s == "ok" for s in statuses.values()) else 1

@@ -392,6 +392,7 @@ class ConfigRun:
         self.config, self.workload, self.device, self.args = config, workload, device, args
         self.trainer: Optional[Trainer] = None
         self.builds = 0  # how many times the trainer was built (1 + rebuilds after out-of-memory steps)
+        self.measured_kernels = False  # the kernel dispatch's eager measuring step ran
 
     def measure(self, batch_size: int, warmup_steps: int, steps: int) -> Optional[Measurement]:
         """``warmup_steps`` then ``steps`` timed steps at ``batch_size``; None when they do not fit in
@@ -402,6 +403,14 @@ class ConfigRun:
                 self.builds += 1
                 self.trainer = build_trainer(self.config, self.workload, self.device, self.args)
             batch = self.workload.make_batch(batch_size, self.device)
+            if self.config.kernels and self.device.type == "cuda" and not self.measured_kernels:
+                # One eager step first, so that the kernel dispatch times each norm signature against
+                # torch.compile before the compiled graphs read its choices (kernels/kernel_choice.py).
+                from opendit_lite.kernels.kernel_choice import measured_eagerly
+
+                with measured_eagerly():
+                    self.trainer.step(batch)
+                self.measured_kernels = True
             return measure(self.trainer, self.workload, batch, warmup_steps, steps, self.device)
         except Exception as error:  # noqa: BLE001  (only OOM is handled; everything else re-raised)
             if not is_out_of_memory(error):

@@ -25,6 +25,7 @@ FAMILIES = (
     "CogVideoXTransformer3DModel",
     "HunyuanVideoTransformer3DModel",
     "LTXVideoTransformer3DModel",
+    "ZImageTransformer2DModel",
 )
 
 CONFIGS: Dict[str, dict] = {
@@ -50,6 +51,11 @@ CONFIGS: Dict[str, dict] = {
     "LTXVideoTransformer3DModel": dict(
         in_channels=8, out_channels=8, num_attention_heads=2, attention_head_dim=8, cross_attention_dim=16,
         num_layers=2, qk_norm="rms_norm_across_heads", caption_channels=32),
+    # Z-Image without its refiners (n_refiner_layers 0), so that its two blocks are the main layers'; the
+    # refiners run in the tiny pipeline's tests (tests/families/test_z_image_conditioning.py and others).
+    "ZImageTransformer2DModel": dict(
+        all_patch_size=(2,), all_f_patch_size=(1,), in_channels=4, dim=32, n_layers=2, n_refiner_layers=0,
+        n_heads=2, n_kv_heads=2, cap_feat_dim=16, axes_dims=[4, 6, 6], axes_lens=[64, 16, 16]),
 }
 
 # name -> (family, overrides)
@@ -133,6 +139,9 @@ def forward_inputs(name: str, batch: int = 2, seed: int = 1) -> dict:
         return dict(hidden_states=randn(batch, FRAMES * HEIGHT * WIDTH, 8), timestep=times * 1000,
                     encoder_hidden_states=randn(batch, TEXT_TOKENS, 32), encoder_attention_mask=mask.long(),
                     num_frames=FRAMES, height=HEIGHT, width=WIDTH, return_dict=False)
+    if family == "ZImageTransformer2DModel":  # per-sample lists: latents [C, 1, H, W], captions [L_i, W]
+        return dict(x=[randn(4, 1, HEIGHT, WIDTH) for _ in range(batch)], t=times,
+                    cap_feats=[randn(int(m.sum()), 16) for m in mask], return_dict=False)
     raise KeyError(name)
 
 
@@ -145,8 +154,10 @@ def _cogvideox_rope(frames: int, height: int, width: int):
 
 
 def output(model: nn.Module, inputs: dict) -> torch.Tensor:
-    """The model's prediction for ``inputs`` (the first element of its return tuple)."""
-    return model(**inputs)[0]
+    """The model's prediction for ``inputs`` (the first element of its return tuple; a list of
+    per-sample predictions, Z-Image's, stacked)."""
+    out = model(**inputs)[0]
+    return torch.stack(out) if isinstance(out, list) else out
 
 
 def loss(model: nn.Module, inputs: dict, target: torch.Tensor = None) -> torch.Tensor:
@@ -161,7 +172,8 @@ SHARED_INPUTS = ("img_ids", "txt_ids", "image_rotary_emb")
 
 def batch_slice(inputs: dict, start: int, stop: int) -> dict:
     """Samples ``start:stop`` of ``forward_inputs``: a data-parallel rank's share of the batch."""
-    return {k: v[start:stop] if torch.is_tensor(v) and k not in SHARED_INPUTS else v for k, v in inputs.items()}
+    return {k: v[start:stop] if isinstance(v, (torch.Tensor, list)) and k not in SHARED_INPUTS else v
+            for k, v in inputs.items()}
 
 
 def randomize_adapters(model: nn.Module, seed: int = 2, scale: float = 0.1) -> nn.Module:

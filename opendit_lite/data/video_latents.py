@@ -138,6 +138,26 @@ class PipelineLatentDataset(Dataset):
         return item["latents"], item["text"], item["caption"]
 
 
+def collate_pipeline_latents(items):
+    """A batch of ``(index, (latents, per-sample inputs, caption))`` items of ``PipelineLatentDataset``, batched
+    as the default collate does, after a ConfigError naming an input whose shape differs between the samples:
+    an edit pipeline's reference latents, each reference resized to the pipeline's size for its aspect ratio."""
+    from torch.utils.data import default_collate
+
+    from ..errors import ConfigError
+
+    inputs = [item[1][1] for item in items]
+    for key in inputs[0]:
+        shapes = sorted({tuple(sample[key].shape) for sample in inputs})
+        if len(shapes) > 1:
+            raise ConfigError(f"the input {key!r} of the samples of one batch comes in different shapes {shapes}: "
+                              f"their conditioning images were resized to different sizes (an edit pipeline resizes "
+                              f"each reference by its aspect ratio), and they cannot share a batch. Give references "
+                              f"of one aspect ratio, or one sample per batch: global_batch_size equal to the "
+                              f"data-parallel ranks.")
+    return default_collate(items)
+
+
 class VideoLatentDataset(Dataset):
     """item = (latents [C, T, h, w], states [M, channels], mask [M], caption)."""
 

@@ -85,6 +85,10 @@ def load_family_text_encoder(spec: FamilyEncoders, path: str, what: str, max_len
     if model_type not in spec.text_models:
         raise ConfigError(f"{what} holds a {model_type or 'model without model_type'} text model; the "
                           f"{spec.transformer} family encodes captions with {' or '.join(spec.text_models)}.")
+    if model_type not in TEXT_MODEL_CLASSES:  # the family's pipeline encodes it its own way (a chat template, ...)
+        raise ConfigError(f"{what} holds the {spec.transformer} family's {model_type} text encoder, whose caption "
+                          f"states only its pipeline's own encode_prompt gives (see the family's encoding.py): "
+                          f"extract the latents with scripts/extract_latents.py --pipeline <the pipeline folder>.")
     model_cls = getattr(transformers, TEXT_MODEL_CLASSES[model_type])
     from .pipeline_folder import has_tokenizer
 

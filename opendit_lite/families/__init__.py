@@ -1,6 +1,6 @@
-"""The diffusers families trained today (Wan, HunyuanVideo, CogVideoX, LTX-Video, Flux, SD3): one
+"""The diffusers families trained today (Wan, HunyuanVideo, CogVideoX, LTX-Video, Flux, SD3, Z-Image): one
 folder per family (``opendit_lite/families/<family>/``) holding everything specific to it, found
-through one registry (``registry.py``). Importing this package registers the six families and fans
+through one registry (``registry.py``). Importing this package registers the families and fans
 their pieces out to the mechanisms that look them up (capabilities, sequence parallelism, fused
 AdaLN); every entry point that builds, parallelizes, plans or samples a model imports it.
 
@@ -22,12 +22,13 @@ pipeline's own scheduler instead):
 | SD3 / SD3.5 | flow matching | logit-normal | 3 |
 | Flux | flow matching | logit-normal | by token count: e^0.5 at 256 tokens .. e^1.15 at 4096 |
 | CogVideoX | v-prediction, DDPM schedule | uniform steps | SNR shift 1 (the 5B and 1.5 models) |
+| Z-Image | flow matching | logit-normal (not published; as SD3 and Flux) | 3 (the release's scheduler) |
 
 Nothing here imports diffusers at import time: an adapter reads the model's config (a mapping) and
 calls the model; the other pieces name diffusers' classes.
 """
 
-from . import cogvideox, flux, hunyuan_video, hunyuan_video15, ltx_video, sd3, wan  # noqa: F401  (registers the families)
+from . import cogvideox, flux, hunyuan_video, hunyuan_video15, ltx_video, sd3, wan, z_image  # noqa: F401  (registers the families)
 from .adapter_base import FamilyAdapter, Recipe
 from .conditioning_base import PipelineConditioning
 from .family_denoiser import FamilyDenoiser

@@ -63,6 +63,18 @@ class FamilyAdapter:
         """Channels of the clips the model denoises (before any packing)."""
         return int(config["in_channels"])
 
+    def attention_heads(self, config: Mapping) -> int:
+        """The attention heads of the model's blocks (Ulysses splits them over the ranks)."""
+        return int(config["num_attention_heads"])
+
+    def hidden_size(self, config: Mapping) -> int:
+        """The width of the model's token stream (heads x head width)."""
+        return self.attention_heads(config) * int(config["attention_head_dim"])
+
+    def token_multiple(self, config: Mapping) -> int:
+        """The multiple the model pads each sample's image tokens to (1: none)."""
+        return 1
+
     def text_width(self, config: Mapping) -> int:
         return int(config[self.text_width_key])
 

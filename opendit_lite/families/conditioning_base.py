@@ -114,6 +114,7 @@ class PipelineConditioning:
     image_keys: Tuple[str, ...] = ()     # the per-sample inputs ``encode_images`` gives
     null_text_per_image: bool = False    # the caption (and the unconditional text) is encoded with the images
     null_prompt: str = ""                # what the pipeline's unconditional branch encodes (its negative prompt)
+    unguided_scale: float = 1.0          # the ``guidance_scale`` at which the pipeline runs no unconditional branch
 
     # -- text ----------------------------------------------------------------------------------
     def max_sequence_length(self, pipe) -> int:
@@ -150,6 +151,11 @@ class PipelineConditioning:
         pipeline's ``__call__`` that take them."""
         return {"image": images[0] if len(images) == 1 else list(images)}
 
+    def call_size(self, height: int, width: int) -> Dict[str, Any]:
+        """The keywords ``__call__`` takes beyond ``height`` / ``width`` to render a ``height x width`` target
+        at that size ({} for most; FluxKontextPipeline: ``max_area``, else it renders about a megapixel)."""
+        return {}
+
     def loss_mask(self, model_config: Mapping, constants: Mapping, x: torch.Tensor) -> Optional[torch.Tensor]:
         """Where the loss counts for latent clips x [B, C, T, h, w]: a 0/1 tensor broadcastable to x, or
         None (everywhere)."""
@@ -182,6 +188,12 @@ class PipelineConditioning:
     def guided(self, model_config: Mapping) -> bool:
         """Whether the transformer embeds a guidance value (a guidance-distilled model)."""
         return False
+
+    def guidance_free(self, folder: str) -> str:
+        """Why the model in the pipeline folder ``folder`` samples without classifier-free guidance (a
+        few-step model distilled from it, whose pipeline class is the guided one's), or "" when it uses
+        the pipeline's guidance. Such a folder is sampled at ``unguided_scale`` and refuses another."""
+        return ""
 
     def expert_boundary(self, pipe) -> Optional[float]:
         """The timestep at and above which a pipeline of two experts runs ``transformer``, below it

@@ -12,7 +12,9 @@ attention reads it, normalised and modulated by the timestep embedding. That is 
 family declares it here as ``teacache_signal(block, args, kwargs) -> [B, N, D]``, computed from the
 arguments the head block is called with (the block's own norms and modulation, nothing run twice
 but the one norm), or, where a family has no such tensor, ``None`` with the reason in
-``no_teacache``. ``head_block`` names the block class whose forward arguments the signal reads.
+``no_teacache``. ``head_block`` names the block class whose forward arguments the signal reads. A
+family whose blocks no cache can hook (diffusers' hooks cannot follow their streams) says why in
+``no_cache``: every ``sample.cache.kind`` is then refused with that reason.
 """
 
 import inspect
@@ -34,6 +36,7 @@ class StepCacheSpec:
     head_block: str                      # the diffusers class of the first block (whose arguments the signal reads)
     teacache_signal: Optional[Signal]    # the first block's timestep-modulated input; None: no TeaCache
     no_teacache: str = ""                # why the family has no TeaCache signal (when teacache_signal is None)
+    no_cache: str = ""                   # why no step cache hooks the family's blocks (every kind refused)
 
 
 def forward_arguments(block: nn.Module, args: tuple, kwargs: dict) -> Dict[str, Any]:

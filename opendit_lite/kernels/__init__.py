@@ -12,6 +12,9 @@ converter (``opendit_lite.converter``) maps the models' modules onto them.
   ``nn.LayerNorm``; apex's ``FusedLayerNorm`` is preferred when installed, see
   ``to_fused_layernorm``).
 
+On CUDA the norm wrappers time each kernel once per call signature against ``torch.compile`` of its
+torch path and keep the faster (``kernel_choice.py``), so a fused kernel is never slower than compile.
+
 The norm kernels are torch custom ops (``custom_ops.py``, namespace ``opendit_lite``) so that
 ``torch.compile(fullgraph=True)`` traces through them. The names below load on first use: the
 models import ``attention_op.py`` (torch only), while the first use of a norm kernel imports Triton and

@@ -23,7 +23,8 @@ The kernels are the torch custom op ``opendit_lite::norm_affine_fwd`` (``custom_
 ``torch.compile`` keeps them in its graph. Dispatch: the Triton kernels run on CUDA tensors, and on
 any tensor when Triton's interpreter is on (``TRITON_INTERPRET=1`` set before this module is
 imported). Otherwise (CPU tensors, or Triton not installed) the torch path below computes the same
-function with the same numerics: fp32 statistics and arithmetic, one rounding at the end.
+function with the same numerics: fp32 statistics and arithmetic, one rounding at the end. On CUDA the
+torch path compiled also serves the shapes where it measured faster (``kernel_choice.py``).
 """
 
 from typing import Optional, Tuple
@@ -33,6 +34,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from . import custom_ops
+from .kernel_choice import take_triton
 from .triton_dispatch import triton_runs_on
 
 
@@ -119,17 +121,24 @@ def fused_adaln(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: 
     """
     _check_inputs(x, shift, scale)
     _check_affine(x, weight, bias, "fused_adaln")
-    if triton_runs_on(x):
-        shift3 = _as_modulation(x, shift, "shift")            # [B, 1|N, D]
-        scale3 = _as_modulation(x, scale, "scale")            # [B, 1|N, D]
-        if weight is None and bias is None:
-            y, _, _ = custom_ops.norm_affine_fwd(x, shift3, scale3, eps, True, _output_dtype(x, shift, scale))
-            return y                                           # [B, N, D]
-        offset, multiplier = fold_affine(shift3, scale3, weight, bias)     # fp32 [B, 1|N, D] each
-        y, _, _ = custom_ops.norm_affine_fwd(x, offset, multiplier, eps, False,
-                                             _affine_output_dtype(x.dtype, shift, scale, weight, bias))
+    args = (x, shift, scale, eps, weight, bias)
+    if triton_runs_on(x) and take_triton("fused_adaln", adaln_triton, adaln_torch, args):
+        return adaln_triton(*args)
+    return adaln_torch(*args)
+
+
+def adaln_triton(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: float,
+                 weight: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The Triton path of ``fused_adaln`` (inputs already checked)."""
+    shift3 = _as_modulation(x, shift, "shift")                # [B, 1|N, D]
+    scale3 = _as_modulation(x, scale, "scale")                # [B, 1|N, D]
+    if weight is None and bias is None:
+        y, _, _ = custom_ops.norm_affine_fwd(x, shift3, scale3, eps, True, _output_dtype(x, shift, scale))
         return y                                               # [B, N, D]
-    return adaln_torch(x, shift, scale, eps, weight, bias)
+    offset, multiplier = fold_affine(shift3, scale3, weight, bias)         # fp32 [B, 1|N, D] each
+    y, _, _ = custom_ops.norm_affine_fwd(x, offset, multiplier, eps, False,
+                                         _affine_output_dtype(x.dtype, shift, scale, weight, bias))
+    return y                                                   # [B, N, D]
 
 
 class FusedNormModule(nn.Module):

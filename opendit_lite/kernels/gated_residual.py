@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 from . import custom_ops
 from .adaln import FusedNormModule, _affine_output_dtype, _as_modulation, _check_affine, _check_inputs, fold_affine
+from .kernel_choice import take_triton
 from .triton_dispatch import triton_runs_on
 
 
@@ -73,19 +74,27 @@ def gated_residual_adaln(x: torch.Tensor, h: torch.Tensor, gate: torch.Tensor, s
     _check_inputs(x, shift, scale)
     _check_residual(x, h, gate, shift)
     _check_affine(x, weight, bias, "gated_residual_adaln")
-    if triton_runs_on(x):
-        gate3 = _as_modulation(x, gate, "gate")                        # [B, 1|N, D]
-        shift3 = _as_modulation(x, shift, "shift")                     # [B, 1|N, D]
-        scale3 = _as_modulation(x, scale, "scale")                     # [B, 1|N, D]
-        xn_dtype = _residual_dtype(x, h, gate)
-        out_dtype = _affine_output_dtype(xn_dtype, shift, scale, weight, bias)
-        if weight is None and bias is None:
-            x_new, y, _, _ = custom_ops.gated_residual_norm_fwd(x, h, gate3, shift3, scale3, eps, True, out_dtype)
-        else:
-            offset, multiplier = fold_affine(shift3, scale3, weight, bias)  # fp32 [B, 1|N, D] each
-            x_new, y, _, _ = custom_ops.gated_residual_norm_fwd(x, h, gate3, offset, multiplier, eps, False, out_dtype)
-        return x_new, y
-    return gated_residual_adaln_torch(x, h, gate, shift, scale, eps, weight, bias)
+    args = (x, h, gate, shift, scale, eps, weight, bias)
+    if triton_runs_on(x) and take_triton("gated_residual_adaln", gated_residual_adaln_triton,
+                                         gated_residual_adaln_torch, args):
+        return gated_residual_adaln_triton(*args)
+    return gated_residual_adaln_torch(*args)
+
+
+def gated_residual_adaln_triton(x, h, gate, shift, scale, eps, weight=None, bias=None
+                                ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The Triton path of ``gated_residual_adaln`` (inputs already checked)."""
+    gate3 = _as_modulation(x, gate, "gate")                            # [B, 1|N, D]
+    shift3 = _as_modulation(x, shift, "shift")                         # [B, 1|N, D]
+    scale3 = _as_modulation(x, scale, "scale")                         # [B, 1|N, D]
+    xn_dtype = _residual_dtype(x, h, gate)
+    out_dtype = _affine_output_dtype(xn_dtype, shift, scale, weight, bias)
+    if weight is None and bias is None:
+        x_new, y, _, _ = custom_ops.gated_residual_norm_fwd(x, h, gate3, shift3, scale3, eps, True, out_dtype)
+    else:
+        offset, multiplier = fold_affine(shift3, scale3, weight, bias)  # fp32 [B, 1|N, D] each
+        x_new, y, _, _ = custom_ops.gated_residual_norm_fwd(x, h, gate3, offset, multiplier, eps, False, out_dtype)
+    return x_new, y                                                    # 2 x [B, N, D]
 
 
 class FusedGatedResidualNorm(FusedNormModule):

@@ -19,6 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from . import custom_ops
+from .kernel_choice import take_triton
 from .triton_dispatch import triton_runs_on, triton_unavailable_reason
 
 
@@ -36,12 +37,19 @@ def triton_layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
             f"triton_layer_norm: weight {tuple(weight.shape)} and bias {tuple(bias.shape)} must both be "
             f"[D] = [{D}] for x of shape {tuple(x.shape)}"
         )
-    if triton_runs_on(x):
-        x3 = x.reshape(1, -1, D)                                       # [1, M, D]
-        w3, b3 = weight.view(1, 1, D), bias.view(1, 1, D)              # [1, 1, D]: broadcast to every row
-        y, _, _ = custom_ops.norm_affine_fwd(x3, b3, w3, eps, False, x.dtype)  # [1, M, D]
-        return y.view(x.shape)
-    return layer_norm_torch(x, weight, bias, eps)
+    args = (x, weight, bias, eps)
+    if triton_runs_on(x) and take_triton("layer_norm", layer_norm_triton, layer_norm_torch, args):
+        return layer_norm_triton(*args)
+    return layer_norm_torch(*args)
+
+
+def layer_norm_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
+    """The Triton path of ``triton_layer_norm`` (shapes already checked)."""
+    D = x.size(-1)
+    x3 = x.reshape(1, -1, D)                                           # [1, M, D]
+    w3, b3 = weight.view(1, 1, D), bias.view(1, 1, D)                  # [1, 1, D]: broadcast to every row
+    y, _, _ = custom_ops.norm_affine_fwd(x3, b3, w3, eps, False, x.dtype)  # [1, M, D]
+    return y.view(x.shape)
 
 
 class TritonLayerNorm(nn.LayerNorm):

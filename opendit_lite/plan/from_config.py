@@ -107,14 +107,18 @@ def family_shape(model: nn.Module, caption_tokens: int, name: Optional[str] = No
                  dtype: torch.dtype = torch.float32) -> ModelShape:
     """The shape of a diffusers family's model (a meta-device one is enough), its activation profile
     counted from two meta forwards through the family's adapter (one clip of 2 latent frames, 4 x 4 and
-    8 x 4 patches; images: 1 frame) with ``caption_tokens`` caption tokens, the model cast to ``dtype``
+    8 x 4 patches, or more where the model pads its tokens to a multiple, ``token_multiple``; images: 1
+    frame) with ``caption_tokens`` caption tokens, the model cast to ``dtype``
     (the training dtype: the profile's widths are of that dtype's elements)."""
     if next(model.parameters()).dtype != dtype:
         model = nn.Module.to(copy.deepcopy(model), dtype)  # meta: only the modules are copied (no diffusers warning)
     adapter, config = family_adapter(model), model.config
     pt, ph, pw = adapter.patch_size(config)
     frames = 1 if adapter.image_only else 2 * pt
-    grids = [(frames, 4 * ph, 4 * pw), (frames, 8 * ph, 4 * pw)]
+    side = 4  # patches per side, doubled until both clips' tokens are whole multiples the model pads to
+    while (frames // pt) * side * side % adapter.token_multiple(config):
+        side *= 2
+    grids = [(frames, side * ph, side * pw), (frames, 2 * side * ph, side * pw)]
     text_width = adapter.text_width(config)
     denoiser = FamilyDenoiser(adapter, model, config, caption_tokens, text_width)
     device = next(model.parameters()).device
@@ -128,7 +132,7 @@ def family_shape(model: nn.Module, caption_tokens: int, name: Optional[str] = No
         return lambda: denoiser(x, t, y, mask)
 
     tokens = [-(-T // pt) * (H // ph) * (W // pw) for T, H, W in grids]
-    hidden = int(config["num_attention_heads"]) * int(config["attention_head_dim"])
+    hidden = adapter.hidden_size(config)
     try:
         profile = counted_profile(model, hidden, step, tuple(tokens), caption_tokens,
                                   element_bytes=torch.finfo(dtype).bits // 8)
@@ -140,7 +144,7 @@ def family_shape(model: nn.Module, caption_tokens: int, name: Optional[str] = No
         raise ConfigError(f"{name or type(model).__name__}'s forward reads its inputs' values ({e}), which the "
                           f"planner's meta-device count of its activations cannot run: it cannot plan this model "
                           f"yet. Choose its memory settings by measuring a few steps instead.") from None
-    return ModelShape.counted(model, name or type(model).__name__, hidden, int(config["num_attention_heads"]),
+    return ModelShape.counted(model, name or type(model).__name__, hidden, adapter.attention_heads(config),
                               (pt, ph, pw), len(find_blocks(model)), profile)
 
 

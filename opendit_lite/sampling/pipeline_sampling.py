@@ -64,6 +64,14 @@ def check_pipeline_sampling(cfg, given_pipeline, given_text_encoder) -> None:
                           f"whose call runs both guidance branches and every step itself; {' and '.join(fast)} "
                           f"apply to this library's own sampler only: remove them (sequence parallelism, sp_size, "
                           f"does apply).")
+    folder = pipeline_folder(trained)
+    distilled = folder.conditioning.guidance_free(folder.path)
+    unguided = folder.conditioning.unguided_scale
+    if distilled and cfg.sample.cfg_scale not in (None, unguided):
+        raise ConfigError(f"sample.cfg_scale={cfg.sample.cfg_scale:g} sets classifier-free guidance, but the model in "
+                          f"{trained!r} does not use it: {distilled}. Its {folder.pipeline_class} would run the "
+                          f"unconditional branch the model was distilled to do without; remove sample.cfg_scale (it "
+                          f"samples at {unguided:g}), or sample the base model's folder with guidance.")
     pipeline_call_settings(cfg)  # the sizes, checked before anything is loaded
     sample_images(cfg, None)
 
@@ -152,7 +160,10 @@ def pipeline_call_settings(cfg) -> Dict[str, Any]:
     """The keywords every call of the pipeline takes: the sampling steps, the clip size
     (``sample.num_frames/height/width``, else the trained ``data.num_frames/image_size``, else the
     pipeline's default), and ``guidance_scale`` when ``sample.cfg_scale`` (or, for a guidance-distilled
-    model, the trained ``model.guidance``) sets one; otherwise the pipeline's own default guidance."""
+    model, the trained ``model.guidance``) sets one; for a model distilled from classifier-free guidance
+    (``guidance_free``, Z-Image-Turbo) the scale that runs no unconditional branch; otherwise the
+    pipeline's own default guidance; and what the conditioning adds to render that size (``call_size``:
+    Flux Kontext's ``max_area``)."""
     folder = pipeline_folder(cfg.model.pipeline)
     family, s, d = folder.family, cfg.sample, cfg.data
     image_only = family.adapter.image_only
@@ -164,8 +175,12 @@ def pipeline_call_settings(cfg) -> Dict[str, Any]:
                     "sample.num_frames/height/width ask for")
     settings: Dict[str, Any] = dict(num_inference_steps=s.num_sampling_steps)
     settings.update({k: v for k, v in (("num_frames", frames), ("height", height), ("width", width)) if v})
+    if height and width:
+        settings.update(folder.conditioning.call_size(height, width))
     guided = folder.conditioning.guided(folder.transformer_config())
     guidance = s.cfg_scale if s.cfg_scale is not None else (cfg.model.guidance if guided else None)
+    if guidance is None and folder.conditioning.guidance_free(folder.path):  # distilled: no unconditional branch
+        guidance = folder.conditioning.unguided_scale
     if guidance is not None:
         settings["guidance_scale"] = guidance
     return settings
@@ -177,12 +192,12 @@ def pipeline_batches(pipe, cfg, prompts: List[str], ranks: SamplingRanks) -> Ite
     clips [b, 3, T, H, W] in [-1, 1] on the CPU; images are 1-frame clips), the pipeline's output."""
     settings = call_keywords(pipe, cfg, pipeline_call_settings(cfg))
     images = sample_images(cfg, len(prompts))
-    # the prompt by keyword: HunyuanVideo 1.5's image-to-video pipeline takes its image first
     if images is not None:  # one call per prompt with its images: image-conditioned pipelines batch them unevenly
         conditioning = pipeline_folder(cfg.model.pipeline).conditioning
         for indices in ranks.batches(len(prompts), 1):
             generators = SampleGenerators(cfg.sample.seed, indices).generators
             i = indices[0]
+            # the prompt by keyword: an image-to-video pipeline's __call__ takes the image first
             out = pipe(prompt=prompts[i], generator=generators, output_type="pt", **settings,
                        **conditioning.call_images(_open_images(images[i])))
             yield indices, pipeline_pixels(out).float().cpu()

@@ -27,7 +27,7 @@ from ..data.buckets import assign_bucket
 from ..data.latent_shards import LatentShards, check_shards, is_sharded
 from ..data.media_folders import MEDIA_DATA_TYPES
 from ..data.video_csv import collate_conditioned
-from ..data.video_latents import PipelineLatentDataset, load_null_text, video_latent_meta
+from ..data.video_latents import PipelineLatentDataset, collate_pipeline_latents, load_null_text, video_latent_meta
 from ..distributed.ranks import global_rank
 from ..errors import ConfigError
 from ..precision import resolve_precision
@@ -70,7 +70,7 @@ def prepare_pipeline_data(cfg, device, sp_group=None) -> TrainingData:
     buckets = video_buckets(cfg)
     m.caption_channels = family.adapter.text_width(config)
     conditioned = folder.conditioning.image_input != "none"
-    collate = collate_conditioned if conditioned and d.type in MEDIA_DATA_TYPES else None
+    collate = (collate_conditioned if d.type in MEDIA_DATA_TYPES else collate_pipeline_latents) if conditioned else None
     if d.type in MEDIA_DATA_TYPES:  # a CSV or media folders, encoded while training
         dataset = with_bad_sample_skipping(lambda: pipeline_csv_dataset(cfg, folder), cfg)
         precision = resolve_precision(cfg.precision, device.type)

@@ -41,7 +41,7 @@ from ..data.media_folders import MEDIA_DATA_TYPES
 from ..distributed.ranks import global_rank
 from ..encoders.video_vae import VideoVAE
 from ..errors import ConfigError
-from ..families import family_of
+from ..families import family_adapter, family_of
 from ..interop.family_checkpoint import export_family_checkpoint
 from ..interop.pretrained_files import LORA_WEIGHT_NAME
 from ..parallel.modes import ulysses_heads_error
@@ -75,7 +75,7 @@ def validate_video_config(cfg) -> None:
     if cfg.data.type == "latents" and not m.pipeline:
         check_latents_without_pipeline(cfg.data.path)
     if is_family(m.name):  # model.path / model.config and the heads checked before anything starts
-        heads = diffusers_config(cfg)["num_attention_heads"]
+        heads = family_adapter(m.name).attention_heads(diffusers_config(cfg))
         if cfg.sp_size > 1 and cfg.sp_mode == "ulysses" and heads % cfg.sp_size:
             raise ulysses_heads_error(heads, cfg.sp_size, f"{m.name}'s attention")
     check_export(cfg)

@@ -24,6 +24,7 @@ BLOCKS = {
     "CogVideoXTransformer3DModel": ["transformer_blocks.0", "transformer_blocks.1"],
     "HunyuanVideoTransformer3DModel": ["transformer_blocks.0", "single_transformer_blocks.0"],
     "LTXVideoTransformer3DModel": ["transformer_blocks.0", "transformer_blocks.1"],
+    "ZImageTransformer2DModel": ["layers.0", "layers.1"],
 }
 
 

@@ -67,9 +67,30 @@ def test_dry_run_runs_every_section_and_writes_valid_files(report, dry_run):
     assert {r["provider"] for r in kernels} == {"eager", "compile", "triton"}
     assert {r["mode"] for r in kernels} == {"forward", "backward", "full"}
     assert all(r["speedup_vs_eager"] > 0 and r["speedup_vs_compile"] > 0 for r in kernels)
+    choices = [r for r in rows["kernels"] if r["kind"] == "choice"]  # what the dispatch serves: the faster
+    assert {r["kernel"] for r in choices} == {"fused_adaln", "gated_residual", "layernorm"}
+    for r in choices:
+        assert r["ours_ms"] == min(r["triton_ms"], r["compile_ms"]) and r["ours_vs_compile"] >= 1
+        assert r["provider"] == ("compile" if r["compile_ms"] < r["triton_ms"] else "triton")
     assert rows["plan"][0]["kind"] == "activations" and rows["plan"][0]["act_ratio"] > 0
     maxima = {r["mode"]: r["batch"] for r in rows["max_seq_len"] if r["kind"] == "max"}
     assert maxima == {"none": 3, "full": 6, "offload": 9}
+    wan = rows["wan_train"]
+    assert [(r["mode"], r["impl"]) for r in wan] == [("full", "diffusers"), ("full", "ours"), ("lora", "diffusers"),
+                                                      ("lora", "ours")]
+    assert all(r["step_ms"] > 0 and r["tflops"] >= 0 and not r["checkpointed"] for r in wan)
+    assert wan[0]["vs_diffusers"] is None and wan[1]["vs_diffusers"] == pytest.approx(
+        wan[0]["step_ms"] / wan[1]["step_ms"], rel=1e-2)
+    assert "peft LoRA" in wan[2]["settings"] and "lora: peft LoRA rank 32" in wan[3]["settings"]
+    capped, uncapped = rows["wan_24gb"]
+    assert capped["status"] == uncapped["status"] == "ok" and capped["case"] == "capped at 24 GiB"
+    assert capped["cap_gib"] is None and uncapped["cap_gib"] is None  # no cap on the CPU: CUDA's allocator's
+    # the toy device is so small that the planner swaps blocks, quantizes the base and checkpoints, as at 24 GiB
+    assert capped["blocks_to_swap"] > 0 and capped["base_precision"] != "none" and capped["selective_ratio"] == 0
+    assert "block_swap: 3 of 4 blocks" in capped["settings"] and uncapped["blocks_to_swap"] == 0
+    assert uncapped["capped_over_uncapped_time"] > 0
+    assert any("the planner's fragment" in n and "blocks_to_swap: 3" in n
+               for n in next(s["notes"] for s in doc["sections"] if s["name"] == "wan_24gb"))
 
     summary = (out / "summary.md").read_text()
     assert summary.startswith("# GPU report (dry run") and "| `kernels` | ok |" in summary
@@ -87,19 +108,41 @@ def test_readme_table_from_a_gpu_results_file(report, dry_run):
     assert "| zero0+kernels+compile | bf16 | 2 |" in text
     assert "| kernel | shape | gbps | frac_of_copy_bw | speedup_vs_eager | speedup_vs_compile |" in text
     assert "GPU and kernel tests:" in text and "fp8 against bf16 after 6 steps" in text
+    assert "| kernel | shape | provider | triton_ms | compile_ms | ours_vs_compile |" in text
+    wan = report.wan_readme_table(doc)
+    assert "| 5x32x32 | 8 | full | diffusers |" in wan and "| capped at 24 GiB | 3 | nf4 | 0 |" in wan
+    doc["run"]["dry_run"] = True
+    assert report.wan_readme_table(doc).startswith("No Wan results are committed yet")
+
+
+def test_second_part_has_its_own_files(report, monkeypatch, tmp_path):
+    """The wan part writes results_wan.json and summary_wan.md, so that both parts' files sit in one folder."""
+    monkeypatch.setattr(report, "BY_NAME", {"wan_train": report.Section("wan_train", "t", 1.0,
+                                                                        lambda ctx: ctx.note("ran"))})
+    doc = report.run_report(str(tmp_path), 5.0, ["wan_train"], True, "fork", report.Options(part="wan"))
+    assert doc["run"]["part"] == "wan" and doc["sections"][0]["notes"] == ["ran"]
+    assert sorted(os.listdir(tmp_path)) == ["results_wan.json", "summary_wan.md"]
+    assert report.check_schema(doc, str(tmp_path)) == []
 
 
 def test_readme_block_is_generated_from_the_committed_results(report):
     readme = open(os.path.join(ROOT, "README.md")).read()
-    assert report.readme_block(report.committed_results()) in readme, (
+    assert report.readme_block(report.committed_results(), report.committed_results("wan")) in readme, (
         "README.md's gpu-report block differs from benchmarks/results/results.json: run "
         "python benchmarks/gpu_report.py --readme-table --write")
 
 
 def test_allot_reserves_the_later_caps_and_passes_savings_on(report):
-    sections = report.SECTIONS
+    for part, names in report.PARTS.items():  # each part: caps within its budget, the last uncapped
+        caps = [report.BY_NAME[n].cap_s for n in names]
+        assert caps[-1] is None and None not in caps[:-1] and sum(caps[:-1]) <= report.PART_BUDGET_S, part
+    assert [s.name for s in report.SECTIONS] == [n for names in report.PARTS.values() for n in names]
+    sections = [report.BY_NAME[n] for n in report.PARTS["dit"]]
     assert sum(s.cap_s for s in sections if s.cap_s is not None) == 480.0  # the default budget
-    assert sections[-1].cap_s is None
+    # both parts in one run: the first part's uncapped section leaves the second part's caps
+    wan = [report.BY_NAME[n] for n in report.PARTS["wan"]]
+    assert report.allot(sections[-1], wan, 500.0) == 500.0 - wan[0].cap_s
+    assert report.allot(sections[-1], wan, 100.0) == pytest.approx(100.0 / 3)
     # the default budget: each capped section gets its cap when the earlier ones used theirs
     assert report.allot(sections[0], sections[1:], 480.0) == sections[0].cap_s
     assert report.allot(sections[1], sections[2:], 480.0 - sections[0].cap_s) == sections[1].cap_s
@@ -228,7 +271,10 @@ def test_options_of_a_shorter_run(report):
     options = report.options_from(args)
     assert options == report.Options(tests=("tests/a.py::t[x]",), kernel_shapes=((128, 256, 1152), (1, 65536, 1152)),
                                      batch_search=False, train_steps=(2, 5))
-    assert report.options_from(report.parse_args([])) == report.Options()
+    assert report.options_from(report.parse_args([])) == report.Options()  # the first part on the GPU
+    assert report.parse_args(["--dry-run"]).part == "all" and report.parse_args(["--part", "wan"]).part == "wan"
+    with pytest.raises(SystemExit):  # a section of the other part
+        report.parse_args(["--only", "wan_train"])
     for bad in (["--kernel-shapes", "128x256"], ["--train-steps", "0", "5"]):
         with pytest.raises(SystemExit):
             report.parse_args(bad)

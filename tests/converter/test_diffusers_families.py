@@ -119,7 +119,12 @@ def test_cogvideox_affine_norm_keeps_its_parameters():
     assert isinstance(fused, AdaLNLayerNorm) and fused.weight is weight and fused.bias is bias
 
 
-@pytest.mark.parametrize("name", [n for n in families.FAMILIES if n != "LTXVideoTransformer3DModel"])
+# The families whose blocks' norms no fused kernel takes (their fused_norms.py says why).
+NOTHING_FUSED = {"LTXVideoTransformer3DModel": "LTXVideoTransformerBlock",
+                 "ZImageTransformer2DModel": "ZImageTransformerBlock"}
+
+
+@pytest.mark.parametrize("name", [n for n in families.FAMILIES if n not in NOTHING_FUSED])
 def test_parallelize_reports_what_was_fused_and_left(name):
     model = families.build(name)
     with warnings.catch_warnings():
@@ -133,11 +138,12 @@ def test_parallelize_reports_what_was_fused_and_left(name):
     assert f"fused_adaln in {name}" in text
 
 
-def test_ltx_video_matches_nothing_and_says_why():
-    model = families.build("LTXVideoTransformer3DModel")
+@pytest.mark.parametrize("name", sorted(NOTHING_FUSED))
+def test_a_family_whose_norms_match_no_kernel_fuses_nothing_and_says_why(name):
+    model = families.build(name)
     before = copy.deepcopy(model.state_dict())
-    with pytest.warns(UserWarning, match=r"fused_adaln was requested but matched nothing in "
-                                         r"LTXVideoTransformer3DModel: LTXVideoTransformerBlock: RMSNorm"):
+    with pytest.warns(UserWarning, match=rf"fused_adaln was requested but matched nothing in "
+                                         rf"{name}: {NOTHING_FUSED[name]}: RMSNorm"):
         report = parallelize(model, fused_adaln=True)
     assert report.conversion.counts()["fused_adaln"] == 0 and not fused_classes(model)
     assert "matched nothing (warned)" in str(report) and "RMSNorm" in str(report)

@@ -7,7 +7,8 @@ pipeline's.
     first = calls.conditional(step=0)        # the keywords of the conditional call at step 0
 
 ``noise`` is given as latent clips [B, C, T, h, w] (images: T = 1) and put into the pipeline's own
-latent layout with its own helpers (Flux's and LTX-Video's packing, CogVideoX's frame-major order);
+latent layout with its own helpers (Flux's and LTX-Video's packing, CogVideoX's frame-major order;
+Flux Kontext's ``hidden_states`` are the target's tokens then the reference's);
 at the first step of a flow pipeline (sigma 1) the transformer's ``hidden_states`` are that noise.
 ``model_latents`` maps a step's ``hidden_states`` back to latent clips.
 
@@ -94,7 +95,7 @@ def _clone(value):
 def pipeline_latents(pipe, noise: torch.Tensor) -> torch.Tensor:
     """Latent clips [B, C, T, h, w] (images: T = 1) -> the ``latents`` argument of ``pipe.__call__``."""
     name = type(pipe).__name__
-    if name == "FluxPipeline":
+    if name in ("FluxPipeline", "FluxKontextPipeline"):
         image = noise[:, :, 0]                                                        # [B, C, h, w]
         return pipe._pack_latents(image, *image.shape)                                # [B, hw/4, 4C]
     if name == "StableDiffusion3Pipeline":
@@ -112,7 +113,9 @@ def model_latents(pipe, latents: torch.Tensor, shape) -> torch.Tensor:
     -> latent clips of ``shape`` [B, C, T, h, w] (images: T = 1)."""
     name = type(pipe).__name__
     B, C, T, h, w = shape
-    if name == "FluxPipeline":
+    if name == "FluxKontextPipeline":  # the target's tokens, then the reference's
+        latents = latents[:, : (h // 2) * (w // 2)]
+    if name in ("FluxPipeline", "FluxKontextPipeline"):
         scale = pipe.vae_scale_factor
         return pipe._unpack_latents(latents, h * scale, w * scale, scale).unsqueeze(2)      # [B, C, 1, h, w]
     if name == "StableDiffusion3Pipeline":

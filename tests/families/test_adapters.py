@@ -21,6 +21,7 @@ CLIPS = {
     "CogVideoX1.5": (4, 2, 8, 6),
     "HunyuanVideoTransformer3DModel": (4, 3, 4, 6),
     "LTXVideoTransformer3DModel": (8, 3, 4, 6),
+    "ZImageTransformer2DModel": (4, 1, 4, 6),
 }
 TOKENS, WIDTH_SEED = 5, 3
 

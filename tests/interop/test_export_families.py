@@ -23,7 +23,8 @@ from tests.diffusers_families import FAMILIES, build, forward_inputs, output, ra
 TOL = 1e-5
 PIPELINES = {"WanTransformer3DModel": "WanPipeline", "FluxTransformer2DModel": "FluxPipeline",
              "SD3Transformer2DModel": "StableDiffusion3Pipeline", "CogVideoXTransformer3DModel": "CogVideoXPipeline",
-             "HunyuanVideoTransformer3DModel": "HunyuanVideoPipeline", "LTXVideoTransformer3DModel": "LTXPipeline"}
+             "HunyuanVideoTransformer3DModel": "HunyuanVideoPipeline", "LTXVideoTransformer3DModel": "LTXPipeline",
+             "ZImageTransformer2DModel": "ZImagePipeline"}
 
 
 def _load_like_the_pipeline(folder: str, family: str, transformer: torch.nn.Module) -> None:

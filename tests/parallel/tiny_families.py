@@ -9,6 +9,8 @@ masking 3 (its key mask over [image, text]), HunyuanVideo 1.5 12 caption tokens 
 5 glyph tokens (sample 0 masking 2, sample 1 all) and 3 image tokens (its query and key mask),
 LTX-Video 16 with sample 0 masking 5 (a cross-attention mask); the masks change the serial output by
 about 1e-2, so they are really exercised.
+Flux also takes "kontext": FLUX.1 Kontext's layout, the "uneven" target's 15 tokens then a 2 x 3
+reference's 6 whose ids have first coordinate 1 (21 in all).
 """
 
 import torch
@@ -35,13 +37,19 @@ LTX_VIDEO = dict(in_channels=4, out_channels=4, num_attention_heads=2, attention
 SD3 = dict(sample_size=32, patch_size=1, in_channels=4, num_layers=2, attention_head_dim=8, num_attention_heads=4,
            caption_projection_dim=32, joint_attention_dim=32, pooled_projection_dim=64, out_channels=4,
            pos_embed_max_size=96, dual_attention_layers=(0,), qk_norm="rms_norm")   # SD3.5: dual attention, qk norm
+Z_IMAGE = dict(all_patch_size=(2,), all_f_patch_size=(1,), in_channels=4, dim=32, n_layers=1, n_refiner_layers=1,
+               n_heads=2, n_kv_heads=2, cap_feat_dim=16, axes_dims=[4, 6, 6], axes_lens=[256, 32, 32])
 
 CONFIGS = {"wan": ("WanTransformer3DModel", WAN), "flux": ("FluxTransformer2DModel", FLUX),
            "cogvideox": ("CogVideoXTransformer3DModel", COGVIDEOX),
            "hunyuan_video": ("HunyuanVideoTransformer3DModel", HUNYUAN_VIDEO),
            "hunyuan_video15": ("HunyuanVideo15Transformer3DModel", HUNYUAN_VIDEO15),
-           "ltx_video": ("LTXVideoTransformer3DModel", LTX_VIDEO), "sd3": ("SD3Transformer2DModel", SD3)}
-FAMILIES = list(CONFIGS)
+           "ltx_video": ("LTXVideoTransformer3DModel", LTX_VIDEO), "sd3": ("SD3Transformer2DModel", SD3),
+           "z_image": ("ZImageTransformer2DModel", Z_IMAGE)}
+# Families whose forward takes and returns per-sample lists, checked in a test of their own
+# (tests/parallel/test_z_image_sp.py) rather than by the shared cases below.
+OWN_TESTS = ("z_image",)
+FAMILIES = [f for f in CONFIGS if f not in OWN_TESTS]
 
 # (F, H, W) latent grids per variant: tokens = F * H/p * W/p
 _GRIDS = {"wan": {"even": (2, 8, 8), "uneven": (1, 6, 10)}, "flux": {"even": (4, 4), "uneven": (3, 5)},
@@ -67,6 +75,9 @@ def inputs(family: str, model, batch: int = 2, variant: str = "uneven", seed: in
     """Forward keyword arguments of ``model`` (of ``family``) for a batch of ``variant`` token counts."""
     g = torch.Generator().manual_seed(seed)
     cfg = model.config
+    if family == "flux" and variant == "kontext":
+        return _kontext(inputs(family, model, batch, "uneven", seed),
+                        torch.randn(batch, 6, cfg.in_channels, generator=torch.Generator().manual_seed(seed + 1)))
     grid = _GRIDS[family][variant]
 
     def rand(*shape):
@@ -116,3 +127,12 @@ def inputs(family: str, model, batch: int = 2, variant: str = "uneven", seed: in
         return dict(hidden_states=rand(batch, cfg.in_channels, *grid), encoder_hidden_states=rand(batch, 10, 32),
                     pooled_projections=rand(batch, cfg.pooled_projection_dim), timestep=steps(), return_dict=False)
     raise KeyError(family)
+
+
+def _kontext(target: dict, reference: torch.Tensor) -> dict:
+    """FLUX.1 Kontext's transformer inputs: a reference's packed 2 x 3 tokens [B, 6, C] after the target's on
+    the sequence axis, with ids (1, row, column) after the target's (0, row, column), as its pipeline joins them."""
+    ids = torch.ones(2, 3, 3)
+    ids[..., 1], ids[..., 2] = torch.arange(2)[:, None], torch.arange(3)[None, :]
+    return dict(target, hidden_states=torch.cat([target["hidden_states"], reference], dim=1),  # [B, 15 + 6, C]
+                img_ids=torch.cat([target["img_ids"], ids.reshape(6, 3)]))                    # [21, 3]

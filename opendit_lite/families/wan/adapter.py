@@ -2,6 +2,9 @@
 flow matching, uniform training times, shift 5 (as Wan 2.x trains and samples); timestep ``t x 1000``.
 """
 
+import torch
+
+from ...errors import ConfigError
 from ..adapter_base import FamilyAdapter, Recipe
 
 
@@ -15,8 +18,29 @@ class WanAdapter(FamilyAdapter):
     def recipe(self, config, tokens):
         return Recipe("rflow", "uniform", 5.0)
 
+    def latent_channels(self, config):
+        # image-to-video transformers take the condition channels too (in_channels 36); they denoise out_channels
+        return int(config.get("out_channels") or config["in_channels"])
+
     def patch_size(self, config):
         return tuple(int(v) for v in config["patch_size"])
 
     def forward(self, model, config, x, t, states, mask, pooled):
-        return model(hidden_states=x, timestep=t, encoder_hidden_states=states, return_dict=False)[0]
+        if int(config["in_channels"]) == x.shape[1]:
+            return model(hidden_states=x, timestep=t, encoder_hidden_states=states, return_dict=False)[0]
+        # An image-to-video transformer (36 channels: the latents, then 4 mask + 16 condition channels; Wan 2.1:
+        # CLIP image states too). Its images come from its pipeline (model.pipeline: conditioning_i2v.py); here
+        # there is none, so only the planner's meta-device forwards run, with the inputs' shapes.
+        if not x.is_meta:
+            raise ConfigError(f"{self.class_name} with in_channels={config['in_channels']} is an image-to-video "
+                              f"transformer: it trains on the images its pipeline encodes. Give the pipeline folder "
+                              f"(model.pipeline, a WanImageToVideoPipeline) instead of model.path, with the clips "
+                              f"(their first frames are the images).")
+        B = x.shape[0]
+        condition = x.new_zeros(B, int(config["in_channels"]) - x.shape[1], *x.shape[2:])    # [B, 20, T, h, w]
+        image = None
+        if config.get("image_dim") is not None:  # CLIP ViT-H/14's 257 tokens per image (FLF2V: 2 images)
+            tokens = config.get("pos_embed_seq_len") or 257
+            image = states.new_zeros(B, tokens, int(config["image_dim"]))                   # [B, 257, 1280]
+        return model(hidden_states=torch.cat([x, condition], dim=1), timestep=t, encoder_hidden_states=states,
+                     encoder_hidden_states_image=image, return_dict=False)[0]

@@ -17,7 +17,7 @@ from diffusers.models.attention import AttentionModuleMixin
 from diffusers.models.attention_processor import Attention as DiffusersAttention
 
 from ...errors import ConfigError
-from ...families import is_family
+from ...families import family_of, is_family
 from ...models.blocks import find_blocks
 from .cache_hooks import (
     AgreedFirstBlockHook,
@@ -217,6 +217,10 @@ def apply_step_cache(model: nn.Module, settings: Dict[str, Any], *, num_steps: i
     ConfigError."""
     if settings["kind"] == "none":
         return None
+    family = family_of(model)
+    if family is not None and family.step_cache.no_cache:
+        raise ConfigError(f"sample.cache.kind={settings['kind']} cannot hook {type(model).__name__}: "
+                          f"{family.step_cache.no_cache} Use sample.cache.kind=none.")
     cache = StepCache(model, settings, num_steps, num_timesteps, group, announce)
     sp_state = getattr(model, "sequence_parallel_state", None)  # a diffusers model under sequence parallelism
     if sp_state is not None:

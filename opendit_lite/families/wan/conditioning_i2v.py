@@ -1,0 +1,132 @@
+"""What ``WanImageToVideoPipeline`` feeds Wan's transformer(s), for training image-to-video on the same
+inputs; the text as ``WanPipeline`` encodes it (``conditioning.py``), the image as ``__call__`` does,
+through the pipeline's own ``prepare_latents`` and ``encode_image``. Three released layouts:
+
+* Wan 2.1 I2V (480P / 720P): the transformer takes 36 channels, the noisy latents [B, 16, T, h, w]
+  followed by the condition ``prepare_latents`` returns, [B, 20, T, h, w]: 4 mask channels (the first
+  pixel frame given, as the VAE's 4 frames per latent frame) and the normalised latents of the clip
+  whose first frame is the image and the rest black. The image also reaches the cross-attention as
+  CLIP states (``encoder_hidden_states_image``: the image encoder's second to last hidden states,
+  [B, 257, 1280]; the transformer's ``image_dim`` says it takes them);
+* Wan 2.2 I2V-A14B: the same 36 channels, no image encoder (``encoder_hidden_states_image`` None), two
+  experts split at ``boundary_ratio`` as in ``WanPipeline``;
+* Wan 2.2 TI2V-5B (``expand_timesteps``): the 48-channel latents of the image alone, [B, 48, 1, h, w],
+  replace the first latent frame of the noisy latents, and each token gets its own timestep, zero on
+  the first frame's tokens. The pipeline keeps that frame as given, so the loss leaves it out
+  (``loss_mask``).
+
+The image is the training clip's first frame (``image_input = "first_frame"``) at the clip's size;
+the CLIP image processor resizes and crops it as the pipeline does a user's image (the pipeline gives
+CLIP the image as passed, the VAE the image resized to the video: the same picture when the image has
+the video's size). Caption dropout replaces the text only: the pipeline's negative branch sees the
+same image. Wan 2.1 FLF2V (a last frame too) is refused: the condition is the first frame alone.
+"""
+
+from typing import Dict, Mapping, Optional, Sequence, Tuple
+
+import torch
+
+from ...errors import ConfigError
+from .conditioning import WanConditioning
+
+CONDITION = "condition"                             # the condition latents (and mask channels), per sample
+IMAGE_STATES = "encoder_hidden_states_image"        # Wan 2.1's CLIP image states, per sample
+
+
+def clean_prompts_without_ftfy() -> None:
+    """diffusers 0.42.1's ``pipeline_wan_i2v`` cleans prompts with ``ftfy.fix_text`` without checking that
+    ftfy is installed (it imports ftfy only where it is; ``WanPipeline``'s module checks before each use),
+    so without ftfy every prompt fails with a NameError. Where ftfy is missing, the module gets
+    ``WanPipeline``'s ``basic_clean``, which skips ftfy as that module does and is otherwise the same
+    (HTML unescaping, stripping): the prompt text ``WanPipeline`` encodes. With ftfy installed nothing
+    changes. Idempotent."""
+    from diffusers.pipelines.wan import pipeline_wan, pipeline_wan_i2v
+    from diffusers.utils import is_ftfy_available
+
+    if not is_ftfy_available():
+        pipeline_wan_i2v.basic_clean = pipeline_wan.basic_clean
+
+
+def takes_image_states(pipe) -> bool:
+    """Whether ``pipe`` feeds its transformer CLIP image states: as ``__call__`` decides, by its
+    transformer's ``image_dim`` (Wan 2.1 I2V); a pipeline loaded without transformers (training's
+    encoders) by whether it holds an image encoder."""
+    transformer = getattr(pipe, "transformer", None)
+    if transformer is not None:
+        return transformer.config.image_dim is not None
+    return getattr(pipe, "image_encoder", None) is not None
+
+
+def first_frame_mask(x: torch.Tensor) -> torch.Tensor:
+    """TI2V's mask for latent clips x [B, C, T, h, w]: [1, 1, T, h, w], 0 on the first latent frame (the
+    given image), 1 elsewhere, as ``WanImageToVideoPipeline.prepare_latents`` builds it."""
+    _, _, T, h, w = x.shape
+    mask = torch.ones(1, 1, T, h, w, dtype=x.dtype, device=x.device)
+    mask[:, :, 0] = 0
+    return mask
+
+
+class WanImageToVideoConditioning(WanConditioning):
+    image_input = "first_frame"
+    max_images = 1
+    # encode_images gives the keys its layout uses: CONDITION always, IMAGE_STATES for Wan 2.1 only.
+    image_keys = (CONDITION, IMAGE_STATES)
+
+    def encode_text(self, pipe, prompts):
+        clean_prompts_without_ftfy()
+        return super().encode_text(pipe, prompts)
+
+    def call_images(self, images):
+        clean_prompts_without_ftfy()  # the pipeline's own __call__ (sampling) cleans prompts too
+        return super().call_images(images)
+
+    def encode_images(self, pipe, images: Sequence[Sequence[torch.Tensor]],
+                      clip_shape: Tuple[int, int, int]) -> Dict[str, torch.Tensor]:
+        frames, height, width = clip_shape
+        if any(len(sample) != 1 for sample in images):
+            raise ConfigError(f"WanImageToVideoPipeline takes one image per video (its first frame); got "
+                              f"{[len(s) for s in images]} images per sample.")
+        device = pipe._execution_device
+        firsts = [sample[0].float() for sample in images]                                 # B x [3, H, W]
+        conditions = []
+        for image in firsts:  # one sample at a time: prepare_latents repeats one image over its batch
+            latents = torch.zeros(1, pipe.vae.config.z_dim, self.latent_frames(pipe, frames),  # not used: no draw
+                                  height // self.pixel_ratio(pipe), width // self.pixel_ratio(pipe), device=device)
+            out = pipe.prepare_latents(image[None].to(device), 1, pipe.vae.config.z_dim, height, width, frames,
+                                       torch.float32, device, None, latents)
+            conditions.append(out[1])       # [1, 20, T, h, w]; expand_timesteps: the image's latents [1, C, 1, h, w]
+        inputs = {CONDITION: torch.cat(conditions)}
+        if takes_image_states(pipe):
+            # The pipeline gives CLIP the image as a picture: the frame back as 8-bit RGB (its own postprocess).
+            pictures = [pipe.video_processor.postprocess(image[None].cpu(), output_type="pil")[0] for image in firsts]
+            inputs[IMAGE_STATES] = pipe.encode_image(pictures, device)                    # [B, 257, W_clip]
+        return inputs
+
+    def inputs(self, model_config, constants, x, t, text):
+        if model_config.get("pos_embed_seq_len"):  # FLF2V: CLIP states of the first and the last frame
+            raise ConfigError("this WanImageToVideoPipeline's transformer is Wan 2.1 FLF2V's (pos_embed_seq_len: it "
+                              "takes a first and a last frame); training conditions on the first frame only, so "
+                              "FLF2V is not supported yet: train an I2V release (Wan2.1-I2V-14B-480P / 720P).")
+        inputs = super().inputs(model_config, constants, x, t, text)
+        condition = text[CONDITION]
+        if constants["expand_timesteps"]:  # TI2V: the given first frame in place, its tokens at time 0
+            mask = first_frame_mask(x)                                                     # [1, 1, T, h, w]
+            inputs["hidden_states"] = (1 - mask) * condition.to(x.dtype) + mask * x        # [B, C, T, h, w]
+            per_token = mask[0, 0][:, ::2, ::2].flatten()  # the 2x2 patch grid, as __call__ reads the mask
+            inputs["timestep"] = per_token[None] * t[:, None]                              # [B, N]
+        else:
+            inputs["hidden_states"] = torch.cat([x, condition.to(x.dtype)], dim=1)        # [B, 16 + 20, T, h, w]
+        states = text.get(IMAGE_STATES)
+        if model_config.get("image_dim") is not None and states is None:
+            raise ConfigError("the transformer takes CLIP image states (image_dim is set, Wan 2.1 I2V) but the "
+                              "pipeline folder holds no image_encoder: use the release's whole folder.")
+        inputs[IMAGE_STATES] = states if model_config.get("image_dim") is not None else None
+        return inputs
+
+    def loss_mask(self, model_config: Mapping, constants: Mapping, x: torch.Tensor) -> Optional[torch.Tensor]:
+        if not constants["expand_timesteps"]:
+            return None  # every latent frame is denoised (the image enters as extra channels)
+        return first_frame_mask(x)[:, :, :, :1, :1]                                        # [1, 1, T, 1, 1]
+
+
+CONDITIONING = WanImageToVideoConditioning()

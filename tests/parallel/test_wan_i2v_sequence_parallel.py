@@ -1,0 +1,94 @@
+"""Sequence parallelism of Wan's image-to-video transformers at 2 ranks equals one process, fp32, on the
+inputs ``families/wan/conditioning_i2v.py`` builds: Wan 2.1 I2V (36 channels: the condition latents and
+mask channels enter the patch embedding with the noisy latents, so they split with the tokens; CLIP
+image states reach every rank's cross-attention whole) and Wan 2.2 TI2V-5B (the given first frame in
+place, per-token timesteps split with the tokens). Ulysses at 15 tokens (uneven at sp 2); the gathered
+output, every parameter's world-mean gradient and the parameters after one SGD step are compared as in
+``test_diffusers_families.py`` (relative, 1e-4)."""
+
+import warnings
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from tests.parallel import tiny_families as fam
+from tests.parallel.spawn import rank_checks
+from tests.parallel.spawn import results as spawn_results
+from tests.parallel.test_diffusers_families import TOL, _errors, _target
+
+# Wan 2.1 I2V at test size: 16 noisy + 20 condition channels, CLIP states 16 wide (17 tokens).
+I2V = dict(fam.WAN, in_channels=36, out_channels=16, image_dim=16, added_kv_proj_dim=24)
+TI2V = dict(fam.WAN, in_channels=8, out_channels=8)
+GRID = (1, 6, 10)  # 15 tokens of 2x2 patches
+
+
+def _build(config: dict):
+    import diffusers
+
+    torch.manual_seed(0)
+    return diffusers.WanTransformer3DModel(**config).float().train()
+
+
+def _inputs(layout: str, seed: int) -> dict:
+    """The transformer's keywords as the image-to-video conditioning gives them (random latents, image
+    states, text)."""
+    from opendit_lite.families import FAMILIES
+
+    g = torch.Generator().manual_seed(seed)
+    conditioning = FAMILIES["wan"].conditioning_of("WanImageToVideoPipeline")
+    config = I2V if layout == "i2v" else TI2V
+    channels = config["out_channels"]
+    x = torch.randn(2, channels, *GRID, generator=g)
+    t = torch.rand(2, generator=g) * 1000
+    text = {"encoder_hidden_states": torch.randn(2, 12, config["text_dim"], generator=g)}
+    if layout == "i2v":
+        text.update(condition=torch.randn(2, 20, *GRID, generator=g),
+                    encoder_hidden_states_image=torch.randn(2, 17, 16, generator=g))
+    else:
+        text.update(condition=torch.randn(2, channels, 1, *GRID[1:], generator=g))
+    constants = {"expand_timesteps": layout == "ti2v"}
+    return dict(conditioning.inputs(config, constants, x, t, text), return_dict=False)
+
+
+def _compare(layout: str, lr: float = 10.0) -> dict:
+    """One forward, backward and SGD step of one batch: Ulysses over both ranks vs serial (as
+    ``test_diffusers_families.compare``: the ranks' gradients summed, over the world size)."""
+    from opendit_lite.parallelization import parallelize
+
+    config = I2V if layout == "i2v" else TI2V
+    serial = _build(config)
+    before = {n: p.detach().clone() for n, p in serial.named_parameters()}
+    ref_out = serial(**_inputs(layout, 10))[0]
+    F.mse_loss(ref_out, _target(ref_out, 0)).backward()
+    ref_grads = {n: p.grad.clone() for n, p in serial.named_parameters() if p.grad is not None}
+    torch.optim.SGD(serial.parameters(), lr=lr).step()
+
+    model = _build(config)
+    parallelize(model, sp_group=dist.group.WORLD, sp_mode="ulysses")
+    out = model(**_inputs(layout, 10))[0]
+    F.mse_loss(out, _target(out, 0)).backward()
+    grads = {}
+    for n, p in model.named_parameters():
+        if p.grad is not None:
+            dist.all_reduce(p.grad)
+            grads[n] = p.grad.div_(dist.get_world_size())
+    torch.optim.SGD(model.parameters(), lr=lr).step()
+    return _errors(out.detach(), ref_out.detach(), grads, ref_grads, dict(model.named_parameters()),
+                   dict(serial.named_parameters()), before)
+
+
+@rank_checks("wan image-to-video", world_size=2)
+def _world2(rank, world_size):
+    warnings.filterwarnings("ignore")
+    return {layout: _compare(layout) for layout in ("i2v", "ti2v")}
+
+
+def test_image_to_video_at_sp2_equals_one_process():
+    per_rank = spawn_results("wan image-to-video", 2)
+    for layout in ("i2v", "ti2v"):
+        worst = {k: max(r[layout][k] for r in per_rank) for k in ("out", "grad", "step")}
+        print(f"\n{layout}: " + ", ".join(f"{k} {v:.2g}" for k, v in worst.items()))
+        assert per_rank[0][layout]["missing"] == [], per_rank[0][layout]["missing"]
+        for what, value in worst.items():
+            assert value < TOL, f"{layout}: {what} differs by {value:.2e} (relative)"
