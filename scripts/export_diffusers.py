@@ -9,8 +9,9 @@
     python scripts/export_diffusers.py --from-diffusers /models/DiT-XL-2-256 --output dit.safetensors
     # a diffusers-family run (Wan, Flux, SD3, CogVideoX, HunyuanVideo, LTX-Video): what train_video.py
     # writes to <run dir>/diffusers/ (opendit_lite/interop/family_checkpoint.py): a LoRA run's adapters
-    # alone (pipe.load_lora_weights(OUTPUT); --lora merged: merged into a whole copy), a run from
-    # model.pipeline as a pipeline folder (untouched components linked), else the transformer folder:
+    # alone (pipe.load_lora_weights(OUTPUT), and comfyui_lora.safetensors under the original checkpoint's
+    # names where the family has them; --lora-format chooses; --lora merged: merged into a whole copy), a run
+    # from model.pipeline as a pipeline folder (untouched components linked), else the transformer folder:
     python scripts/export_diffusers.py --checkpoint outputs/wan/checkpoints/wan_step1500 --output out/wan-transformer
 
 Load the export with ``DiTTransformer2DModel.from_pretrained(OUTPUT)`` (or ``subfolder="transformer"``
@@ -150,16 +151,22 @@ def _publish(output: str, write) -> str:
     return output
 
 
-def export_family(checkpoint: str, output: str, saved: dict, use_ema: bool = True, lora: str = "merged") -> str:
-    """A diffusers-family run's checkpoint -> a folder its diffusers class loads."""
-    from opendit_lite.interop.family_checkpoint import export_family_checkpoint
+def export_family(checkpoint: str, output: str, saved: dict, use_ema: bool = True, lora: str = "merged",
+                  lora_format: str = None) -> str:
+    """A diffusers-family run's checkpoint -> a folder its diffusers class loads (``lora_format``: the
+    adapter files of ``lora="adapter"``; None: as train_video.py writes them)."""
+    from opendit_lite.interop.family_checkpoint import default_lora_format, export_family_checkpoint
 
+    if lora_format and lora != "adapter":
+        raise ConfigError(f"--lora-format {lora_format} names the files of a LoRA run's adapters, and this export "
+                          f"writes no adapter file (--lora adapter of a LoRA run does): remove --lora-format.")
+    lora_format = lora_format or default_lora_format(saved["model"]["name"])
     return export_family_checkpoint(saved["model"], saved.get("lora"), checkpoint, output, use_ema=use_ema,
-                                    lora_mode=lora)
+                                    lora_mode=lora, lora_format=lora_format)
 
 
 def export(checkpoint: str, output: str, vae: str = None, use_ema: bool = True, allow_inexact: bool = False,
-           lora: str = None) -> str:
+           lora: str = None, lora_format: str = None) -> str:
     _check_output(output)
     saved = _saved_config(checkpoint)
     if _is_diffusers_family(saved):
@@ -167,10 +174,11 @@ def export(checkpoint: str, output: str, vae: str = None, use_ema: bool = True, 
             raise ConfigError(f"--vae and --allow-inexact apply to DiT exports; {checkpoint!r} holds a "
                               f"{saved['model']['name']}, which is written as the transformer its own pipeline loads.")
         default = "adapter" if (saved.get("lora") or {}).get("rank") else "merged"
-        return export_family(checkpoint, output, saved, use_ema=use_ema, lora=lora or default)
-    if lora:
-        raise ConfigError("--lora applies to diffusers-family runs (Wan, Flux, ...); a DiT run's adapters are always "
-                          "merged into the exported weights.")
+        return export_family(checkpoint, output, saved, use_ema=use_ema, lora=lora or default,
+                             lora_format=lora_format)
+    if lora or lora_format:
+        raise ConfigError("--lora and --lora-format apply to diffusers-family runs (Wan, Flux, ...); a DiT run's "
+                          "adapters are always merged into the exported weights.")
     from opendit_lite.interop import to_diffusers_dit
 
     model, diffusion = _model_from_checkpoint(checkpoint, use_ema, saved)
@@ -238,16 +246,20 @@ def main(argv) -> str:
     p.add_argument("--lora", choices=("merged", "adapter"),
                    help="a diffusers-family LoRA run: the adapters alone as the pipeline's LoRA file (default), or "
                         "merged into a whole copy of the transformer")
+    p.add_argument("--lora-format", choices=("diffusers", "comfyui", "both"),
+                   help="the adapter file(s) of --lora adapter: the pipeline's pytorch_lora_weights.safetensors, "
+                        "comfyui_lora.safetensors under the original checkpoint's names, or both (default: both for "
+                        "a family with an original layout, as train_video.py writes)")
     args = p.parse_args(argv)
     if args.from_diffusers:
-        if args.vae or args.no_ema or args.allow_inexact or args.lora:
-            raise ConfigError("--vae, --no-ema, --allow-inexact and --lora apply to --checkpoint exports, not to "
-                              "--from-diffusers imports.")
+        if args.vae or args.no_ema or args.allow_inexact or args.lora or args.lora_format:
+            raise ConfigError("--vae, --no-ema, --allow-inexact, --lora and --lora-format apply to --checkpoint "
+                              "exports, not to --from-diffusers imports.")
         out = import_diffusers(args.from_diffusers, args.output)
         print(f"wrote our DiT's weights from {args.from_diffusers} to {out}")
         return out
     out = export(args.checkpoint, args.output, vae=args.vae, use_ema=not args.no_ema, allow_inexact=args.allow_inexact,
-                 lora=args.lora)
+                 lora=args.lora, lora_format=args.lora_format)
     print(f"wrote {_written(out)} ({'trained' if args.no_ema else 'EMA'} weights) from {args.checkpoint} to {out}")
     return out
 

@@ -26,6 +26,7 @@ FAMILIES = (
     "HunyuanVideoTransformer3DModel",
     "LTXVideoTransformer3DModel",
     "ZImageTransformer2DModel",
+    "Flux2Transformer2DModel",
 )
 
 CONFIGS: Dict[str, dict] = {
@@ -56,6 +57,9 @@ CONFIGS: Dict[str, dict] = {
     "ZImageTransformer2DModel": dict(
         all_patch_size=(2,), all_f_patch_size=(1,), in_channels=4, dim=32, n_layers=2, n_refiner_layers=0,
         n_heads=2, n_kv_heads=2, cap_feat_dim=16, axes_dims=[4, 6, 6], axes_lens=[64, 16, 16]),
+    "Flux2Transformer2DModel": dict(
+        patch_size=1, in_channels=16, num_layers=1, num_single_layers=1, attention_head_dim=8, num_attention_heads=2,
+        joint_attention_dim=24, timestep_guidance_channels=16, axes_dims_rope=(2, 2, 2, 2), guidance_embeds=True),
 }
 
 # name -> (family, overrides)
@@ -142,6 +146,16 @@ def forward_inputs(name: str, batch: int = 2, seed: int = 1) -> dict:
     if family == "ZImageTransformer2DModel":  # per-sample lists: latents [C, 1, H, W], captions [L_i, W]
         return dict(x=[randn(4, 1, HEIGHT, WIDTH) for _ in range(batch)], t=times,
                     cap_feats=[randn(int(m.sum()), 16) for m in mask], return_dict=False)
+    if family == "Flux2Transformer2DModel":
+        h, w = HEIGHT, WIDTH                                                   # one token per latent pixel
+        rows, cols = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
+        zeros = torch.zeros_like(rows)
+        img_ids = torch.stack([zeros, rows, cols, zeros], dim=-1).reshape(1, -1, 4)   # [1, N, 4]: (0, row, column, 0)
+        txt_ids = torch.stack([torch.zeros(TEXT_TOKENS, dtype=torch.long)] * 3 + [torch.arange(TEXT_TOKENS)], -1)
+        return dict(hidden_states=randn(batch, h * w, config["in_channels"]), timestep=times,
+                    guidance=torch.full((batch,), 4.0), encoder_hidden_states=randn(batch, TEXT_TOKENS, 24),
+                    txt_ids=txt_ids[None].expand(batch, -1, -1), img_ids=img_ids.expand(batch, -1, -1),
+                    return_dict=False)
     raise KeyError(name)
 
 

@@ -30,7 +30,14 @@ class LatentBucket:
 
 
 def config_downsample(cfg) -> int:
-    return SD_VAE_DOWNSAMPLE if (cfg.vae.path or cfg.data.type == "latents") else 1
+    """Pixels per latent row of the config's data: 1 for pixels, else its family's stored latents'
+    (``FamilyEncoders.pixels_per_latent``), else an SD-style VAE's 8."""
+    if not (cfg.vae.path or cfg.data.type == "latents"):
+        return 1
+    from ..families import family_of
+
+    family = family_of(cfg.model.name)
+    return family.encoding.pixels_per_latent if family is not None else SD_VAE_DOWNSAMPLE
 
 
 def latent_folder_size(cfg) -> Optional[Tuple[int, int]]:

@@ -124,6 +124,11 @@ class LoRAConfig:
                                              "sample.ckpt or init_from; null: on for the zoo's models, off for the "
                                              "diffusers families (a whole copy of the base: their export is the "
                                              "pipeline's LoRA file, diffusers/pytorch_lora_weights.safetensors)")
+    init_from: Optional[str] = _f(None, "a diffusers family's LoRA file (or the folder holding it) whose adapters "
+                                        "this run's start from, to continue training them: the diffusers format "
+                                        "(pytorch_lora_weights.safetensors) or the family's original layout "
+                                        "(ComfyUI's comfyui_lora.safetensors); its rank must be lora.rank, its layers "
+                                        "among lora.targets; ignored when the run resumes")
     base_precision: str = _f("none", "storage of the frozen base's linear weights in the blocks: none (the run's "
                                      "precision), fp8 (e4m3, a scale per row) or nf4 (bitsandbytes' 4-bit, QLoRA); "
                                      "computed in the run's precision, adapters unchanged, checkpoints and merged "

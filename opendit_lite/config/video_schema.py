@@ -149,6 +149,14 @@ class ExportConfig:
                                    "of the base weights; 'merged', the adapters merged into a whole copy of the "
                                    "transformer (as a full fine-tune exports); null: adapter",
                              choices=("merged", "adapter", None))
+    lora_format: Optional[str] = _f(None, "a LoRA run's adapter file(s): 'diffusers', the pipeline's "
+                                          "pytorch_lora_weights.safetensors; 'comfyui', comfyui_lora.safetensors "
+                                          "under the original checkpoint's names (diffusion_model.blocks.0.self_attn"
+                                          ".q.lora_down.weight; ComfyUI reads it, and load_lora_weights where "
+                                          "diffusers converts the family's layout); "
+                                          "'both'; null: both for a family with an original layout (all but "
+                                          "CogVideoX), diffusers otherwise",
+                                    choices=("diffusers", "comfyui", "both", None))
 
 
 @dataclass

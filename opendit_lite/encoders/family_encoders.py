@@ -10,7 +10,10 @@ stored here decode with that pipeline's VAE step:
 * ``mean_std_scale``: (z - mean) x scaling_factor / std, with the VAE model's ``latents_mean`` /
   ``latents_std`` buffers;
 * ``shift_scale``: (z - shift_factor) x scaling_factor (the VAE config's);
-* ``scale``: z x scaling_factor.
+* ``scale``: z x scaling_factor;
+* ``patch_batch_norm``: the VAE's 2x2 patches as channels ([C, h, w] -> [4C, h/2, w/2], channel-major),
+  normalised by the VAE's own BatchNorm running statistics (``vae.bn``, AutoencoderKLFlux2): stored as
+  the patched latents [4C, 1, h/2, w/2] the transformer takes one token per latent pixel of.
 
 Image families (``image_only``) encode images, stored as 1-frame latents [C, 1, h, w]. Caption states
 are the text encoder's last hidden states (the transformer's text width) with their padding mask.
@@ -35,13 +38,16 @@ class FamilyEncoders:
 
     transformer: str                       # the diffusers transformer class (``model.name`` in a config)
     vae: str                               # the diffusers VAE class
-    latent_norm: str                       # "mean_std", "mean_std_scale", "shift_scale" or "scale"
+    latent_norm: str                       # "mean_std", "mean_std_scale", "shift_scale", "scale", "patch_batch_norm"
     text_models: Tuple[str, ...]           # transformers ``model_type``s of the text encoder it takes
     max_length: int                        # caption tokens, as the family's pipeline pads them
     image_only: bool = False               # an image model: 1-frame clips
     # The pipeline's folders of that text encoder and its tokenizer (Flux's T5 is its second encoder,
     # SD3's its third).
     text_folders: Tuple[str, str] = ("text_encoder", "tokenizer")
+    # Pixels per row (and column) of the stored latents: the VAE's factor, times the patch side where the
+    # latents are stored patched into channels (FLUX.2's 8 x 2); the planner's image sizes of a model.path run.
+    pixels_per_latent: int = 8
     # The VAE encodes one clip at a time (HunyuanVideo 1.5's fails on a batch of more than one).
     one_clip_at_a_time: bool = False
 
@@ -119,7 +125,20 @@ def normalize_latents(spec: FamilyEncoders, vae: nn.Module, z: torch.Tensor) -> 
         return (z - _channel(vae.latents_mean, z)) * c.scaling_factor / _channel(vae.latents_std, z)
     if spec.latent_norm == "shift_scale":
         return (z - (c.shift_factor or 0.0)) * c.scaling_factor
+    if spec.latent_norm == "patch_batch_norm":
+        return patch_batch_norm(vae, z)
     return z * c.scaling_factor
+
+
+def patch_batch_norm(vae: nn.Module, z: torch.Tensor) -> torch.Tensor:
+    """Raw latents [B, C, T, h, w] -> the VAE's 2x2 patches as channels [B, 4C, T, h/2, w/2] (channel c's
+    patch position (i, j) at 4c + 2i + j), normalised by its BatchNorm running mean and variance."""
+    B, C, T, h, w = z.shape
+    p = z.reshape(B, C, T, h // 2, 2, w // 2, 2).permute(0, 1, 4, 6, 2, 3, 5).reshape(B, 4 * C, T, h // 2, w // 2)
+    bn = vae.bn
+    mean = _channel(bn.running_mean.float(), p)
+    std = torch.sqrt(_channel(bn.running_var.float(), p) + vae.config.batch_norm_eps)
+    return (p - mean) / std
 
 
 @torch.no_grad()

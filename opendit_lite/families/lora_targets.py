@@ -12,3 +12,8 @@ JOINT_ATTENTION = ATTENTION + ("add_q_proj", "add_k_proj", "add_v_proj", "to_add
 FEED_FORWARD = ("ff.net.0.proj", "ff.net.2")
 CONTEXT_FEED_FORWARD = ("ff_context.net.0.proj", "ff_context.net.2")
 SINGLE_STREAM_MLP = ("proj_mlp", r"single_transformer_blocks\.\d+\.proj_out")
+# FLUX.2: SwiGLU feed-forwards (linear_in, linear_out) per stream; the single blocks' fused
+# attention-and-MLP projections (to_qkv_mlp_proj in, attn.to_out out: a Linear, not to_out.0).
+SWIGLU_FEED_FORWARD = ("ff.linear_in", "ff.linear_out")
+CONTEXT_SWIGLU_FEED_FORWARD = ("ff_context.linear_in", "ff_context.linear_out")
+PARALLEL_SINGLE_STREAM = ("to_qkv_mlp_proj", r"single_transformer_blocks\.\d+\.attn\.to_out")

@@ -28,6 +28,9 @@ specific to it:
   a folder of a variant's class trains with the variant's conditioning (``conditioning_of_pipeline``);
 * ``tiny`` (``<family>/tiny.py``): tiny random pipelines of the family's released layouts
   (``tiny_pipelines.py``, ``scripts/make_tiny_pipeline.py``).
+* ``original_lora`` (``<family>/original_lora.py``, optional): the names its LoRA adapters take in the
+  family's original checkpoint layout (ComfyUI's), for ``export.lora_format: comfyui`` and for
+  ``lora.init_from`` reading such a file (``interop.original_lora``); None: no such layout.
 * ``releases`` (in the record): the transformer configs of released checkpoints, so that the planner
   (``python -m opendit_lite.plan``) plans a config naming one whose folder is not on this machine.
 
@@ -56,6 +59,7 @@ from ..parallel.diffusers_sp import register_family_spec
 from ..parallel.diffusers_sp.spec_types import FamilySpec
 from .adapter_base import FamilyAdapter
 from .conditioning_base import PipelineConditioning
+from .original_lora_spec import OriginalLoRA
 from .step_cache_spec import StepCacheSpec
 from .tiny_parts import TinyPipeline
 
@@ -103,6 +107,7 @@ class Family:
     aliases: Tuple[str, ...] = ()      # other short names ``find_family`` takes
     releases: Tuple[Release, ...] = ()  # released checkpoints' transformer configs (for the planner)
     variants: Tuple[PipelineVariant, ...] = ()  # its other pipelines (image-to-video, edit)
+    original_lora: Optional[OriginalLoRA] = None  # its original checkpoint's LoRA names; None: no such layout
 
     @property
     def class_path(self) -> str:

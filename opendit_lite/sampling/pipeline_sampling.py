@@ -204,6 +204,7 @@ def pipeline_batches(pipe, cfg, prompts: List[str], ranks: SamplingRanks) -> Ite
         return
     for indices in ranks.batches(len(prompts), cfg.sample.batch_size):
         generators = SampleGenerators(cfg.sample.seed, indices).generators  # prompt i's noise: (seed, i)
+        # the prompts by keyword: a pipeline's first parameter may be a conditioning image
         out = pipe(prompt=[prompts[i] for i in indices], generator=generators, output_type="pt", **settings)
         yield indices, pipeline_pixels(out).float().cpu()
 

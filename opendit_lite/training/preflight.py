@@ -35,8 +35,26 @@ def check_training_inputs(cfg, family: str) -> None:
         check_checkpoint_of_model(cfg.resume_from, "resume_from", cfg.model.name)
     if cfg.init_from:
         check_checkpoint_of_model(cfg.init_from, "init_from", cfg.model.name)
+    if cfg.lora.init_from:
+        check_lora_init(cfg)
     check_fresh_run(cfg)
     check_data_path(cfg.data.type, cfg.data.path)
+
+
+def check_lora_init(cfg) -> None:
+    """``lora.init_from`` can start this run's adapters: a LoRA run of one diffusers family
+    transformer, and a LoRA file of a format it reads (``interop.lora_import``)."""
+    from ..interop.lora_import import check_lora_file
+
+    if not cfg.lora.rank:
+        raise ConfigError(f"lora.init_from {cfg.lora.init_from!r} starts a LoRA run's adapters, but this run trains "
+                          f"every weight (lora.rank=0): set lora.rank to the file's rank, or use init_from for "
+                          f"whole-model weights.")
+    if getattr(cfg.model, "expert", None) == "both":
+        raise ConfigError("lora.init_from starts one transformer's adapters, and this run trains Wan 2.2's two "
+                          "experts (model.expert: both), which it does not support yet: train one expert "
+                          "(model.expert: high_noise or low_noise) from the file, or remove lora.init_from.")
+    check_lora_file(cfg.lora.init_from, cfg.model.name)
 
 
 def check_writable(folder: str, key: str) -> None:

@@ -28,6 +28,7 @@ from ..distributed.process_group import cleanup_distributed, init_distributed
 from ..distributed.seed import seed_everything
 from ..ema import ema_horizon_note, ema_warmup_on
 from ..families import is_family
+from ..interop.lora_import import load_lora_file
 from ..models import MODELS, registered_class
 from ..models.capabilities import check_sp_mode, condition_dropout_kwarg
 from ..utils.exit_codes import ignore_stop_signals
@@ -59,6 +60,8 @@ def train(spec: TrainerSpec, cfg, info) -> str:
     # Every transformation of the serial model (LoRA adapters first), in parallelize's order, before
     # the plugin wraps it.
     log.write(str(parallelize_from_config(model, cfg, plugin.sp_group)))
+    if cfg.lora.init_from and not wants_resume(cfg):  # the adapters exist now: start them from the file
+        log.write(load_lora_file(model, cfg.lora.init_from))
     objective = spec.objective(cfg) if spec.objective is not None else build_training_objective(cfg)
     model.to(info.device)
     num_params = sum(p.numel() for p in model.parameters())

@@ -42,7 +42,8 @@ from ..distributed.ranks import global_rank
 from ..encoders.video_vae import VideoVAE
 from ..errors import ConfigError
 from ..families import family_adapter, family_of
-from ..interop.family_checkpoint import export_family_checkpoint
+from ..interop.family_checkpoint import check_lora_format, default_lora_format, export_family_checkpoint
+from ..interop.original_lora import COMFYUI_WEIGHT_NAME
 from ..interop.pretrained_files import LORA_WEIGHT_NAME
 from ..parallel.modes import ulysses_heads_error
 from ..precision import Precision
@@ -118,6 +119,18 @@ def check_export(cfg) -> None:
     if exports_diffusers(cfg) and e.lora is not None and not cfg.lora.rank:
         raise ConfigError(f"export.lora={e.lora} says how a LoRA run exports its adapters, but this run trains every "
                           f"weight (lora.rank=0) and exports the whole model: remove export.lora, or set lora.rank.")
+    if e.lora_format is not None and (not exports_diffusers(cfg) or export_lora_mode(cfg) != "adapter"):
+        raise ConfigError(f"export.lora_format={e.lora_format} names the files of a LoRA run's adapters, but this run "
+                          f"writes no adapter file (it needs lora.rank > 0, export.lora adapter and the diffusers "
+                          f"export on): remove export.lora_format.")
+    if e.lora_format is not None:
+        check_lora_format(name, e.lora_format)  # comfyui / both: the family has an original layout
+
+
+def export_lora_format(cfg) -> str:
+    """The adapter file(s) of a LoRA run's export: ``export.lora_format``; null: both formats for a family
+    that declares an original checkpoint layout, the diffusers format otherwise."""
+    return cfg.export.lora_format or default_lora_format(cfg.model.name)
 
 
 def export_lora_mode(cfg) -> str:
@@ -134,7 +147,7 @@ def export_at_end(cfg, checkpoint: str, run_dir: str) -> None:
     mode = export_lora_mode(cfg)
     out = export_family_checkpoint(to_dict(cfg.model), to_dict(cfg.lora), checkpoint,
                                    os.path.join(run_dir, "diffusers"), use_ema=cfg.export.ema and cfg.ema.enable,
-                                   lora_mode=mode)
+                                   lora_mode=mode, lora_format=export_lora_format(cfg))
     if global_rank() == 0:
         weights = "EMA" if cfg.export.ema and cfg.ema.enable else "trained"
         print(f"wrote {export_description(cfg, mode, out)} ({weights} weights)")
@@ -152,7 +165,12 @@ def export_description(cfg, mode: str, out: str) -> str:
         if m.expert in ("both", "low_noise"):  # the low-noise expert's adapters go to transformer_2
             loads.append(f"pipe.load_lora_weights({os.path.join(out, 'transformer_2')!r}, "
                          f"load_into_transformer_2=True)")
-        return f"the LoRA adapters to {out}: pipe = DiffusionPipeline.from_pretrained({source}); " + "; ".join(loads)
+        text = f"the LoRA adapters to {out}: pipe = DiffusionPipeline.from_pretrained({source}); " + "; ".join(loads)
+        if export_lora_format(cfg) == "comfyui":
+            return f"the LoRA adapters to {os.path.join(out, COMFYUI_WEIGHT_NAME)} (ComfyUI's LoRA loader)"
+        if export_lora_format(cfg) == "both":
+            text += f"; for ComfyUI: {COMFYUI_WEIGHT_NAME} beside it"
+        return text
     if m.pipeline:
         return f"the fine-tuned pipeline to {out}: DiffusionPipeline.from_pretrained({out!r})"
     return f"the diffusers {m.name} to {out}: {m.name}.from_pretrained({out!r})"

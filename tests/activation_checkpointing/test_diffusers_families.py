@@ -25,6 +25,7 @@ BLOCKS = {
     "HunyuanVideoTransformer3DModel": ["transformer_blocks.0", "single_transformer_blocks.0"],
     "LTXVideoTransformer3DModel": ["transformer_blocks.0", "transformer_blocks.1"],
     "ZImageTransformer2DModel": ["layers.0", "layers.1"],
+    "Flux2Transformer2DModel": ["transformer_blocks.0", "single_transformer_blocks.0"],
 }
 
 

@@ -33,6 +33,7 @@ EXPECTED = {
     "CogVideoX1.5": {"CogVideoXBlock", "CogVideoXLayerNormZero", "AdaLayerNorm"},
     "HunyuanVideoTransformer3DModel": {"HunyuanVideoTransformerBlock", "AdaLayerNormZero",
                                        "AdaLayerNormZeroSingle", "AdaLayerNormContinuous"},
+    "Flux2Transformer2DModel": {"Flux2TransformerBlock", "Flux2SingleTransformerBlock", "AdaLayerNormContinuous"},
 }
 
 

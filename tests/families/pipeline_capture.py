@@ -100,6 +100,8 @@ def pipeline_latents(pipe, noise: torch.Tensor) -> torch.Tensor:
         return pipe._pack_latents(image, *image.shape)                                # [B, hw/4, 4C]
     if name == "StableDiffusion3Pipeline":
         return noise[:, :, 0]                                                         # [B, C, h, w]
+    if name == "Flux2Pipeline":
+        return noise[:, :, 0]                                                         # [B, C, h, w]: it packs them
     if name == "LTXPipeline":
         return pipe._pack_latents(noise, pipe.transformer_spatial_patch_size,          # [B, N, C pt p p]
                                   pipe.transformer_temporal_patch_size)
@@ -120,6 +122,8 @@ def model_latents(pipe, latents: torch.Tensor, shape) -> torch.Tensor:
         return pipe._unpack_latents(latents, h * scale, w * scale, scale).unsqueeze(2)      # [B, C, 1, h, w]
     if name == "StableDiffusion3Pipeline":
         return latents.unsqueeze(2)
+    if name == "Flux2Pipeline":
+        return latents.transpose(1, 2).reshape(B, C, 1, h, w)                         # [B, C, 1, h, w]
     if name == "LTXPipeline":
         return pipe._unpack_latents(latents, T, h, w, pipe.transformer_spatial_patch_size,
                                     pipe.transformer_temporal_patch_size)

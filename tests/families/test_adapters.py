@@ -22,6 +22,7 @@ CLIPS = {
     "HunyuanVideoTransformer3DModel": (4, 3, 4, 6),
     "LTXVideoTransformer3DModel": (8, 3, 4, 6),
     "ZImageTransformer2DModel": (4, 1, 4, 6),
+    "Flux2Transformer2DModel": (16, 1, 4, 6),
 }
 TOKENS, WIDTH_SEED = 5, 3
 

@@ -23,7 +23,11 @@ from opendit_lite.parallel import FAMILIES as SP_SPECS
 FOLDER = os.path.dirname(families.__file__)
 PIECES = {"__init__.py", "adapter.py", "sp_spec.py", "fused_norms.py", "encoding.py", "conditioning.py", "tiny.py",
           "step_cache.py"}
-EXPECTED = {"wan", "hunyuan_video", "hunyuan_video15", "cogvideox", "ltx_video", "flux", "sd3", "z_image"}
+EXPECTED = {"wan", "hunyuan_video", "hunyuan_video15", "cogvideox", "ltx_video", "flux", "sd3", "z_image", "flux2"}
+# Optional pieces: a family holds the file exactly when its record names the piece (not None).
+OPTIONAL = {"original_lora.py": "original_lora"}
+# The families with an original checkpoint layout for LoRA files (ComfyUI's); CogVideoX has none.
+ORIGINAL_LORA = {"wan", "hunyuan_video", "ltx_video", "flux", "sd3"}
 
 
 def _folders():
@@ -39,6 +43,9 @@ def test_the_six_families_each_have_a_folder_and_a_record():
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_every_family_folder_holds_every_piece(name):
     files = {f for f in os.listdir(os.path.join(FOLDER, name)) if f.endswith(".py")}
+    for optional, field in OPTIONAL.items():
+        assert (optional in files) == (getattr(FAMILIES[name], field) is not None), (name, optional)
+    files -= set(OPTIONAL)
     # a variant pipeline's conditioning (image-to-video, edit) in conditioning_<variant>.py, defined in the folder
     variants = {f for f in files if f.startswith("conditioning_")}
     assert files - variants == PIECES, f"families/{name}/ holds {sorted(files)}; every family holds {sorted(PIECES)}"
@@ -80,6 +87,16 @@ def test_the_record_names_one_class_and_is_found_every_way(name):
     assert family.tiny and all(t.name in TINY_PIPELINES and TINY_PIPELINES[t.name] is t for t in family.tiny)
 
 
+def test_the_families_with_an_original_layout_declare_its_lora_names():
+    from opendit_lite.families.original_lora_spec import OriginalLoRA
+
+    assert {name for name, f in FAMILIES.items() if f.original_lora is not None} >= ORIGINAL_LORA
+    for name in ORIGINAL_LORA:
+        spec = FAMILIES[name].original_lora
+        assert isinstance(spec, OriginalLoRA) and spec.layers and spec.prefix == "diffusion_model."
+    assert FAMILIES["cogvideox"].original_lora is None
+
+
 def test_old_short_names_still_find_their_family():
     assert find_family("hunyuanvideo").name == "hunyuan_video" and find_family("ltx").name == "ltx_video"
     with pytest.raises(ConfigError, match="unknown family 'wann'"):
@@ -111,7 +128,8 @@ RELEASE_BILLIONS = {"Wan-AI/Wan2.1-T2V-14B-Diffusers": 14, "black-forest-labs/FL
                     "Wan-AI/Wan2.1-I2V-14B-480P-Diffusers": 16,
                     "Wan-AI/Wan2.2-I2V-A14B-Diffusers": 14, "Wan-AI/Wan2.2-TI2V-5B-Diffusers": 5,
                     "Tongyi-MAI/Z-Image-Turbo": 6, "Tongyi-MAI/Z-Image": 6,
-                    "black-forest-labs/FLUX.1-Kontext-dev": 12}
+                    "black-forest-labs/FLUX.1-Kontext-dev": 12,
+                    "black-forest-labs/FLUX.2-dev": 32}
 
 
 def test_every_release_builds_its_class_at_its_announced_size():

@@ -24,7 +24,8 @@ TOL = 1e-5
 PIPELINES = {"WanTransformer3DModel": "WanPipeline", "FluxTransformer2DModel": "FluxPipeline",
              "SD3Transformer2DModel": "StableDiffusion3Pipeline", "CogVideoXTransformer3DModel": "CogVideoXPipeline",
              "HunyuanVideoTransformer3DModel": "HunyuanVideoPipeline", "LTXVideoTransformer3DModel": "LTXPipeline",
-             "ZImageTransformer2DModel": "ZImagePipeline"}
+             "ZImageTransformer2DModel": "ZImagePipeline",
+             "Flux2Transformer2DModel": "Flux2Pipeline"}
 
 
 def _load_like_the_pipeline(folder: str, family: str, transformer: torch.nn.Module) -> None:

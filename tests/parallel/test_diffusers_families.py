@@ -159,6 +159,7 @@ def _world2(rank, world_size):
     out = {f"{f}/plugin ddp ulysses": train_through_plugin(f, 0) for f in fam.FAMILIES}
     out.update({f"{f}/plugin zero2 ulysses": train_through_plugin(f, 2) for f in ("wan", "sd3")})
     out.update({f"{f}/ring even": compare(f, 2, "ring", variant="even") for f in fam.FAMILIES})
+    out.update({f"flux2/{mode} sp2": compare("flux2", 2, mode) for mode in ("ulysses", "ring", "usp")})
     out["refusals"] = refusals()
     return out
 
@@ -170,6 +171,7 @@ def _world4(rank, world_size):
     out.update({f"{f}/dp2 x sp2 ring": compare(f, 2, "ring") for f in fam.FAMILIES})
     out["sd3/usp sp4 ring 2"] = compare("sd3", 4, "usp", ring_size=2)
     out["hunyuan_video15/usp sp4 ring 2"] = compare("hunyuan_video15", 4, "usp", ring_size=2)  # its query mask
+    out["flux2/usp sp4 ring 2"] = compare("flux2", 4, "usp", ring_size=2)
     out["sd3/auto sp4"] = compare("sd3", 4, "auto")
     out["wan/auto sp4"] = compare("wan", 4, "auto")
     out["ulysses sp4 with 2 heads"] = error_message(lambda: compare("wan", 4, "ulysses"))
@@ -218,6 +220,15 @@ def test_usp_and_auto_choose_by_the_heads():
     message = results["ulysses sp4 with 2 heads"]
     assert message.startswith("SequenceParallelError: Ulysses") and "num_heads=2" in message, message
     assert "sp_mode=ring" in message and "sp_mode=usp sp_ring_size=2" in message, message
+
+
+def test_flux2_ulysses_ring_and_usp_equal_one_process():
+    """FLUX.2 (four-axis batched ids, fused single-block attention): Ulysses, ring and USP at 2 ranks (uneven
+    tokens), and USP as ring 2 x Ulysses 2 at 4 ranks, give the serial output, gradients and step."""
+    results = {**merged(2), **merged(4)}
+    for key in ("flux2/ulysses sp2", "flux2/ring sp2", "flux2/usp sp2", "flux2/usp sp4 ring 2"):
+        _assert_exact(key, results[key])
+    assert "usp (ring 2 x ulysses 2) over 4 ranks" in results["flux2/usp sp4 ring 2"]["report"]
 
 
 def test_report_names_what_was_made_sequence_parallel():

@@ -1,4 +1,4 @@
-"""Tiny random-initialised models of the six diffusers families (sizes of diffusers' own model tests: 2
+"""Tiny random-initialised models of the seven diffusers families (sizes of diffusers' own model tests: 2
 heads, widths 16-32, 1-2 layers) and their forward inputs, for the sequence-parallel tests: token
 counts that do not divide the group and masked text streams (``tests/diffusers_families.py`` holds
 the kernel, checkpointing, LoRA and plugin tests' models, with perturbed weights and variants).
@@ -39,13 +39,17 @@ SD3 = dict(sample_size=32, patch_size=1, in_channels=4, num_layers=2, attention_
            pos_embed_max_size=96, dual_attention_layers=(0,), qk_norm="rms_norm")   # SD3.5: dual attention, qk norm
 Z_IMAGE = dict(all_patch_size=(2,), all_f_patch_size=(1,), in_channels=4, dim=32, n_layers=1, n_refiner_layers=1,
                n_heads=2, n_kv_heads=2, cap_feat_dim=16, axes_dims=[4, 6, 6], axes_lens=[256, 32, 32])
+FLUX2 = dict(patch_size=1, in_channels=8, num_layers=1, num_single_layers=1, attention_head_dim=16,
+             num_attention_heads=2, joint_attention_dim=24, timestep_guidance_channels=16, axes_dims_rope=(4, 4, 4, 4),
+             guidance_embeds=True)
 
 CONFIGS = {"wan": ("WanTransformer3DModel", WAN), "flux": ("FluxTransformer2DModel", FLUX),
            "cogvideox": ("CogVideoXTransformer3DModel", COGVIDEOX),
            "hunyuan_video": ("HunyuanVideoTransformer3DModel", HUNYUAN_VIDEO),
            "hunyuan_video15": ("HunyuanVideo15Transformer3DModel", HUNYUAN_VIDEO15),
            "ltx_video": ("LTXVideoTransformer3DModel", LTX_VIDEO), "sd3": ("SD3Transformer2DModel", SD3),
-           "z_image": ("ZImageTransformer2DModel", Z_IMAGE)}
+           "z_image": ("ZImageTransformer2DModel", Z_IMAGE),
+           "flux2": ("Flux2Transformer2DModel", FLUX2)}
 # Families whose forward takes and returns per-sample lists, checked in a test of their own
 # (tests/parallel/test_z_image_sp.py) rather than by the shared cases below.
 OWN_TESTS = ("z_image",)
@@ -56,7 +60,8 @@ _GRIDS = {"wan": {"even": (2, 8, 8), "uneven": (1, 6, 10)}, "flux": {"even": (4,
           "cogvideox": {"even": (2, 8, 8), "uneven": (1, 6, 10)},
           "hunyuan_video": {"even": (2, 4, 4), "uneven": (1, 3, 5)},
           "hunyuan_video15": {"even": (2, 4, 4), "uneven": (1, 3, 5)},
-          "ltx_video": {"even": (2, 4, 4), "uneven": (1, 3, 5)}, "sd3": {"even": (4, 8), "uneven": (3, 5)}}
+          "ltx_video": {"even": (2, 4, 4), "uneven": (1, 3, 5)}, "sd3": {"even": (4, 8), "uneven": (3, 5)},
+          "flux2": {"even": (4, 4), "uneven": (3, 5)}}
 
 
 def build(family: str, seed: int = 0, **overrides):
@@ -126,6 +131,16 @@ def inputs(family: str, model, batch: int = 2, variant: str = "uneven", seed: in
     if family == "sd3":
         return dict(hidden_states=rand(batch, cfg.in_channels, *grid), encoder_hidden_states=rand(batch, 10, 32),
                     pooled_projections=rand(batch, cfg.pooled_projection_dim), timestep=steps(), return_dict=False)
+    if family == "flux2":  # batched four-axis ids, as Flux2Pipeline passes them: (0, row, column, 0), (0, 0, 0, l)
+        h, w = grid
+        img_ids = torch.zeros(h, w, 4, dtype=torch.long)
+        img_ids[..., 1], img_ids[..., 2] = torch.arange(h)[:, None], torch.arange(w)[None, :]
+        txt_ids = torch.zeros(7, 4, dtype=torch.long)
+        txt_ids[:, 3] = torch.arange(7)
+        return dict(hidden_states=rand(batch, h * w, cfg.in_channels), encoder_hidden_states=rand(batch, 7, 24),
+                    timestep=torch.rand(batch, generator=g), guidance=torch.full((batch,), 4.0),
+                    img_ids=img_ids.reshape(1, h * w, 4).expand(batch, -1, -1),
+                    txt_ids=txt_ids[None].expand(batch, -1, -1), return_dict=False)
     raise KeyError(family)
 
 

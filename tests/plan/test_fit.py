@@ -71,7 +71,7 @@ def test_printed_fragment_trains_as_printed_and_exports_a_lora_over_the_original
     # The export is the adapters alone (the pipeline's LoRA file): loaded over the base the run started
     # from, the original-precision weights its checkpoint holds.
     out = os.path.join(run, "diffusers")
-    assert os.listdir(out) == ["pytorch_lora_weights.safetensors"]
+    assert sorted(os.listdir(out)) == ["comfyui_lora.safetensors", "pytorch_lora_weights.safetensors"]
     model_config = yaml.safe_load(open(os.path.join(run, "config.yaml")))["model"]["config"]
     loaded = diffusers.WanTransformer3DModel(**model_config)
     loaded.load_state_dict({k.replace(".base_layer", ""): v for k, v in read_weights(ckpt, use_ema=False).items()

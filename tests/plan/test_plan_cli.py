@@ -26,7 +26,8 @@ def _run_plan(capsys, *argv):
 # The configs naming a released pipeline folder (a placeholder to edit): planned with a tiny one of its layout.
 PIPELINE_CONFIGS = {"configs/flux_lora.yaml": "flux", "configs/wan_lora.yaml": "wan",
                     "configs/wan_i2v_lora.yaml": "wan_i2v", "configs/wan_ti2v_lora.yaml": "wan_ti2v_i2v",
-                    "configs/z_image_lora.yaml": "z_image", "configs/flux_kontext_lora.yaml": "flux_kontext"}
+                    "configs/z_image_lora.yaml": "z_image", "configs/flux_kontext_lora.yaml": "flux_kontext",
+                    "configs/flux2_lora.yaml": "flux2"}
 
 
 @pytest.mark.parametrize("config", CONFIGS)

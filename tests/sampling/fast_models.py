@@ -45,6 +45,7 @@ FAMILIES = {
     "cogvideox": ("CogVideoXTransformer3DModel", dict(in_channels=3, out_channels=3), 2),
     "hunyuan_video": ("HunyuanVideoTransformer3DModel", dict(in_channels=3, out_channels=3), 2),
     "ltx_video": ("LTXVideoTransformer3DModel", dict(in_channels=3, out_channels=3), 2),
+    "flux2": ("Flux2Transformer2DModel", dict(in_channels=3), 1),
 }
 
 

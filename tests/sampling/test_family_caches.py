@@ -73,12 +73,15 @@ def inference_context(model):
 @pytest.mark.parametrize("case", CASES)
 def test_each_kind_is_diffusers_own_hook_on_every_family(case, kind):
     settings = [f"sample.cache.kind={kind}"] + KINDS[kind][0]
+    if case == "flux2" and kind == "first_block":  # its tiny first block changes by more than 0.3 every step
+        settings = [f"sample.cache.kind={kind}", "sample.cache.threshold=1.0"]
     got, records = sample(case, settings)
     field = 1 if kind == "pab" else 0  # attention modules (pab) or blocks computed per step
     assert records[0][field] > 0 and any(r[field] < records[0][field] for r in records), f"{case}: {records}"
-    if case == "sd3" and kind == "first_block":
+    if case in ("sd3", "flux2") and kind == "first_block":
         # diffusers 0.42's tail hook subtracts from the None text stream of SD3's last block
-        # (context_pre_only); sampling's tail hook passes the text through (FirstBlockTailHook).
+        # (context_pre_only), and the head's pair from FLUX.2's one-tensor single-stream last block;
+        # sampling's tail hook handles both (FirstBlockTailHook, checked for FLUX.2 below).
         with pytest.raises(TypeError):
             sample(case, hook=diffusers_hooked(kind, case))
         assert torch.isfinite(got).all()
@@ -124,3 +127,30 @@ def test_teacache_skips_as_configured_on_every_family(case):
 
 def case_class(case: str) -> str:
     return "WanTransformer3DModel" if case == "wan" else FAMILIES[case][0]
+
+
+def test_first_block_splits_flux2_s_single_stream_residual_into_its_two_streams():
+    """FLUX.2's last block returns [text; tokens] as one tensor after a two-stream first block. A step whose
+    first block's output is unchanged is skipped and gives, through the stored residuals of both
+    streams, exactly the step computed before it; and a changed input is computed again."""
+    from opendit_lite.config.schema import CacheConfig
+    from opendit_lite.sampling.cache.apply import apply_step_cache
+    from opendit_lite.sampling.cache.cache_settings import resolve_cache
+    from tests.diffusers_families import build, forward_inputs
+
+    model = build("Flux2Transformer2DModel").eval()
+    inputs = forward_inputs("Flux2Transformer2DModel")
+    with torch.no_grad():
+        plain = model(**inputs)[0]
+    cache = apply_step_cache(model, resolve_cache(CacheConfig(kind="first_block", threshold=0.3)), num_steps=3,
+                             num_timesteps=1000, announce=lambda line: None)
+    call = cache.track(lambda x, t: model(**dict(inputs, hidden_states=x, timestep=t))[0])
+    with torch.no_grad(), cache.trajectory():
+        computed = call(inputs["hidden_states"], inputs["timestep"])
+        skipped = call(inputs["hidden_states"], inputs["timestep"])
+        again = call(torch.randn(inputs["hidden_states"].shape, generator=torch.Generator().manual_seed(5)),
+                     inputs["timestep"])
+    assert [step.blocks for step in cache.steps] == [2, 1, 2]
+    torch.testing.assert_close(computed, plain, rtol=0, atol=0)
+    torch.testing.assert_close(skipped, computed, rtol=0, atol=1e-6)
+    assert not torch.allclose(again, computed)

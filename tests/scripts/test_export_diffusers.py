@@ -204,7 +204,7 @@ def _bad_inputs(tmp_path):
         "pickled weights": (["--from-diffusers", str(pickled), "--output", str(tmp_path / "b.safetensors")],
                             "only pickled weights (diffusion_pytorch_model.bin)"),
         "lora on a DiT": (["--checkpoint", ckpt, "--output", str(tmp_path / "l"), "--lora", "adapter"],
-                          "--lora applies to diffusers-family runs"),
+                          "--lora and --lora-format apply to diffusers-family runs"),
         "import options on an export": (["--from-diffusers", str(pickled), "--output", "c.safetensors", "--no-ema"],
                                         "apply to --checkpoint exports"),
     }

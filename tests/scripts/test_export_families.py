@@ -15,6 +15,7 @@ import torch
 from safetensors.torch import save_file
 
 from opendit_lite.interop import LORA_WEIGHT_NAME
+from opendit_lite.interop.original_lora import COMFYUI_WEIGHT_NAME
 from opendit_lite.models.lora import apply_lora
 from tests.diffusers_families import CONFIGS, build, forward_inputs, output, randomize_adapters
 
@@ -83,10 +84,17 @@ def test_a_lora_run_exports_merged_or_as_an_adapter(tmp_path):
     merged = _script().main(["--checkpoint", ckpt, "--output", str(tmp_path / "merged"), "--lora", "merged"])
     assert _diff(diffusers.FluxTransformer2DModel.from_pretrained(merged), ema, family) < TOL
     adapter = _script().main(["--checkpoint", ckpt, "--output", str(tmp_path / "adapter")])  # a LoRA run's default
-    assert os.listdir(adapter) == [LORA_WEIGHT_NAME]  # no copy of the base beside the adapters
+    # no copy of the base beside the adapters, in both formats (Flux has an original layout)
+    assert sorted(os.listdir(adapter)) == [COMFYUI_WEIGHT_NAME, LORA_WEIGHT_NAME]
     loaded = build(family, seed=0)                     # the base the run trained on
     loaded.load_lora_adapter(adapter, weight_name=LORA_WEIGHT_NAME)
     assert _diff(loaded, ema, family) < TOL
+    comfy = _script().main(["--checkpoint", ckpt, "--output", str(tmp_path / "comfy"), "--lora-format", "comfyui"])
+    assert os.listdir(comfy) == [COMFYUI_WEIGHT_NAME]
+    with pytest.raises(SystemExit) as exit_info:  # the ComfyUI file is of adapters: refused with --lora merged
+        _script().main(["--checkpoint", ckpt, "--output", str(tmp_path / "x"), "--lora", "merged",
+                        "--lora-format", "comfyui"])
+    assert exit_info.value.code == 2
     # an export replaces an earlier one in place, leaving no file of it behind
     again = _script().main(["--checkpoint", ckpt, "--output", str(tmp_path / "adapter"), "--lora", "merged"])
     assert sorted(os.listdir(again)) == ["config.json", "diffusion_pytorch_model.safetensors"]
@@ -165,7 +173,8 @@ def test_a_run_from_a_pipeline_exports_what_that_pipeline_loads(tiny_pipeline, t
                   txt_ids=torch.zeros(8, 3), img_ids=torch.zeros(16, 3), return_dict=False)
     for lora in (True, False):
         ckpt, ema = _pipeline_checkpoint(tmp_path, pipeline, lora)
-        out = _script().main(["--checkpoint", ckpt, "--output", str(tmp_path / f"out-{lora}")])
+        out = _script().main(["--checkpoint", ckpt, "--output", str(tmp_path / f"out-{lora}")]
+                             + (["--lora-format", "diffusers"] if lora else []))
         if lora:
             assert os.listdir(out) == [LORA_WEIGHT_NAME]
             pipe = diffusers.FluxPipeline.from_pretrained(pipeline)

@@ -40,6 +40,11 @@ TARGETS = {
     "ZImageTransformer2DModel": (14, ["layers.0.attention.to_q", "layers.1.feed_forward.w2",
                                       "layers.1.attention.to_out.0"],
                                  ["all_final_layer.2-1.linear", "layers.0.adaLN_modulation.0", "cap_embedder.1"]),
+    "Flux2Transformer2DModel": (14, ["transformer_blocks.0.attn.add_v_proj", "transformer_blocks.0.ff.linear_in",
+                                     "transformer_blocks.0.ff_context.linear_out",
+                                     "single_transformer_blocks.0.attn.to_qkv_mlp_proj",
+                                     "single_transformer_blocks.0.attn.to_out"],
+                                ["proj_out", "x_embedder", "single_stream_modulation.linear", "norm_out.linear"]),
 }
 # The families whose blocks' norms no fused kernel takes (their fused_norms.py says why).
 NOTHING_FUSED = ("LTXVideoTransformer3DModel", "ZImageTransformer2DModel")

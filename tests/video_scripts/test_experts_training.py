@@ -75,8 +75,8 @@ def test_both_experts_export_as_lora_files_the_pipeline_loads(wan22, lora_run):
 
     pipeline, _, _ = wan22
     out = os.path.join(lora_run, "diffusers")
-    assert sorted(os.listdir(out)) == [LORA, "transformer_2"]
-    assert os.listdir(os.path.join(out, "transformer_2")) == [LORA]
+    assert sorted(os.listdir(out)) == ["comfyui_lora.safetensors", LORA, "transformer_2"]  # both formats: Wan
+    assert sorted(os.listdir(os.path.join(out, "transformer_2"))) == ["comfyui_lora.safetensors", LORA]
     pipe = WanPipeline.from_pretrained(pipeline)
     with LoadLog() as log:
         pipe.load_lora_weights(out)
@@ -134,7 +134,8 @@ def test_one_expert_alone_trains_and_exports_by_itself(wan22, tmp_path, capsys):
     run = os.path.join(tmp_path, "e")
     assert not any(k.startswith("transformer") for k in read_weights(final_checkpoint(run), use_ema=False))
     out = os.path.join(run, "diffusers")
-    assert os.listdir(out) == ["transformer_2"] and os.listdir(os.path.join(out, "transformer_2")) == [LORA]
+    assert os.listdir(out) == ["transformer_2"]
+    assert sorted(os.listdir(os.path.join(out, "transformer_2"))) == ["comfyui_lora.safetensors", LORA]
     capsys.readouterr()
     err = exits_2(capsys, "train_video", run_args(pipeline, data, str(tmp_path), 1, "model.expert=high_noise",
                                                   "model.pipeline=null", f"model.path={pipeline}/transformer"))

@@ -245,7 +245,7 @@ def test_a_lora_run_exports_its_adapters_and_bad_export_settings_exit_2(tmp_path
             "lora.rank=2", "lora.alpha=4"]
     main("train_video", args)  # a LoRA run exports its adapters alone by default, and no merged.safetensors
     out = os.path.join(tmp_path, "w", "diffusers")
-    assert os.listdir(out) == ["pytorch_lora_weights.safetensors"]
+    assert sorted(os.listdir(out)) == ["comfyui_lora.safetensors", "pytorch_lora_weights.safetensors"]  # Wan: both
     assert not os.path.exists(os.path.join(tmp_path, "w", "merged.safetensors"))
     ckpt = _final_checkpoint(os.path.join(tmp_path, "w"))
     config = yaml.safe_load(open(os.path.join(tmp_path, "w", "config.yaml")))["model"]["config"]
@@ -262,6 +262,11 @@ def test_a_lora_run_exports_its_adapters_and_bad_export_settings_exit_2(tmp_path
                                                                      "export.lora=adapter"])
     assert "remove export.lora" in exits_2(capsys, "train_video", [*WAN, f"results_dir={tmp_path}", "max_steps=1",
                                                                     "export.lora=merged"])
+    assert "remove export.lora_format" in exits_2(capsys, "train_video", [*WAN, f"results_dir={tmp_path}",
+                                                                           "export.lora_format=comfyui"])
+    assert "lora.rank=0" in exits_2(capsys, "train_video", [*WAN, f"results_dir={tmp_path}", f"lora.init_from={out}"])
+    assert "not a .safetensors file" in exits_2(capsys, "train_video", [*WAN, f"results_dir={tmp_path}", "lora.rank=2",
+                                                                         "lora.init_from=missing.safetensors"])
     assert "has no diffusers class" in exits_2(capsys, "train_video", [
         "--config", "configs/video_stdit_demo.yaml", f"results_dir={tmp_path}", "export.diffusers=true"])
     assert "does not write" in exits_2(capsys, "train_video", [*WAN, f"results_dir={tmp_path}",

@@ -91,7 +91,7 @@ def direct(pipe, prompts=PROMPTS, seed: int = 0, **call) -> torch.Tensor:
 
     generators = SampleGenerators(seed, range(len(prompts))).generators
     with torch.no_grad():
-        return pipeline_pixels(pipe(list(prompts), generator=generators, output_type="pt", **call)).float()
+        return pipeline_pixels(pipe(prompt=list(prompts), generator=generators, output_type="pt", **call)).float()
 
 
 def wan_reference(run, lora: bool = True) -> torch.Tensor:
@@ -179,7 +179,7 @@ def test_a_run_sampled_with_another_pipeline_folder_or_script_exits_2(wan_lora, 
 
 # family -> the diffusers pipeline class its released model loads with (the reference called directly)
 PIPELINES = {"sd3": "StableDiffusion3Pipeline", "hunyuanvideo": "HunyuanVideoPipeline",
-             "cogvideox": "CogVideoXPipeline", "ltx": "LTXPipeline", "wan22": "WanPipeline"}
+             "cogvideox": "CogVideoXPipeline", "ltx": "LTXPipeline", "wan22": "WanPipeline", "flux2": "Flux2Pipeline"}
 
 
 def script_clips(name: str, args):

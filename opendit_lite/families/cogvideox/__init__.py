@@ -26,4 +26,7 @@ FAMILY = register_family(Family(
     step_cache=STEP_CACHE,
     conditioning=CONDITIONING,
     tiny=TINY,
+    # No original layout that a LoRA tool reads: THUDM's SAT checkpoint has no LoRA loader in diffusers
+    # (neither a LoRA nor a single-file converter) and CogVideoX LoRAs circulate in the diffusers format.
+    original_lora=None,
 ))

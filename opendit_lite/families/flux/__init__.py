@@ -1,8 +1,8 @@
 """Flux (FLUX.1) (diffusers' ``FluxTransformer2DModel``): its record in the families registry, built from the
 pieces in this folder (``adapter.py``, ``sp_spec.py``, ``fused_norms.py``, ``encoding.py``,
-``conditioning.py``, ``tiny.py``, ``step_cache.py``), its capabilities and its released checkpoints' shapes
-for the planner; registered on import. FLUX.1 Kontext (``FluxKontextPipeline``, the same transformer with a
-reference image) is a variant with its own conditioning (``conditioning_kontext.py``)."""
+``conditioning.py``, ``tiny.py``, ``step_cache.py``, ``original_lora.py``), its capabilities and its released
+checkpoints' shapes for the planner; registered on import. FLUX.1 Kontext (``FluxKontextPipeline``, the same
+transformer with a reference image) is a variant with its own conditioning (``conditioning_kontext.py``)."""
 
 from ..lora_targets import CONTEXT_FEED_FORWARD, FEED_FORWARD, JOINT_ATTENTION, SINGLE_STREAM_MLP
 from ..registry import Family, PipelineVariant, Release, register_family
@@ -11,6 +11,7 @@ from .conditioning import CONDITIONING
 from .conditioning_kontext import CONDITIONING as KONTEXT
 from .encoding import ENCODING
 from .fused_norms import FUSED_NORMS
+from .original_lora import ORIGINAL_LORA
 from .sp_spec import SP_SPEC
 from .step_cache import STEP_CACHE
 from .tiny import TINY
@@ -36,4 +37,5 @@ FAMILY = register_family(Family(
     conditioning=CONDITIONING,
     variants=(PipelineVariant("FluxKontextPipeline", KONTEXT),),
     tiny=TINY,
+    original_lora=ORIGINAL_LORA,
 ))

@@ -1,7 +1,7 @@
 """HunyuanVideo (diffusers' ``HunyuanVideoTransformer3DModel``): its record in the families registry, built from
 the pieces in this folder (``adapter.py``, ``sp_spec.py``, ``fused_norms.py``, ``encoding.py``,
-``conditioning.py``, ``tiny.py``, ``step_cache.py``), its capabilities and its released checkpoints' shapes
-for the planner; registered on import."""
+``conditioning.py``, ``tiny.py``, ``step_cache.py``, ``original_lora.py``), its capabilities and its released
+checkpoints' shapes for the planner; registered on import."""
 
 from ..lora_targets import CONTEXT_FEED_FORWARD, FEED_FORWARD, JOINT_ATTENTION, SINGLE_STREAM_MLP
 from ..registry import Family, Release, register_family
@@ -9,6 +9,7 @@ from .adapter import HunyuanVideoAdapter
 from .conditioning import CONDITIONING
 from .encoding import ENCODING
 from .fused_norms import FUSED_NORMS
+from .original_lora import ORIGINAL_LORA
 from .sp_spec import SP_SPEC
 from .step_cache import STEP_CACHE
 from .tiny import TINY
@@ -27,6 +28,7 @@ FAMILY = register_family(Family(
     step_cache=STEP_CACHE,
     conditioning=CONDITIONING,
     tiny=TINY,
+    original_lora=ORIGINAL_LORA,
     aliases=("hunyuanvideo",),
     releases=(Release("hunyuanvideo-community/HunyuanVideo", dict(
         in_channels=16, out_channels=16, num_attention_heads=24, attention_head_dim=128, num_layers=20,

@@ -1,6 +1,7 @@
 """LTX-Video (diffusers' ``LTXVideoTransformer3DModel``): its record in the families registry, built from the
 pieces in this folder (``adapter.py``, ``sp_spec.py``, ``fused_norms.py``, ``encoding.py``,
-``conditioning.py``, ``tiny.py``, ``step_cache.py``) and its capabilities, and registered on import."""
+``conditioning.py``, ``tiny.py``, ``step_cache.py``, ``original_lora.py``) and its capabilities, and registered
+on import."""
 
 from ..lora_targets import ATTENTION, FEED_FORWARD
 from ..registry import Family, register_family
@@ -8,6 +9,7 @@ from .adapter import LTXVideoAdapter
 from .conditioning import CONDITIONING
 from .encoding import ENCODING
 from .fused_norms import FUSED_NORMS
+from .original_lora import ORIGINAL_LORA
 from .sp_spec import SP_SPEC
 from .step_cache import STEP_CACHE
 from .tiny import TINY
@@ -26,5 +28,6 @@ FAMILY = register_family(Family(
     step_cache=STEP_CACHE,
     conditioning=CONDITIONING,
     tiny=TINY,
+    original_lora=ORIGINAL_LORA,
     aliases=("ltx",),
 ))

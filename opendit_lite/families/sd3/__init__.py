@@ -8,6 +8,7 @@ from .adapter import SD3Adapter
 from .conditioning import CONDITIONING
 from .encoding import ENCODING
 from .fused_norms import FUSED_NORMS
+from .original_lora import ORIGINAL_LORA
 from .sp_spec import SP_SPEC
 from .step_cache import STEP_CACHE
 from .tiny import TINY
@@ -26,4 +27,5 @@ FAMILY = register_family(Family(
     step_cache=STEP_CACHE,
     conditioning=CONDITIONING,
     tiny=TINY,
+    original_lora=ORIGINAL_LORA,
 ))

@@ -1,6 +1,6 @@
 """Wan 2.1 / 2.2 (diffusers' ``WanTransformer3DModel``): its record in the families registry, built from the
 pieces in this folder (``adapter.py``, ``sp_spec.py``, ``fused_norms.py``, ``encoding.py``,
-``conditioning.py``, ``tiny.py``, ``step_cache.py``), its image-to-video pipeline
+``conditioning.py``, ``tiny.py``, ``step_cache.py``, ``original_lora.py``), its image-to-video pipeline
 (``WanImageToVideoPipeline``: ``conditioning_i2v.py``), its capabilities and its released checkpoints'
 shapes for the planner; registered on import."""
 
@@ -11,6 +11,7 @@ from .conditioning import CONDITIONING
 from .conditioning_i2v import CONDITIONING as I2V_CONDITIONING
 from .encoding import ENCODING
 from .fused_norms import FUSED_NORMS
+from .original_lora import ORIGINAL_LORA
 from .sp_spec import SP_SPEC
 from .step_cache import STEP_CACHE
 from .tiny import TINY
@@ -51,4 +52,5 @@ FAMILY = register_family(Family(
     conditioning=CONDITIONING,
     tiny=TINY,
     variants=(PipelineVariant("WanImageToVideoPipeline", I2V_CONDITIONING),),
+    original_lora=ORIGINAL_LORA,
 ))

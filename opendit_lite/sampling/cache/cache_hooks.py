@@ -103,13 +103,23 @@ class FirstBlockTailHook(FBCBlockHook):
     the residuals of the blocks after the first, for the tokens and the text stream. A last block that
     returns None for the text stream (SD3's ``context_pre_only`` block only reads it) stores a zero
     text residual: on a skipped step the text then passes through unchanged, and nothing after the
-    stack reads it. diffusers 0.42's own hook subtracts from the None."""
+    stack reads it. diffusers 0.42's own hook subtracts from the None. A single-stream last block after
+    a two-stream head (FLUX.2's: one tensor, the text first) stores the residuals of its two parts;
+    diffusers 0.42's own hook subtracts the head's pair from the one tensor."""
 
     def __init__(self, state_manager: StateManager):
         super().__init__(state_manager, is_tail=True)
 
     def new_forward(self, module: torch.nn.Module, *args, **kwargs):
         state, meta = self.state_manager.get_state(), self._metadata
+        if state.should_compute and meta.return_encoder_hidden_states_index is None and isinstance(
+                state.head_block_output, (list, tuple)):
+            # a single-stream last block after a two-stream head: its output is [text; tokens] as one sequence
+            output = self.fn_ref.original_forward(*args, **kwargs)                 # [B, M + N, D]
+            head_hidden, head_text = state.head_block_output
+            text = head_text.shape[1]
+            state.tail_block_residuals = (output[:, text:] - head_hidden, output[:, :text] - head_text)
+            return output
         if not state.should_compute or meta.return_encoder_hidden_states_index is None:
             return super().new_forward(module, *args, **kwargs)
         output = self.fn_ref.original_forward(*args, **kwargs)                     # (tokens, text), in its order
