@@ -50,10 +50,13 @@ class FamilyEncoders:
     # Pixels per row (and column) of the stored latents: the VAE's factor, times the patch side where the
     # latents are stored patched into channels (FLUX.2's 8 x 2); the planner's image sizes of a model.path run.
     pixels_per_latent: int = 8
+    # The VAE encodes one clip at a time (HunyuanVideo 1.5's fails on a batch of more than one).
+    one_clip_at_a_time: bool = False
 
 
 # transformers' class for each text-encoder model type (the encoder half only for T5s).
-TEXT_MODEL_CLASSES = {"t5": "T5EncoderModel", "umt5": "UMT5EncoderModel", "llama": "LlamaModel"}
+TEXT_MODEL_CLASSES = {"t5": "T5EncoderModel", "umt5": "UMT5EncoderModel", "llama": "LlamaModel",
+                      "qwen2_5_vl_text": "Qwen2_5_VLTextModel"}
 
 
 def _json_config(path: str, what: str) -> dict:
@@ -149,8 +152,9 @@ def encode_family_latents(spec: FamilyEncoders, vae: nn.Module, clips: torch.Ten
         x = clips[:, :, :1] if spec.video_vae else clips[:, :, 0]
     else:
         x = clips                                                         # [B, 3, T, H, W]
-    dist = vae.encode(x.to(next(vae.parameters()).dtype)).latent_dist
-    z = (dist.sample() if sample else dist.mode()).float()
+    x = x.to(next(vae.parameters()).dtype)
+    dists = [vae.encode(c).latent_dist for c in (x.split(1) if spec.one_clip_at_a_time else (x,))]
+    z = torch.cat([(d.sample() if sample else d.mode()).float() for d in dists])
     if spec.image_only and not spec.video_vae:
         z = z.unsqueeze(2)                                                # [B, C, 1, h, w]
     return normalize_latents(spec, vae, z)

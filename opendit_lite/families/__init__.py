@@ -17,6 +17,7 @@ pipeline's own scheduler instead):
 |---|---|---|---|
 | Wan 2.x | flow matching | uniform | 5 |
 | HunyuanVideo | flow matching | uniform | 7 |
+| HunyuanVideo 1.5 | flow matching | uniform | 5 (the 480p release's sampling shift) |
 | LTX-Video | flow matching | logit-normal | by token count: e^0.95 at 1024 tokens .. e^2.05 at 4096 |
 | SD3 / SD3.5 | flow matching | logit-normal | 3 |
 | Flux | flow matching | logit-normal | by token count: e^0.5 at 256 tokens .. e^1.15 at 4096 |
@@ -28,7 +29,18 @@ Nothing here imports diffusers at import time: an adapter reads the model's conf
 calls the model; the other pieces name diffusers' classes.
 """
 
-from . import cogvideox, flux, flux2, hunyuan_video, ltx_video, qwen_image, sd3, wan, z_image  # noqa: F401  (registers the families)
+from . import (  # noqa: F401  (registers the families)
+    cogvideox,
+    flux,
+    flux2,
+    hunyuan_video,
+    hunyuan_video15,
+    ltx_video,
+    qwen_image,
+    sd3,
+    wan,
+    z_image,
+)
 from .adapter_base import FamilyAdapter, Recipe
 from .conditioning_base import PipelineConditioning
 from .family_denoiser import FamilyDenoiser

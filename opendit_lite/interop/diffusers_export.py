@@ -27,7 +27,9 @@ the state dict; the adapter's ``LoraConfig`` goes into the file's metadata, so r
 adapted layers load as trained): ``<Family>Pipeline.load_lora_weights(folder)`` reads it into the
 pipeline's ``transformer`` (Wan 2.2's second expert: ``load_lora_weights(folder,
 load_into_transformer_2=True)``), and ``transformer.load_lora_adapter(folder,
-weight_name=LORA_WEIGHT_NAME)`` into a transformer alone.
+weight_name=LORA_WEIGHT_NAME)`` into a transformer alone. A pipeline class without LoRA loading
+(HunyuanVideo 1.5's) gets the same file, written by diffusers' shared LoRA writer; its
+``pipe.transformer.load_lora_adapter(folder, weight_name=LORA_WEIGHT_NAME)`` reads it.
 """
 
 import os
@@ -171,7 +173,15 @@ def export_lora(model: nn.Module, output: str, *, state: Optional[Dict[str, torc
         raise ConfigError("the weights given hold none of the model's LoRA adapters (no lora_A / lora_B entries): "
                           "export the checkpoint of the LoRA run itself.")
     os.makedirs(output, exist_ok=True)
-    getattr(diffusers, family.pipeline).save_lora_weights(
-        output, transformer_lora_layers={k: v.contiguous() for k, v in adapters.items()},
-        transformer_lora_adapter_metadata=plain.peft_config[ADAPTER].to_dict(), weight_name=LORA_WEIGHT_NAME)
+    layers, metadata = {k: v.contiguous() for k, v in adapters.items()}, plain.peft_config[ADAPTER].to_dict()
+    pipeline_class = getattr(diffusers, family.pipeline)
+    if hasattr(pipeline_class, "save_lora_weights"):
+        pipeline_class.save_lora_weights(output, transformer_lora_layers=layers,
+                                         transformer_lora_adapter_metadata=metadata, weight_name=LORA_WEIGHT_NAME)
+    else:  # a pipeline without LoRA loading (HunyuanVideo 1.5's in diffusers 0.42): the file every pipeline's
+        # save_lora_weights writes (keys and metadata under "transformer."), which transformer.load_lora_adapter reads
+        from diffusers.loaders.lora_base import LoraBaseMixin
+
+        LoraBaseMixin._save_lora_weights(output, {"transformer": layers}, {"transformer": metadata},
+                                         weight_name=LORA_WEIGHT_NAME)
     return make_readable(output)

@@ -133,8 +133,17 @@ def family_shape(model: nn.Module, caption_tokens: int, name: Optional[str] = No
 
     tokens = [-(-T // pt) * (H // ph) * (W // pw) for T, H, W in grids]
     hidden = adapter.hidden_size(config)
-    profile = counted_profile(model, hidden, step, tuple(tokens), caption_tokens,
-                              element_bytes=torch.finfo(dtype).bits // 8)
+    try:
+        profile = counted_profile(model, hidden, step, tuple(tokens), caption_tokens,
+                                  element_bytes=torch.finfo(dtype).bits // 8)
+    except (RuntimeError, NotImplementedError) as e:
+        if device.type != "meta" or "meta" not in str(e):
+            raise
+        # HunyuanVideo 1.5's forward branches on its inputs' values (torch.all(image_embeds == 0)) and
+        # selects its text tokens by mask: neither runs on the meta device, where the count runs.
+        raise ConfigError(f"{name or type(model).__name__}'s forward reads its inputs' values ({e}), which the "
+                          f"planner's meta-device count of its activations cannot run: it cannot plan this model "
+                          f"yet. Choose its memory settings by measuring a few steps instead.") from None
     return ModelShape.counted(model, name or type(model).__name__, hidden, adapter.attention_heads(config),
                               (pt, ph, pw), len(find_blocks(model)), profile)
 

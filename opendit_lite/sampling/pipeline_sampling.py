@@ -6,7 +6,8 @@ sample is what the user gets by calling the pipeline with the run's export loade
 * ``load_trained_pipeline``: the pipeline with the checkpoint's weights (the EMA by default). A LoRA
   run's adapters are written as the run's export writes them (``interop.family_checkpoint``, the
   pipeline class's own ``save_lora_weights``) into a temporary folder and loaded with the pipeline's
-  ``load_lora_weights`` (Wan 2.2's low-noise expert's with ``load_into_transformer_2``); a full
+  ``load_lora_weights`` (Wan 2.2's low-noise expert's with ``load_into_transformer_2``; a pipeline
+  without it, HunyuanVideo 1.5's, with its transformer's ``load_lora_adapter``); a full
   fine-tune's transformer(s) take the checkpoint's weights. Every transformer the pipeline runs is
   then parallelized for sampling (``parallelize_from_config``: sequence parallelism over the
   sampling mesh's group, kernels, ``sample.compile``).
@@ -19,6 +20,7 @@ The ranks of one sequence-parallel group run the pipeline on the same prompts; t
 tokens are split over them and gathered at its output, so every rank denoises the same latents.
 """
 
+import inspect
 import os
 import tempfile
 from typing import Any, Dict, Iterator, List, Optional, Tuple
@@ -34,6 +36,7 @@ from ..config import ConfigError
 from ..diffusion.sampling_utils import SampleGenerators
 from ..encoders.pipeline_folder import TRANSFORMERS, load_pipeline
 from ..interop.family_checkpoint import write_export
+from ..interop.pretrained_files import LORA_WEIGHT_NAME
 from ..models.experts import NoiseExperts
 from .cache.cache_settings import resolve_cache
 from .sharding import SamplingRanks
@@ -123,13 +126,17 @@ def load_trained_pipeline(cfg, ckpt: str, ranks: SamplingRanks):
     (``sample.use_ema``), its transformers parallelized for sampling (module docstring)."""
     folder = pipeline_folder(cfg.model.pipeline)
     pipe = load_pipeline(folder.path, device=ranks.device, skip=())
+    if folder.family.encoding.one_clip_at_a_time:  # its VAE fails on a batch (HunyuanVideo 1.5's): one clip at a time
+        pipe.vae.enable_slicing()
     saved = saved_config(ckpt)
     lora, trained = saved.get("lora"), trained_components(cfg)
     if lora and lora.get("rank"):
         with tempfile.TemporaryDirectory(prefix="opendit_lora_") as tmp:
             write_export(saved["model"], lora, ckpt, tmp, use_ema=cfg.sample.use_ema, lora_mode="adapter")
             for component in trained:
-                if component == "transformer":
+                if component == "transformer" and not hasattr(pipe, "load_lora_weights"):  # HunyuanVideo 1.5's
+                    pipe.transformer.load_lora_adapter(tmp, weight_name=LORA_WEIGHT_NAME)
+                elif component == "transformer":
                     pipe.load_lora_weights(tmp)
                 else:
                     pipe.load_lora_weights(os.path.join(tmp, component), load_into_transformer_2=True)
@@ -183,7 +190,7 @@ def pipeline_call_settings(cfg) -> Dict[str, Any]:
 def pipeline_batches(pipe, cfg, prompts: List[str], ranks: SamplingRanks) -> Iterator[Tuple[range, torch.Tensor]]:
     """This rank's block of ``prompts`` in batches of ``sample.batch_size``: yields (global indices,
     clips [b, 3, T, H, W] in [-1, 1] on the CPU; images are 1-frame clips), the pipeline's output."""
-    settings = pipeline_call_settings(cfg)
+    settings = call_keywords(pipe, cfg, pipeline_call_settings(cfg))
     images = sample_images(cfg, len(prompts))
     if images is not None:  # one call per prompt with its images: image-conditioned pipelines batch them unevenly
         conditioning = pipeline_folder(cfg.model.pipeline).conditioning
@@ -200,6 +207,26 @@ def pipeline_batches(pipe, cfg, prompts: List[str], ranks: SamplingRanks) -> Ite
         # the prompts by keyword: a pipeline's first parameter may be a conditioning image
         out = pipe(prompt=[prompts[i] for i in indices], generator=generators, output_type="pt", **settings)
         yield indices, pipeline_pixels(out).float().cpu()
+
+
+def call_keywords(pipe, cfg, settings: Dict[str, Any]) -> Dict[str, Any]:
+    """``settings`` as ``pipe.__call__`` takes them. A pipeline whose call takes no ``guidance_scale`` but
+    holds a ``guider`` (HunyuanVideo 1.5's) gets the scale on a copy of its guider; one that takes no
+    ``height`` / ``width`` (HunyuanVideo 1.5's image-to-video: its image sets the clip's size) is called
+    without the trained size, and an explicit ``sample.height`` / ``sample.width`` is refused."""
+    params = inspect.signature(type(pipe).__call__).parameters
+    settings = dict(settings)
+    if "guidance_scale" in settings and "guidance_scale" not in params:
+        if getattr(pipe, "guider", None) is None:
+            raise ConfigError(f"{type(pipe).__name__} takes no guidance scale: remove sample.cfg_scale.")
+        pipe.guider = pipe.guider.new(guidance_scale=settings.pop("guidance_scale"))
+    sizes = [k for k in ("height", "width") if k in settings and k not in params]
+    if sizes and (cfg.sample.height or cfg.sample.width):
+        raise ConfigError(f"{type(pipe).__name__} sizes the clip by its image (it takes no height or width): "
+                          f"remove sample.height and sample.width.")
+    for key in sizes:
+        del settings[key]
+    return settings
 
 
 def pipeline_pixels(output) -> torch.Tensor:

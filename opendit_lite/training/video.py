@@ -41,9 +41,10 @@ from ..data.media_folders import MEDIA_DATA_TYPES
 from ..distributed.ranks import global_rank
 from ..encoders.video_vae import VideoVAE
 from ..errors import ConfigError
-from ..families import family_adapter
+from ..families import family_adapter, family_of
 from ..interop.family_checkpoint import check_lora_format, default_lora_format, export_family_checkpoint
 from ..interop.original_lora import COMFYUI_WEIGHT_NAME
+from ..interop.pretrained_files import LORA_WEIGHT_NAME
 from ..parallel.modes import ulysses_heads_error
 from ..precision import Precision
 from .periodic_samples import check_periodic_sampling, periodic_sampling
@@ -157,7 +158,10 @@ def export_description(cfg, mode: str, out: str) -> str:
     m = cfg.model
     source = repr(m.pipeline) if m.pipeline else "<its pipeline>"
     if mode == "adapter":
-        loads = [] if m.expert == "low_noise" else [f"pipe.load_lora_weights({out!r})"]
+        first = f"pipe.load_lora_weights({out!r})"
+        if not pipeline_loads_lora(m.name):  # HunyuanVideo 1.5's pipelines: its transformer loads the file
+            first = f"pipe.transformer.load_lora_adapter({out!r}, weight_name={LORA_WEIGHT_NAME!r})"
+        loads = [] if m.expert == "low_noise" else [first]
         if m.expert in ("both", "low_noise"):  # the low-noise expert's adapters go to transformer_2
             loads.append(f"pipe.load_lora_weights({os.path.join(out, 'transformer_2')!r}, "
                          f"load_into_transformer_2=True)")
@@ -170,6 +174,14 @@ def export_description(cfg, mode: str, out: str) -> str:
     if m.pipeline:
         return f"the fine-tuned pipeline to {out}: DiffusionPipeline.from_pretrained({out!r})"
     return f"the diffusers {m.name} to {out}: {m.name}.from_pretrained({out!r})"
+
+
+def pipeline_loads_lora(class_name: str) -> bool:
+    """Whether the pipeline class of the family of ``class_name`` has ``load_lora_weights``."""
+    import diffusers
+
+    family = family_of(class_name)
+    return family is None or hasattr(getattr(diffusers, family.pipeline, None), "load_lora_weights")
 
 
 def resolve_family_objective(cfg) -> None:

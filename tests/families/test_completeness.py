@@ -23,7 +23,8 @@ from opendit_lite.parallel import FAMILIES as SP_SPECS
 FOLDER = os.path.dirname(families.__file__)
 PIECES = {"__init__.py", "adapter.py", "sp_spec.py", "fused_norms.py", "encoding.py", "conditioning.py", "tiny.py",
           "step_cache.py"}
-EXPECTED = {"wan", "hunyuan_video", "cogvideox", "ltx_video", "flux", "sd3", "z_image", "flux2", "qwen_image"}
+EXPECTED = {"wan", "hunyuan_video", "hunyuan_video15", "cogvideox", "ltx_video", "flux", "sd3", "z_image", "flux2",
+            "qwen_image"}
 # Optional pieces: a family holds the file exactly when its record names the piece (not None).
 OPTIONAL = {"original_lora.py": "original_lora"}
 # The families with an original checkpoint layout for LoRA files (ComfyUI's); CogVideoX has none.
@@ -123,7 +124,7 @@ def test_a_duplicate_or_inconsistent_record_is_refused_before_anything_is_regist
 
 # The released checkpoints the records hold, with their size as announced (billions of parameters).
 RELEASE_BILLIONS = {"Wan-AI/Wan2.1-T2V-14B-Diffusers": 14, "black-forest-labs/FLUX.1-dev": 12,
-                    "hunyuanvideo-community/HunyuanVideo": 13,
+                    "hunyuanvideo-community/HunyuanVideo": 13, "hunyuanvideo-community/HunyuanVideo-1.5-480p_t2v": 8,
                     # announced as 14B: the DiT's; the image cross-attention's own key/value projections add 2.1B
                     "Wan-AI/Wan2.1-I2V-14B-480P-Diffusers": 16,
                     "Wan-AI/Wan2.2-I2V-A14B-Diffusers": 14, "Wan-AI/Wan2.2-TI2V-5B-Diffusers": 5,

@@ -1,5 +1,5 @@
-"""Sequence parallelism of the six diffusers families (Wan, Flux, CogVideoX, HunyuanVideo, LTX-Video, SD3)
-against the serial model, fp32, on gloo ranks (in the shared spawn of ``spawn.py``).
+"""Sequence parallelism of the diffusers families (Wan, Flux, CogVideoX, HunyuanVideo, HunyuanVideo 1.5,
+LTX-Video, SD3) against the serial model, fp32, on gloo ranks (in the shared spawn of ``spawn.py``).
 
 Each case compares, on the same batches, the gathered output (relative to its largest value), every
 parameter's world-mean gradient (what DDP/ZeRO hand the optimizer) and the parameters after one SGD
@@ -12,7 +12,8 @@ rather than AdamW: AdamW's first step ``lr * g / (|g| + eps)`` turns that noise 
   for Wan and SD3, through tests/zero_cpu_shim.py) with Ulysses at uneven token counts (15), with text
   streams and masks; ring attention at even counts; the errors that guide and the report.
 * 4 ranks: ring at sp 4 (2 heads: more ranks than heads), a 2 (data) x 2 (sequence) mesh with ring,
-  USP (ring 2 x Ulysses 2) for the 4-head SD3, and Ulysses at sp 4 refused with a way out.
+  USP (ring 2 x Ulysses 2) for the 4-head SD3 and for HunyuanVideo 1.5 (its query and key mask), and
+  Ulysses at sp 4 refused with a way out.
 """
 
 import warnings
@@ -169,6 +170,7 @@ def _world4(rank, world_size):
     out = {f"{f}/ring sp4": compare(f, 4, "ring") for f in fam.FAMILIES}
     out.update({f"{f}/dp2 x sp2 ring": compare(f, 2, "ring") for f in fam.FAMILIES})
     out["sd3/usp sp4 ring 2"] = compare("sd3", 4, "usp", ring_size=2)
+    out["hunyuan_video15/usp sp4 ring 2"] = compare("hunyuan_video15", 4, "usp", ring_size=2)  # its query mask
     out["flux2/usp sp4 ring 2"] = compare("flux2", 4, "usp", ring_size=2)
     out["sd3/auto sp4"] = compare("sd3", 4, "auto")
     out["wan/auto sp4"] = compare("wan", 4, "auto")

@@ -5,9 +5,11 @@ the kernel, checkpointing, LoRA and plugin tests' models, with perturbed weights
 
 ``variant``: "even" (32 image tokens; Flux 16) or "uneven" (15 tokens: odd at sp 2, not a multiple of 4
 at sp 4). Text streams: Flux 7 text tokens (odd: text is never split), HunyuanVideo 12 with sample 0
-masking 3 (its key mask over [image, text]), Qwen-Image 9 with sample 0 masking 3 (its key mask over
-[text, image]), LTX-Video 16 with sample 0 masking 5 (a cross-attention
-mask); the masks change the serial output by about 1e-2, so they are really exercised.
+masking 3 (its key mask over [image, text]), HunyuanVideo 1.5 12 caption tokens (sample 0 masking 3),
+5 glyph tokens (sample 0 masking 2, sample 1 all) and 3 image tokens (its query and key mask),
+Qwen-Image 9 with sample 0 masking 3 (its key mask over [text, image]), LTX-Video 16
+with sample 0 masking 5 (a cross-attention mask); the masks change the serial output by
+about 1e-2, so they are really exercised.
 Flux also takes "kontext": FLUX.1 Kontext's layout, the "uneven" target's 15 tokens then a 2 x 3
 reference's 6 whose ids have first coordinate 1 (21 in all).
 """
@@ -28,6 +30,9 @@ COGVIDEOX = dict(num_attention_heads=2, attention_head_dim=8, in_channels=4, out
 HUNYUAN_VIDEO = dict(in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=10, num_layers=1,
                      num_single_layers=1, num_refiner_layers=1, patch_size=1, patch_size_t=1, guidance_embeds=True,
                      text_embed_dim=16, pooled_projection_dim=8, rope_axes_dim=(2, 4, 4), image_condition_type=None)
+HUNYUAN_VIDEO15 = dict(in_channels=9, out_channels=4, num_attention_heads=2, attention_head_dim=8, num_layers=2,
+                       num_refiner_layers=1, patch_size=1, patch_size_t=1, text_embed_dim=16, text_embed_2_dim=8,
+                       image_embed_dim=8, rope_axes_dim=(2, 2, 4))
 LTX_VIDEO = dict(in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=8, cross_attention_dim=16,
                  num_layers=1, qk_norm="rms_norm_across_heads", caption_channels=16)
 SD3 = dict(sample_size=32, patch_size=1, in_channels=4, num_layers=2, attention_head_dim=8, num_attention_heads=4,
@@ -44,6 +49,7 @@ FLUX2 = dict(patch_size=1, in_channels=8, num_layers=1, num_single_layers=1, att
 CONFIGS = {"wan": ("WanTransformer3DModel", WAN), "flux": ("FluxTransformer2DModel", FLUX),
            "cogvideox": ("CogVideoXTransformer3DModel", COGVIDEOX),
            "hunyuan_video": ("HunyuanVideoTransformer3DModel", HUNYUAN_VIDEO),
+           "hunyuan_video15": ("HunyuanVideo15Transformer3DModel", HUNYUAN_VIDEO15),
            "ltx_video": ("LTXVideoTransformer3DModel", LTX_VIDEO), "sd3": ("SD3Transformer2DModel", SD3),
            "qwen_image": ("QwenImageTransformer2DModel", QWEN_IMAGE),
            "z_image": ("ZImageTransformer2DModel", Z_IMAGE),
@@ -57,6 +63,7 @@ FAMILIES = [f for f in CONFIGS if f not in OWN_TESTS]
 _GRIDS = {"wan": {"even": (2, 8, 8), "uneven": (1, 6, 10)}, "flux": {"even": (4, 4), "uneven": (3, 5)},
           "cogvideox": {"even": (2, 8, 8), "uneven": (1, 6, 10)},
           "hunyuan_video": {"even": (2, 4, 4), "uneven": (1, 3, 5)},
+          "hunyuan_video15": {"even": (2, 4, 4), "uneven": (1, 3, 5)},
           "ltx_video": {"even": (2, 4, 4), "uneven": (1, 3, 5)}, "sd3": {"even": (4, 8), "uneven": (3, 5)},
           "qwen_image": {"even": (4, 8), "uneven": (3, 5)},
           "flux2": {"even": (4, 4), "uneven": (3, 5)}}
@@ -66,9 +73,12 @@ def build(family: str, seed: int = 0, **overrides):
     """A tiny fp32 model of ``family`` in train mode, the same weights for the same seed."""
     import diffusers
 
+    from opendit_lite.builders.diffusers_model import freeze_untrained
+
     cls_name, config = CONFIGS[family]
     torch.manual_seed(seed)
-    return getattr(diffusers, cls_name)(**{**config, **overrides}).float().train()
+    # frozen as the trainer builds it: the parameters in no step's graph (HunyuanVideo 1.5's last text output)
+    return freeze_untrained(getattr(diffusers, cls_name)(**{**config, **overrides}).float().train())
 
 
 def inputs(family: str, model, batch: int = 2, variant: str = "uneven", seed: int = 1) -> dict:
@@ -109,6 +119,13 @@ def inputs(family: str, model, batch: int = 2, variant: str = "uneven", seed: in
                     encoder_hidden_states=rand(batch, 12, cfg.text_embed_dim), encoder_attention_mask=mask,
                     pooled_projections=rand(batch, cfg.pooled_projection_dim), guidance=torch.full((batch,), 6.0),
                     return_dict=False)
+    if family == "hunyuan_video15":  # caption (sample 0 masks 3), glyph text (sample 1 has none), image states
+        mask, mask_2 = torch.ones(batch, 12), torch.ones(batch, 5)
+        mask[0, 9:], mask_2[0, 3:], mask_2[1:] = 0, 0, 0
+        return dict(hidden_states=rand(batch, cfg.in_channels, *grid), timestep=steps().float(),
+                    encoder_hidden_states=rand(batch, 12, cfg.text_embed_dim), encoder_attention_mask=mask,
+                    encoder_hidden_states_2=rand(batch, 5, cfg.text_embed_2_dim), encoder_attention_mask_2=mask_2,
+                    image_embeds=rand(batch, 3, cfg.image_embed_dim), return_dict=False)
     if family == "ltx_video":
         f, h, w = grid
         mask = torch.ones(batch, 16)

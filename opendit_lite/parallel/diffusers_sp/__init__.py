@@ -179,6 +179,7 @@ def apply_family(model: nn.Module, spec: FamilySpec, sp_group: Optional[dist.Pro
         inner = getattr(module, "attn_op", None) or SDPAAttentionOp()
         module.attn_op = factory(inner, state)
         module.sequence_parallel_role, module.sequence_parallel_text = entry.role, entry.text
+        module.sequence_parallel_query_mask = entry.query_mask
         module.sequence_parallel_name = name
         swap_class(module, InterceptedAttention)
         ops.setdefault(entry.pattern, []).append(module)

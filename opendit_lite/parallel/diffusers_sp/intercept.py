@@ -23,7 +23,9 @@ Shapes at the intercept (SDPA layout ``[B, H, L, Dh]``), n = this rank's ceil(N 
 
 * self:  L = n for q, k and v; a key mask ``[B|1, 1|H, 1, n]`` is gathered to the whole sequence;
 * joint: L = M + n, text first (Flux, CogVideoX) or last (HunyuanVideo, SD3); text-last calls are
-  reordered to text-first for the op (``parallel/joint.py``) and back;
+  reordered to text-first for the op (``parallel/joint.py``) and back; a mask over queries and keys
+  (HunyuanVideo 1.5's ``valid[i] & valid[j]``, declared ``query_mask``) runs as its key mask: only the
+  rows of masked text queries change, which no output reads;
 * cross: q has n tokens, k/v the M text tokens (whole on every rank): local, masks as given.
 """
 
@@ -89,6 +91,21 @@ class InterceptedAttention:
                                      f"({self.sequence_parallel_role} attention) called SDPA with {what}, which "
                                      f"sequence parallelism does not run; train it with sp_size=1")
 
+    def _key_mask(self, mask: torch.Tensor, text: int) -> torch.Tensor:
+        """A query-dependent mask [B|1, H|1, L, L] of a spec declaring ``query_mask`` -> its key mask
+        [B|1, H|1, 1, L], when it is ``valid[i] & valid[j]`` with every image query valid (the row of an
+        image query is then the key mask); anything else is refused."""
+        shape = tuple(mask.shape)
+        if not getattr(self, "sequence_parallel_query_mask", False) or mask.dtype != torch.bool:
+            raise self._refuse(f"a query-dependent mask of shape {shape} (only key masks are sharded)")
+        image = slice(text, None) if self.sequence_parallel_text == "first" else slice(0, mask.size(-1) - text)
+        valid = mask.diagonal(dim1=-2, dim2=-1)                                         # [B|1, H|1, L]
+        keys = valid.unsqueeze(-2)                                                      # [B|1, H|1, 1, L]
+        if not valid[..., image].all() or not torch.equal(mask, valid.unsqueeze(-1) & keys):
+            raise self._refuse(f"a mask of shape {shape} that is not valid[query] & valid[key] with valid image "
+                               f"queries")
+        return keys
+
     def _sequence_parallel_sdpa(self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
                                 scale=None, enable_gqa=False):
         # query, key, value: [B, H, L, Dh] (SDPA layout), this rank's local tokens
@@ -108,7 +125,7 @@ class InterceptedAttention:
                 raise self._refuse(f"{q.size(1)} queries where this rank holds {local} image tokens")
             return self.attn_op(q, k, v, attn_mask=mask).transpose(1, 2)                # [B, H, n, Dh]
         if mask is not None and mask.size(-2) != 1:
-            raise self._refuse(f"a query-dependent mask of shape {tuple(mask.shape)} (only key masks are sharded)")
+            mask = self._key_mask(mask, q.size(1) - local)
         if role == "self":
             if q.size(1) != local or k.size(1) != local:
                 raise self._refuse(f"{q.size(1)} queries / {k.size(1)} keys where this rank holds {local} tokens")

@@ -58,12 +58,15 @@ class AttentionSpec:
     "last" in the serial concatenation), "cross" (queries from the image shard, keys/values from the
     replicated text: local) or "serial" (text only: left as it is). ``processors``: the diffusers
     processor classes whose SDPA call sequence parallelism intercepts; any other processor (IP-adapter,
-    custom) is refused by name."""
+    custom) is refused by name. ``query_mask``: the processor masks queries as well as keys
+    (``valid[i] & valid[j]``, HunyuanVideo 1.5); the masked queries are text tokens whose outputs no
+    output reads (attended by nothing after), so the attention runs with the key mask alone."""
 
     pattern: str
     role: str
     processors: Tuple[str, ...]
     text: Optional[str] = None
+    query_mask: bool = False
 
     def __post_init__(self):
         if self.role not in ROLES:
