@@ -114,21 +114,11 @@ def build_diffusers_model(cfg) -> nn.Module:
         return experts
     path = model_folder(cfg)
     if path:
-        return freeze_untrained(load(path))
+        return load(path)
     try:
-        return freeze_untrained(cls(**m.config))
+        return cls(**m.config)
     except (TypeError, ValueError, AssertionError) as e:
         raise ConfigError(f"Cannot build {m.name} from 'model.config' {m.config}: {e}") from None
-
-
-def freeze_untrained(model: nn.Module) -> nn.Module:
-    """``model`` with the parameters its family declares untrained (no output depends on them:
-    ``FamilyAdapter.untrained_parameters``) frozen, in place."""
-    names = set(family_adapter(model).untrained_parameters(model.config))
-    for name, parameter in model.named_parameters():
-        if name in names:
-            parameter.requires_grad_(False)
-    return model
 
 
 def resolve_family_text(cfg) -> None:

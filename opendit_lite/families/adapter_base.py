@@ -53,12 +53,6 @@ class FamilyAdapter:
         """(pt, ph, pw): latent frames, rows and columns per token."""
         raise NotImplementedError
 
-    def untrained_parameters(self, config: Mapping) -> Tuple[str, ...]:
-        """Names of the parameters in no step's autograd graph (HunyuanVideo 1.5's last block updates a
-        text stream nothing reads): built frozen (``build_diffusers_model``), so that every trained
-        parameter gets a gradient in every step, as DDP and ZeRO's bucketed reductions need."""
-        return ()
-
     def latent_channels(self, config: Mapping) -> int:
         """Channels of the clips the model denoises (before any packing)."""
         return int(config["in_channels"])

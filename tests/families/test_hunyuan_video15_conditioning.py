@@ -84,11 +84,13 @@ def test_a_training_step_feeds_the_transformer_what_hunyuan_video15_feeds_it(tin
 def test_the_parameters_built_frozen_are_those_no_step_gives_a_gradient(tiny_pipeline):
     """The last block's text-stream output projection and feed-forward are in no step's graph (a caption
     without quoted text, as here, leaves no other parameter out): exactly what the adapter declares
-    untrained and ``build_diffusers_model`` freezes, so DDP sees a gradient for every trained parameter."""
+    unused (the capability ``unused_parameters``) and ``parallelize`` freezes, so DDP sees a gradient for every
+    trained parameter."""
     from diffusers import HunyuanVideo15Transformer3DModel
 
-    from opendit_lite.builders.diffusers_model import freeze_untrained
     from opendit_lite.families import family_adapter
+    from opendit_lite.models.capabilities import unused_parameters
+    from opendit_lite.parallelization import freeze_unused_parameters
 
     model = HunyuanVideo15Transformer3DModel.from_pretrained(tiny_pipeline("hunyuanvideo15"), subfolder="transformer")
     adapter = family_adapter(model)
@@ -97,6 +99,7 @@ def test_the_parameters_built_frozen_are_those_no_step_gives_a_gradient(tiny_pip
     mask = torch.arange(6)[None] < torch.tensor([6, 4])[:, None]
     adapter.forward(model, model.config, x, torch.tensor([300.0, 800.0]), states, mask, None).square().mean().backward()
     without = {name for name, p in model.named_parameters() if p.grad is None}
-    assert without == set(adapter.untrained_parameters(model.config))
-    frozen = {name for name, p in freeze_untrained(model).named_parameters() if not p.requires_grad}
+    assert without == set(unused_parameters(model))
+    freeze_unused_parameters(model)
+    frozen = {name for name, p in model.named_parameters() if not p.requires_grad}
     assert frozen == without

@@ -73,12 +73,14 @@ def build(family: str, seed: int = 0, **overrides):
     """A tiny fp32 model of ``family`` in train mode, the same weights for the same seed."""
     import diffusers
 
-    from opendit_lite.builders.diffusers_model import freeze_untrained
+    from opendit_lite.parallelization import freeze_unused_parameters
 
     cls_name, config = CONFIGS[family]
     torch.manual_seed(seed)
-    # frozen as the trainer builds it: the parameters in no step's graph (HunyuanVideo 1.5's last text output)
-    return freeze_untrained(getattr(diffusers, cls_name)(**{**config, **overrides}).float().train())
+    # frozen as parallelize freezes them: the parameters in no step's graph (the last block's text outputs)
+    model = getattr(diffusers, cls_name)(**{**config, **overrides}).float().train()
+    freeze_unused_parameters(model)
+    return model
 
 
 def inputs(family: str, model, batch: int = 2, variant: str = "uneven", seed: int = 1) -> dict:

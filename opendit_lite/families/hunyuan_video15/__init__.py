@@ -6,7 +6,7 @@ capabilities and its released 8.3B transformer's shape for the planner; register
 
 from ..lora_targets import ATTENTION, FEED_FORWARD
 from ..registry import Family, PipelineVariant, Release, register_family
-from .adapter import HunyuanVideo15Adapter
+from .adapter import HunyuanVideo15Adapter, last_block_text_outputs
 from .conditioning import CONDITIONING
 from .conditioning_i2v import CONDITIONING as I2V_CONDITIONING
 from .encoding import ENCODING
@@ -39,4 +39,5 @@ FAMILY = register_family(Family(
         num_refiner_layers=2, mlp_ratio=4.0, patch_size=1, patch_size_t=1, qk_norm="rms_norm", text_embed_dim=3584,
         text_embed_2_dim=1472, image_embed_dim=1152, rope_theta=256.0, rope_axes_dim=[16, 56, 56], target_size=640,
         task_type="t2v", use_meanflow=False)),),
+    unused_parameters=last_block_text_outputs,  # the last block's text outputs: in no step's graph
 ))

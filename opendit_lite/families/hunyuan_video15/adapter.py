@@ -17,8 +17,16 @@ import torch
 
 from ..adapter_base import FamilyAdapter, Recipe
 
+
 # A double-stream block's parameters that only its text stream's update depends on (its attention's text
 # queries still reach the video tokens' gradient, as zeros, through the joint attention's backward).
+def last_block_text_outputs(model) -> list:
+    """The capability ``unused_parameters``: the last block's text stream is dropped after it, so its text
+    output projection and feed-forward are in no step's graph (frozen by ``parallelize``)."""
+    last = f"transformer_blocks.{len(model.transformer_blocks) - 1}."
+    return [last + name for name in TEXT_OUTPUT_PARAMETERS]
+
+
 TEXT_OUTPUT_PARAMETERS = ("attn.to_add_out.weight", "attn.to_add_out.bias", "ff_context.net.0.proj.weight",
                           "ff_context.net.0.proj.bias", "ff_context.net.2.weight", "ff_context.net.2.bias")
 
@@ -45,12 +53,6 @@ class HunyuanVideo15Adapter(FamilyAdapter):
 
     def latent_channels(self, config):
         return int(config["out_channels"])
-
-    def untrained_parameters(self, config):
-        # The last block's text stream is dropped after it: its text output projection and feed-forward
-        # are in no step's graph.
-        last = f"transformer_blocks.{int(config['num_layers']) - 1}."
-        return tuple(last + name for name in TEXT_OUTPUT_PARAMETERS)
 
     def forward(self, model, config, x, t, states, mask, pooled):
         B = x.shape[0]
