@@ -134,6 +134,19 @@ def load_null_text_shards(path: str) -> Dict[str, torch.Tensor]:
     return load_file(fetch(path, NULL_TEXT_SHARDS))
 
 
+def latent_index(index, sizes: Sequence[Tuple[int, ...]], where) -> int:
+    """The row of a latent dataset's ``index``: a row, or a bucket's ``(row, frames, height, width)``, which
+    must be the row's own size (latents are not resized; a ValueError naming ``where(row)`` otherwise)."""
+    if not isinstance(index, tuple):
+        return index
+    row, *shape = index
+    if tuple(shape) != tuple(sizes[row]):
+        raise ValueError(f"{where(row)} holds a {'x'.join(map(str, sizes[row]))} clip, not the "
+                         f"{'x'.join(map(str, shape))} of its bucket: latents are not resized; list their exact "
+                         f"sizes in data.buckets")
+    return row
+
+
 def is_sharded(meta: Dict) -> bool:
     return meta.get("storage") == STORAGE
 
@@ -202,13 +215,7 @@ class LatentShards(Dataset):
         return f"{self.path} sample {index[0] if isinstance(index, tuple) else index}"
 
     def __getitem__(self, index):
-        if isinstance(index, tuple):
-            index, *shape = index
-            if tuple(shape) != self.sizes[index]:
-                raise ValueError(f"{self.sample_path(index)} holds a {'x'.join(map(str, self.sizes[index]))} clip, "
-                                 f"not the {'x'.join(map(str, shape))} of its bucket: latents are not resized; list "
-                                 f"their exact sizes in data.buckets")
-        sample = self.data[index]
+        sample = self.data[latent_index(index, self.sizes, self.sample_path)]
 
         def tensor(key):
             value = torch.from_numpy(np.array(sample[key]))

@@ -24,7 +24,7 @@ from typing import Dict
 import torch
 from torch.utils.data import Dataset
 
-from .latent_shards import NULL_TEXT_SHARDS, is_url, load_null_text_shards, read_meta
+from .latent_shards import NULL_TEXT_SHARDS, is_url, latent_index, load_null_text_shards, read_meta
 
 
 def save_video_latents(folder: str, index: int, latents: torch.Tensor, states: torch.Tensor,
@@ -128,12 +128,7 @@ class PipelineLatentDataset(Dataset):
         return self.sizes
 
     def __getitem__(self, index):
-        if isinstance(index, tuple):
-            index, *shape = index
-            if tuple(shape) != self.sizes[index]:
-                raise ValueError(f"{self.files[index]} holds a {'x'.join(map(str, self.sizes[index]))} clip, not "
-                                 f"the {'x'.join(map(str, shape))} of its bucket: latents are not resized; list "
-                                 f"their exact sizes in data.buckets")
+        index = latent_index(index, self.sizes, lambda row: self.files[row])
         item = _read_item(self.files[index], ("latents", "text", "caption"))
         return item["latents"], item["text"], item["caption"]
 

@@ -193,6 +193,56 @@ def capture(pipe, prompt, noise: Optional[torch.Tensor] = None, stop_after_step:
     return result
 
 
+IGNORED = {"attention_kwargs", "joint_attention_kwargs", "return_dict"}  # keywords that carry no input
+
+
+def noise_at(objective, x0: torch.Tensor, latents: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """The noise whose noisy latents at time ``t`` under ``objective`` are ``latents``."""
+    from opendit_lite.diffusion.rectified_flow import RectifiedFlow
+
+    if isinstance(objective, RectifiedFlow):
+        s = t.view(-1, 1, 1, 1, 1)
+        return (latents - (1 - s) * x0) / s
+    signal, sigma = objective._coefficients(t, x0)
+    return (latents - signal * x0) / sigma
+
+
+def difference(mine, ref) -> float:
+    """The largest absolute difference of two inputs (tensors, tuples of tensors or plain values)."""
+    if torch.is_tensor(ref):
+        assert torch.is_tensor(mine) and mine.shape == ref.shape, f"{getattr(mine, 'shape', mine)} vs {ref.shape}"
+        if ref.dtype == torch.bool:
+            assert mine.dtype == torch.bool
+        return (mine.double() - ref.double()).abs().max().item() if ref.numel() else 0.0
+    if isinstance(ref, (tuple, list)):
+        assert isinstance(mine, (tuple, list)) and len(mine) == len(ref)
+        return max((difference(a, b) for a, b in zip(mine, ref)), default=0.0)
+    assert mine == ref, f"{mine!r} vs {ref!r}"
+    return 0.0
+
+
+def training_step_inputs(model, objective, denoiser, x0: torch.Tensor, inputs: Dict[str, Any], latents: torch.Tensor,
+                         t: torch.Tensor, dropped: bool):
+    """(every keyword ``model`` receives, the loss [1]) in the training step of clean latents x0 whose noisy
+    latents at time t [1] are ``latents`` (a pipeline's, so the step is comparable with its call), the
+    caption ``dropped`` or not; ``inputs``: the data's per-sample inputs."""
+    seen: Dict[str, Any] = {}
+    hook = model.register_forward_pre_hook(lambda m, a, k: seen.update(k), with_kwargs=True)
+    try:
+        loss = objective.training_losses(denoiser, x0, model_kwargs=dict(inputs, drop=torch.tensor([dropped])),
+                                         noise=noise_at(objective, x0, latents, t), t=t)["loss"]
+    finally:
+        hook.remove()
+    return seen, loss
+
+
+def record_differences(largest: Dict[str, float], seen: Dict[str, Any], ref: Dict[str, Any]) -> None:
+    """Check ``seen`` has the keywords of ``ref`` (a pipeline's call) and keep each one's largest difference."""
+    assert set(seen) - IGNORED == set(ref) - IGNORED, f"{sorted(seen)} vs {sorted(ref)}"
+    for key in sorted(set(ref) - IGNORED):
+        largest[key] = max(largest.get(key, 0.0), difference(seen[key], ref[key]))
+
+
 def tiny_pipeline_folder(root, family: str) -> str:
     """The folder of ``family``'s tiny pipeline under ``root``, built and saved by the first caller
     (a file lock keeps parallel workers from building it twice; the folder appears complete)."""

@@ -21,8 +21,8 @@ from opendit_lite.builders.video import build_video_model
 from opendit_lite.data.latent_shards import load_null_text_shards
 from opendit_lite.families.tiny_pipelines import TINY_CALLS
 from opendit_lite.training.video import prepare_video_data
-from tests.families.pipeline_capture import capture, model_latents
-from tests.families.test_pipeline_conditioning import CAPTION, IGNORED, _difference, _noise_at
+from tests.families.pipeline_capture import capture, model_latents, record_differences, training_step_inputs
+from tests.families.test_pipeline_conditioning import CAPTION
 from tests.pipeline_runs import extract_script, pipeline_config, write_csv, write_image
 
 
@@ -50,21 +50,9 @@ def test_a_flux2_training_step_feeds_the_transformer_what_flux2pipeline_feeds_it
             ref = calls.conditional(step)
             t = ref["timestep"].reshape(-1)[:1].float()                            # the pipeline passes sigma
             latents = model_latents(pipe, ref["hidden_states"], x0.shape)
-            seen = {}
-
-            def record(module, args, kwargs):
-                seen.update(kwargs)
-
-            hook = model.register_forward_pre_hook(record, with_kwargs=True)
-            try:
-                kwargs = dict(text, drop=torch.tensor([dropped]))
-                losses.append(objective.training_losses(denoiser, x0, model_kwargs=kwargs,
-                                                        noise=_noise_at(objective, x0, latents, t), t=t)["loss"])
-            finally:
-                hook.remove()
-            assert set(seen) - IGNORED == set(ref) - IGNORED, f"{sorted(seen)} vs {sorted(ref)}"
-            for key in sorted(set(ref) - IGNORED):
-                largest[key] = max(largest.get(key, 0.0), _difference(seen[key], ref[key]))
+            seen, loss = training_step_inputs(model, objective, denoiser, x0, text, latents, t, dropped)
+            losses.append(loss)
+            record_differences(largest, seen, ref)
     print("\nflux2 (Flux2Pipeline): " + ", ".join(f"{k} {v:.2g}" for k, v in sorted(largest.items())))
     assert set(largest) == {"hidden_states", "timestep", "guidance", "encoder_hidden_states", "txt_ids", "img_ids"}
     for key, diff in largest.items():

@@ -18,8 +18,7 @@ import torch
 from opendit_lite.builders.video import build_video_model
 from opendit_lite.families.tiny_pipelines import TINY_CALLS
 from opendit_lite.training.video import prepare_video_data
-from tests.families.pipeline_capture import capture, model_latents
-from tests.families.test_pipeline_conditioning import IGNORED, _difference, _noise_at
+from tests.families.pipeline_capture import capture, model_latents, record_differences, training_step_inputs
 from tests.pipeline_runs import pipeline_config, write_clip, write_csv
 
 CAPTION = 'a red square with the sign "OPEN" moving left'
@@ -54,17 +53,9 @@ def test_a_training_step_feeds_the_transformer_what_hunyuan_video15_feeds_it(tin
             ref = calls.unconditional(step) if dropped else calls.conditional(step)
             t = (ref["timestep"].reshape(-1)[:1].double() / 1000).float()
             latents = model_latents(pipe, ref["hidden_states"][:, :x0.shape[1]], x0.shape)
-            seen = {}
-            hook = model.register_forward_pre_hook(lambda m, a, k: seen.update(k), with_kwargs=True)
-            try:
-                kwargs = dict(text, drop=torch.tensor([dropped]))
-                losses.append(objective.training_losses(denoiser, x0, model_kwargs=kwargs,
-                                                        noise=_noise_at(objective, x0, latents, t), t=t)["loss"])
-            finally:
-                hook.remove()
-            assert set(seen) - IGNORED == set(ref) - IGNORED, f"{sorted(seen)} vs {sorted(ref)}"
-            for key in sorted(set(ref) - IGNORED):
-                largest[key] = max(largest.get(key, 0.0), _difference(seen[key], ref[key]))
+            seen, loss = training_step_inputs(model, objective, denoiser, x0, text, latents, t, dropped)
+            losses.append(loss)
+            record_differences(largest, seen, ref)
     print("\nhunyuanvideo15: " + ", ".join(f"{k} {v:.2g}" for k, v in sorted(largest.items())))
     for key, diff in largest.items():
         tolerance = {"hidden_states": 1e-5, "timestep": 1e-2}.get(key, 0.0)  # the noise solved for in fp32

@@ -16,8 +16,7 @@ from opendit_lite.errors import ConfigError
 from opendit_lite.families import FAMILIES, conditioning_of_pipeline
 from opendit_lite.families.tiny_pipelines import TINY_CALLS
 from opendit_lite.training.video import prepare_video_data
-from tests.families.pipeline_capture import capture, model_latents
-from tests.families.test_pipeline_conditioning import IGNORED, _difference, _noise_at
+from tests.families.pipeline_capture import capture, model_latents, record_differences, training_step_inputs
 from tests.pipeline_runs import pipeline_config, write_clip, write_csv
 
 CAPTION = 'a red square with the sign "OPEN" moving left'
@@ -56,16 +55,8 @@ def test_a_training_step_feeds_what_the_image_to_video_pipeline_feeds(tiny_pipel
         ref = calls.unconditional(0) if dropped else calls.conditional(0)
         t = (ref["timestep"].reshape(-1)[:1].double() / 1000).float()
         latents = model_latents(pipe, ref["hidden_states"][:, :C], x0.shape)
-        seen = {}
-        hook = model.register_forward_pre_hook(lambda m, a, k: seen.update(k), with_kwargs=True)
-        try:
-            objective.training_losses(denoiser, x0, model_kwargs=dict(inputs, drop=torch.tensor([dropped])),
-                                      noise=_noise_at(objective, x0, latents, t), t=t)
-        finally:
-            hook.remove()
-        assert set(seen) - IGNORED == set(ref) - IGNORED, f"{sorted(seen)} vs {sorted(ref)}"
-        for key in sorted(set(ref) - IGNORED):
-            largest[key] = max(largest.get(key, 0.0), _difference(seen[key], ref[key]))
+        seen, loss = training_step_inputs(model, objective, denoiser, x0, inputs, latents, t, dropped)
+        record_differences(largest, seen, ref)
     print("\nhunyuanvideo15_i2v: " + ", ".join(f"{k} {v:.2g}" for k, v in sorted(largest.items())))
     for key, diff in largest.items():
         assert diff <= (1e-5 if key == "hidden_states" else 0.0), f"{key} differs by {diff}"  # the noise solved for

@@ -20,11 +20,12 @@ from opendit_lite.diffusion.rectified_flow import RectifiedFlow
 from opendit_lite.families.tiny_pipelines import TINY_CALLS
 from opendit_lite.models.experts import NoiseExperts
 from opendit_lite.training.video import prepare_video_data
-from tests.families.pipeline_capture import capture, model_latents
+from tests.families.pipeline_capture import IGNORED, capture, model_latents
+from tests.families.pipeline_capture import difference as _difference
+from tests.families.pipeline_capture import noise_at as _noise_at
 from tests.pipeline_runs import pipeline_config, write_clip, write_csv, write_image
 
 CAPTION = "a red square moving left"
-IGNORED = {"attention_kwargs", "joint_attention_kwargs", "return_dict"}
 # The pipelines whose defaults run no unconditional branch: called with true CFG and the empty negative prompt.
 TRUE_CFG = {"flux": dict(true_cfg_scale=2.0, negative_prompt=""),
             "hunyuanvideo": dict(true_cfg_scale=2.0, negative_prompt="")}
@@ -38,29 +39,6 @@ def captioned(tmp_path_factory):
     write_clip(folder / "clip.mp4", 12, 40, 48)
     return (write_csv(folder, [("image.png", CAPTION)], "images.csv"),
             write_csv(folder, [("clip.mp4", CAPTION)], "clips.csv"))
-
-
-def _noise_at(objective, x0: torch.Tensor, latents: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-    """The noise whose noisy latents at time ``t`` under ``objective`` are ``latents``."""
-    if isinstance(objective, RectifiedFlow):
-        s = t.view(-1, 1, 1, 1, 1)
-        return (latents - (1 - s) * x0) / s
-    signal, sigma = objective._coefficients(t, x0)
-    return (latents - signal * x0) / sigma
-
-
-def _difference(mine, ref):
-    """The largest absolute difference of two inputs (tensors, tuples of tensors or plain values)."""
-    if torch.is_tensor(ref):
-        assert torch.is_tensor(mine) and mine.shape == ref.shape, f"{getattr(mine, 'shape', mine)} vs {ref.shape}"
-        if ref.dtype == torch.bool:
-            assert mine.dtype == torch.bool
-        return (mine.double() - ref.double()).abs().max().item() if ref.numel() else 0.0
-    if isinstance(ref, (tuple, list)):
-        assert isinstance(mine, (tuple, list)) and len(mine) == len(ref)
-        return max((_difference(a, b) for a, b in zip(mine, ref)), default=0.0)
-    assert mine == ref, f"{mine!r} vs {ref!r}"
-    return 0.0
 
 
 @pytest.mark.parametrize("name", ["wan", "wan22", "hunyuanvideo", "cogvideox", "ltx", "flux", "sd3"])

@@ -21,8 +21,8 @@ from opendit_lite.builders.video import build_video_model
 from opendit_lite.families import FAMILIES
 from opendit_lite.families.tiny_pipelines import TINY_CALLS
 from opendit_lite.training.video import prepare_video_data
-from tests.families.pipeline_capture import capture, model_latents
-from tests.families.test_pipeline_conditioning import CAPTION, IGNORED, _difference, _noise_at
+from tests.families.pipeline_capture import capture, model_latents, record_differences, training_step_inputs
+from tests.families.test_pipeline_conditioning import CAPTION
 from tests.pipeline_runs import pipeline_config, write_csv, write_image
 
 TRUE_CFG = dict(true_cfg_scale=2.0, negative_prompt="")
@@ -65,17 +65,9 @@ def test_a_training_step_feeds_qwen_image_what_its_pipeline_feeds_it(tiny_pipeli
             ref = calls.unconditional(step) if dropped else calls.conditional(step)
             t = ref["timestep"].reshape(-1)[:1].float()                           # the pipeline passes sigma
             latents = model_latents(pipe, ref["hidden_states"], x0.shape)
-            seen = {}
-            hook = model.register_forward_pre_hook(lambda m, a, k: seen.update(k), with_kwargs=True)
-            try:
-                kwargs = dict(text, drop=torch.tensor([dropped]))
-                losses.append(objective.training_losses(denoiser, x0, model_kwargs=kwargs,
-                                                        noise=_noise_at(objective, x0, latents, t), t=t)["loss"])
-            finally:
-                hook.remove()
-            assert set(seen) - IGNORED == set(ref) - IGNORED, f"{sorted(seen)} vs {sorted(ref)}"
-            for key in sorted(set(ref) - IGNORED):
-                largest[key] = max(largest.get(key, 0.0), _difference(seen[key], ref[key]))
+            seen, loss = training_step_inputs(model, objective, denoiser, x0, text, latents, t, dropped)
+            losses.append(loss)
+            record_differences(largest, seen, ref)
     print("\nqwenimage: " + ", ".join(f"{k} {v:.2g}" for k, v in sorted(largest.items())))
     for key, diff in largest.items():
         assert diff <= (1e-5 if key in ("hidden_states", "timestep") else 0.0), f"{key} differs by {diff}"

@@ -95,7 +95,7 @@ def test_a_training_step_from_an_edit_csv_feeds_the_transformer_what_the_edit_pi
     from opendit_lite.builders.video import build_video_model
     from opendit_lite.families.tiny_pipelines import TINY_CALLS
     from opendit_lite.training.video import prepare_video_data
-    from tests.families.test_pipeline_conditioning import IGNORED, _difference, _noise_at
+    from tests.families.pipeline_capture import record_differences, training_step_inputs
     from tests.pipeline_runs import pipeline_config, write_image
 
     folder, call = tiny_pipeline("qwenimage_edit"), TINY_CALLS["qwenimage_edit"]
@@ -121,17 +121,9 @@ def test_a_training_step_from_an_edit_csv_feeds_the_transformer_what_the_edit_pi
         ref = calls.unconditional(0) if dropped else calls.conditional(0)
         t = ref["timestep"].reshape(-1)[:1].float()
         latents = model_latents(pipe, ref["hidden_states"], x0.shape)
-        seen = {}
-        hook = model.register_forward_pre_hook(lambda m, a, k: seen.update(k), with_kwargs=True)
-        try:
-            kwargs = dict(inputs, drop=torch.tensor([dropped]))
-            losses.append(objective.training_losses(denoiser, x0, model_kwargs=kwargs,
-                                                    noise=_noise_at(objective, x0, latents, t), t=t)["loss"])
-        finally:
-            hook.remove()
-        assert set(seen) - IGNORED == set(ref) - IGNORED, f"{sorted(seen)} vs {sorted(ref)}"
-        for key in sorted(set(ref) - IGNORED):
-            largest[key] = max(largest.get(key, 0.0), _difference(seen[key], ref[key]))
+        seen, loss = training_step_inputs(model, objective, denoiser, x0, inputs, latents, t, dropped)
+        losses.append(loss)
+        record_differences(largest, seen, ref)
     print("\nqwenimage_edit: " + ", ".join(f"{k} {v:.2g}" for k, v in sorted(largest.items())))
     for key, diff in largest.items():
         assert diff <= (1e-5 if key in ("hidden_states", "timestep") else 0.0), f"{key} differs by {diff}"

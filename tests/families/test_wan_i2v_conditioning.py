@@ -19,7 +19,7 @@ import torch
 
 from opendit_lite.families import FAMILIES
 from opendit_lite.families.tiny_pipelines import TINY_CALLS, build_tiny_pipeline
-from tests.families.pipeline_capture import capture
+from tests.families.pipeline_capture import capture, difference
 
 CAPTION = "a red square moving left"
 IGNORED = {"attention_kwargs", "return_dict"}
@@ -51,14 +51,6 @@ def _noise(pipe, call) -> torch.Tensor:
     frames = (call["num_frames"] - 1) // pipe.vae_scale_factor_temporal + 1
     side = call["height"] // pipe.vae_scale_factor_spatial
     return torch.randn(1, pipe.vae.config.z_dim, frames, side, side, generator=torch.Generator().manual_seed(1))
-
-
-def _difference(mine, ref) -> float:
-    if ref is None:
-        assert mine is None
-        return 0.0
-    assert torch.is_tensor(mine) and mine.shape == ref.shape, f"{getattr(mine, 'shape', mine)} vs {ref.shape}"
-    return (mine.double() - ref.double()).abs().max().item()
 
 
 @pytest.mark.parametrize("name", ["wan_ti2v"])
@@ -94,7 +86,7 @@ def test_every_transformer_input_equals_the_pipelines(name):
                 mine = conditioning.inputs(config, constants, x, t, dict(null if dropped else text, **images))
             assert set(mine) == set(ref) - IGNORED, f"{sorted(mine)} vs {sorted(ref)}"
             for key in mine:
-                largest[key] = max(largest.get(key, 0.0), _difference(mine[key], ref[key]))
+                largest[key] = max(largest.get(key, 0.0), difference(mine[key], ref[key]))
     print(f"\n{name} ({pipeline_class}): " + ", ".join(f"{k} {v:.2g}" for k, v in sorted(largest.items())))
     assert all(v == 0.0 for v in largest.values()), largest
     if name == "wan22_i2v":
@@ -154,7 +146,7 @@ def test_a_training_step_from_a_csv_feeds_what_the_pipeline_feeds(name, tiny_pip
     from opendit_lite.families.wan.conditioning_i2v import clean_prompts_without_ftfy
     from opendit_lite.models.experts import NoiseExperts
     from opendit_lite.training.video import prepare_video_data
-    from tests.families.test_pipeline_conditioning import _noise_at
+    from tests.families.pipeline_capture import noise_at as _noise_at
     from tests.pipeline_runs import pipeline_config
 
     folder, call = tiny_pipeline(name), TINY_CALLS[name]
@@ -197,7 +189,7 @@ def test_a_training_step_from_a_csv_feeds_what_the_pipeline_feeds(name, tiny_pip
             ran_all.update(ran)
             assert set(seen) - IGNORED == set(ref) - IGNORED, f"{sorted(seen)} vs {sorted(ref)}"
             for key in set(ref) - IGNORED:
-                largest[key] = max(largest.get(key, 0.0), _difference(seen[key], ref[key]))
+                largest[key] = max(largest.get(key, 0.0), difference(seen[key], ref[key]))
     print(f"\n{name} from a CSV: " + ", ".join(f"{k} {v:.2g}" for k, v in sorted(largest.items())))
     for key, diff in largest.items():  # hidden_states: the noise solved for in fp32
         assert diff <= {"hidden_states": 1e-5}.get(key, 0.0), f"{key} differs by {diff}"

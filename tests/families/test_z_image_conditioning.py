@@ -20,6 +20,7 @@ from torch.utils.data import default_collate
 from opendit_lite.builders.video import build_video_model
 from opendit_lite.families.tiny_pipelines import TINY_CALLS
 from opendit_lite.training.video import prepare_video_data
+from tests.families.pipeline_capture import difference
 from tests.pipeline_runs import extract_script, pipeline_config, write_csv, write_image
 
 CAPTION = "a red square moving left"
@@ -73,17 +74,6 @@ def _branch(arguments, conditional: bool):
             for k, v in arguments.items()}
 
 
-def _difference(mine, ref):
-    if torch.is_tensor(ref):
-        assert torch.is_tensor(mine) and mine.shape == ref.shape, f"{getattr(mine, 'shape', mine)} vs {ref.shape}"
-        return (mine.double() - ref.double()).abs().max().item() if ref.numel() else 0.0
-    if isinstance(ref, (list, tuple)):
-        assert isinstance(mine, (list, tuple)) and len(mine) == len(ref)
-        return max((_difference(a, b) for a, b in zip(mine, ref)), default=0.0)
-    assert mine == ref, f"{mine!r} vs {ref!r}"
-    return 0.0
-
-
 def test_a_training_step_feeds_the_transformer_what_z_image_pipeline_feeds_it(tiny_pipeline, tmp_path):
     from diffusers import DiffusionPipeline
 
@@ -128,7 +118,7 @@ def test_a_training_step_feeds_the_transformer_what_z_image_pipeline_feeds_it(ti
                     hook.remove()
                 assert set(seen) == set(ref), f"{sorted(seen)} vs {sorted(ref)}"
                 for key in sorted(ref):
-                    largest[key] = max(largest.get(key, 0.0), _difference(seen[key], ref[key]))
+                    largest[key] = max(largest.get(key, 0.0), difference(seen[key], ref[key]))
     print("\nZImagePipeline: " + ", ".join(f"{k} {v:.2g}" for k, v in sorted(largest.items())))
     assert largest["cap_feats"] == 0.0                                       # the same states, cut the same way
     assert largest["x"] <= 1e-5 and largest["t"] <= 1e-6                     # the noise solved for in fp32

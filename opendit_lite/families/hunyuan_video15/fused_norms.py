@@ -3,7 +3,8 @@
 * ``HunyuanVideo15TransformerBlock`` (double stream, the model's only block kind): ``norm1`` /
   ``norm1_context`` are ``AdaLayerNormZero`` (``diffusers_norms``); each stream's attention residual and
   ``norm2`` / ``norm2_context`` with the feed-forward's modulation run as one gated-residual kernel
-  (``diffusers_family_blocks.double_stream_forward``): the block's forward is HunyuanVideo 1.0's.
+  (``diffusers_family_blocks.double_stream_forward``): the block's forward is HunyuanVideo 1.0's, whose
+  fused block (``hunyuan_video/fused_norms.py``) serves both.
 * ``norm_out``: ``AdaLayerNormContinuous`` (``diffusers_norms``).
 
 Left: the token refiner's blocks (affine LayerNorms without modulation: ``fused_layernorm``'s kind,
@@ -11,35 +12,15 @@ and gates only), the ByT5 and image projections' LayerNorms (no modulation), and
 residual (the next norm is in the next block).
 """
 
-from ...converter.diffusers_family_blocks import (
-    DOUBLE_STREAM_NORMS,
-    FusedBlock,
-    FusedNorms,
-    double_stream_forward,
-)
+from ...converter.diffusers_family_blocks import DOUBLE_STREAM_NORMS, FusedBlock, FusedNorms
+from ..hunyuan_video.fused_norms import FusedHunyuanVideoTransformerBlock  # the same block forward as 1.0's
 
 MODULE = "diffusers.models.transformers.transformer_hunyuan_video15"
 
 
-class FusedHunyuanVideo15TransformerBlock:
-    """``HunyuanVideo15TransformerBlock.forward`` with the gated residual + norm2 of each stream fused."""
-
-    class_prefix = "FusedAdaLN"
-
-    def forward(self, hidden_states, encoder_hidden_states, temb, attention_mask=None, freqs_cis=None,
-                *args, **kwargs):
-        def attend(norm_hidden_states, norm_encoder_hidden_states):
-            return self.attn(hidden_states=norm_hidden_states, encoder_hidden_states=norm_encoder_hidden_states,
-                             attention_mask=attention_mask, image_rotary_emb=freqs_cis)
-
-        hidden_states, encoder_hidden_states, _ = double_stream_forward(
-            self, hidden_states, encoder_hidden_states, temb, attend)              # [B, N, D], [B, M, D]
-        return hidden_states, encoder_hidden_states
-
-
 FUSED_NORMS = FusedNorms(
     blocks=(FusedBlock(MODULE, "HunyuanVideo15TransformerBlock", DOUBLE_STREAM_NORMS,
-                       FusedHunyuanVideo15TransformerBlock),),
+                       FusedHunyuanVideoTransformerBlock),),
     fused=("double blocks: AdaLayerNormZero of both streams, attention residual + norm2 + modulation of both "
            "streams (gated-residual kernel); norm_out: AdaLayerNormContinuous"),
     left=("token refiner blocks: affine LayerNorms without modulation (fused_layernorm's kind) and gates only",
