@@ -106,6 +106,10 @@ def validate_distill(cfg) -> None:
     if cfg.model.learn_sigma:
         raise ConfigError("model.learn_sigma=true: a rectified-flow teacher predicts no variance; set "
                           "model.learn_sigma=false, as the teacher's run did.")
+    if cfg.init_from:
+        raise ConfigError(f"init_from={cfg.init_from!r} in a distillation run: student and critic start from the "
+                          f"teacher's weights (distill.teacher); remove init_from, or name that checkpoint as "
+                          f"distill.teacher.")
     unsupported = {"zero_degree": cfg.zero_degree != 0, "sp_size": cfg.sp_size != 1,
                    "memory.blocks_to_swap": cfg.memory.blocks_to_swap != 0,
                    "fused_optimizer_ema": cfg.fused_optimizer_ema,
