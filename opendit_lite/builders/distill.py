@@ -25,7 +25,13 @@ import torch
 import torch.nn as nn
 
 from ..checkpoint.catalog import is_checkpoint_dir
-from ..checkpoint.layout import find_resume_checkpoint, saved_config
+from ..checkpoint.layout import (
+    checkpoint_root,
+    find_resume_checkpoint,
+    marked_checkpoint_folders,
+    saved_config,
+    wants_resume,
+)
 from ..checkpoint.weights import read_weights
 from ..config import ConfigError
 from ..models.lora import apply_lora, lora_target_names, merge_lora
@@ -154,11 +160,33 @@ def check_teacher(ckpt: str, model: Dict, objective: str) -> Dict:
     return saved
 
 
+def check_resumed_distillation(cfg) -> None:
+    """A resumed distillation run (resume_from, or auto_resume with checkpoints) continues the same
+    distillation: its checkpoint is a distillation run's with the same student steps, guidance and critic
+    updates (the teacher's weights come from the checkpoint itself)."""
+    if not wants_resume(cfg):
+        return
+    ckpt = cfg.resume_from or marked_checkpoint_folders(checkpoint_root(cfg), cfg.exp_name)[-1]
+    saved = saved_config(ckpt).get("distill") or {}
+    if not saved.get("teacher"):
+        raise ConfigError(f"the run resumes {ckpt!r}, which is not a distillation run's checkpoint (no "
+                          f"distill.teacher in its config): resume a distillation checkpoint, or start afresh in "
+                          f"another exp_name (the teacher's weights seed a new distillation).")
+    changed = [f"distill.{k}: checkpoint {saved[k]!r}, config {getattr(cfg.distill, k)!r}"
+               for k in ("student_timesteps", "guidance_scale", "critic_updates")
+               if k in saved and saved[k] != getattr(cfg.distill, k)]
+    if changed:
+        raise ConfigError(f"the run resumes {ckpt!r} with other distillation settings ({'; '.join(changed)}): a "
+                          f"resumed run continues the same student; set them back, or start afresh in another "
+                          f"exp_name.")
+
+
 def build_distill_module(build_model, cfg) -> DistillModule:
     """The distillation module of config ``cfg`` (``build_model(cfg)`` builds a fresh model of the run):
     teacher weights from ``distill.teacher`` (the EMA, a LoRA teacher merged), student and critic from them."""
     import dataclasses
 
+    check_resumed_distillation(cfg)
     ckpt = teacher_checkpoint(cfg.distill.teacher)
     saved = check_teacher(ckpt, dataclasses.asdict(cfg.model), cfg.diffusion.objective)
 
