@@ -36,7 +36,8 @@ def adopt_trained_sections(cfg, saved: dict, sections=("model", "diffusion")) ->
 
 def load_denoiser(model: nn.Module, cfg, ckpt: str, ranks: SamplingRanks) -> nn.Module:
     """``model`` (freshly built) with ``ckpt``'s weights (``sample.use_ema``; a LoRA run's adapters
-    merged), parallelized for sampling over ``ranks.sp_group`` (``parallelize_from_config``:
+    merged; a distillation run's student, checked against ``sample.*``), parallelized for sampling over
+    ``ranks.sp_group`` (``parallelize_from_config``:
     kernels, Ulysses/DSP, ``sample.compile``), in eval mode on ``ranks.device``. Rank 0 prints the
     parallelize report when the model is sequence-parallel or compiled."""
     saved = saved_config(ckpt)
@@ -48,9 +49,9 @@ def load_denoiser(model: nn.Module, cfg, ckpt: str, ranks: SamplingRanks) -> nn.
             print(f"sampling the {saved['distill']['student_timesteps']}-step student of {ckpt}")
     else:
         load_merged(model, ckpt, use_ema=cfg.sample.use_ema, lora=lora)
-    if ranks.is_main and lora and lora.get("rank"):
-        print(f"merged the LoRA adapters of {ckpt} (rank {lora['rank']}, alpha {lora['alpha']:g}) into its base "
-              f"weights for sampling")
+        if ranks.is_main and lora and lora.get("rank"):
+            print(f"merged the LoRA adapters of {ckpt} (rank {lora['rank']}, alpha {lora['alpha']:g}) into its base "
+                  f"weights for sampling")
     report = parallelize_from_config(model, cfg, ranks.sp_group, sampling=True)
     if ranks.is_main and (ranks.sp_size > 1 or cfg.sample.compile):
         print(report)
