@@ -34,7 +34,10 @@ def parallelize_from_config(model: nn.Module, cfg, sp_group: Optional[dist.Proce
     else:
         selective_ratio, ac_offload = cfg.selective_ratio, cfg.ac_offload
         compile, cuda_graphs = cfg.compile, cfg.cuda_graphs
-        lora = dict(lora_rank=cfg.lora.rank, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
+        # a distillation module already carries its two adapters (builders/distill.py)
+        distill = getattr(cfg, "distill", None)
+        rank = 0 if distill is not None and distill.teacher else cfg.lora.rank
+        lora = dict(lora_rank=rank, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
                     lora_targets=cfg.lora.targets, base_precision=cfg.lora.base_precision,
                     blocks_to_swap=cfg.memory.blocks_to_swap)
     sp_auto = None

@@ -144,6 +144,26 @@ class MemoryConfig:
                                                "host memory and stepped on the CPU", at_least=0, at_most=1)
 
 
+@dataclass
+class DistillConfig:
+    """Few-step distillation by distribution matching (DMD2): a student that samples in
+    ``student_timesteps`` Euler steps, trained against a frozen teacher (a trained run's EMA weights)
+    and a critic that follows the student's samples (docs/distillation.md)."""
+
+    teacher: Optional[str] = _f(None, "the teacher: a trained run folder (its newest checkpoint) or a checkpoint "
+                                      "folder, of the same model as model.*, rectified flow; its EMA weights are "
+                                      "the frozen teacher and the start of student and critic; null: no "
+                                      "distillation (plain training)")
+    student_timesteps: int = _f(4, "the student's sampling steps N: it is trained at the N times the Euler sampler "
+                                   "with sample.num_sampling_steps=N evaluates, and samples with exactly N",
+                                at_least=1, at_most=1000)
+    guidance_scale: float = _f(4.0, "the teacher's classifier-free guidance scale in the real score the student "
+                                    "is pulled towards (the student then samples unguided, sample.cfg_scale=1)",
+                               at_least=1)
+    critic_updates: int = _f(4, "critic updates per student update (DMD2's two time-scale rule); each optimizer "
+                                "step updates one of the two networks", at_least=1)
+
+
 # sample.cache.kind: what each reuses is in docs/sampling.md.
 CACHE_KINDS = ("none", "pab", "first_block", "teacache", "magcache")
 
@@ -311,6 +331,8 @@ class TrainConfig:
     encoder: EncoderConfig = _section(EncoderConfig, "frozen encoders")
     sample: SampleConfig = _section(SampleConfig, "sample.py settings")
     eval: EvalConfig = _section(EvalConfig, "python -m opendit_lite.evaluate settings (sampling settings: sample.*)")
+    distill: DistillConfig = _section(DistillConfig, "few-step distillation of a trained run (DMD2): student and "
+                                                     "critic trained against a frozen teacher")
 
 
 # Other spellings of our fields, dotted key -> dotted key (an alias and its field share a section).

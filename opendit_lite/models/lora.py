@@ -67,17 +67,19 @@ class LoRAReport:
 
 
 def apply_lora(model: nn.Module, *, rank: int, alpha: float, dropout: float,
-               targets: Optional[Sequence[str]] = None) -> LoRAReport:
+               targets: Optional[Sequence[str]] = None, adapter_name: str = "default") -> LoRAReport:
     """Add rank-``rank`` adapters (scale ``alpha / rank``, input dropout ``dropout``) to the linear
     layers named by ``targets`` and freeze everything else, in place. ``targets`` None: the model's
     declared ``lora_targets`` (the zoo's ``qkv``/``proj``/``fc1``/``fc2``; for a diffusers family
     the layers diffusers' LoRA scripts adapt, declared in ``opendit_lite/families/<family>/``). A
     ConfigError says so when no linear layer matches. Adapters start as an exact no-op (peft initialises B to zero).
-    ``NoiseExperts`` (two experts) gets adapters on each expert, as if each were the model."""
+    ``NoiseExperts`` (two experts) gets adapters on each expert, as if each were the model. ``adapter_name``:
+    peft's name of the adapter (its keys ``lora_A.<adapter_name>``; distillation adds two)."""
     from peft import LoraConfig, inject_adapter_in_model
 
     if isinstance(model, NoiseExperts):
-        reports = [apply_lora(expert, rank=rank, alpha=alpha, dropout=dropout, targets=targets)
+        reports = [apply_lora(expert, rank=rank, alpha=alpha, dropout=dropout, targets=targets,
+                              adapter_name=adapter_name)
                    for _, expert in model.experts()]
         return LoRAReport(layers=sum(r.layers for r in reports), trainable=sum(r.trainable for r in reports),
                           total=sum(r.total for r in reports), targets=reports[0].targets)
@@ -89,7 +91,7 @@ def apply_lora(model: nn.Module, *, rank: int, alpha: float, dropout: float,
         raise ConfigError(f"'lora.targets' {list(targets)} match no linear layer of {type(model).__name__}; "
                          f"its linear layers include {linear[:8]}")
     config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=names, bias="none")
-    inject_adapter_in_model(config, model)
+    inject_adapter_in_model(config, model, adapter_name=adapter_name)
     for name, p in model.named_parameters():
         p.requires_grad_(".lora_" in name)
     trainable = [p for p in model.parameters() if p.requires_grad]

@@ -6,6 +6,7 @@ import os
 
 import torch.nn as nn
 
+from ..builders.distill import check_student_sampling, load_student
 from ..builders.family import SCRIPTS, check_model_family
 from ..builders.lora_checkpoint import load_merged
 from ..builders.parallelize import parallelize_from_config
@@ -35,14 +36,22 @@ def adopt_trained_sections(cfg, saved: dict, sections=("model", "diffusion")) ->
 
 def load_denoiser(model: nn.Module, cfg, ckpt: str, ranks: SamplingRanks) -> nn.Module:
     """``model`` (freshly built) with ``ckpt``'s weights (``sample.use_ema``; a LoRA run's adapters
-    merged), parallelized for sampling over ``ranks.sp_group`` (``parallelize_from_config``:
+    merged; a distillation run's student, checked against ``sample.*``), parallelized for sampling over
+    ``ranks.sp_group`` (``parallelize_from_config``:
     kernels, Ulysses/DSP, ``sample.compile``), in eval mode on ``ranks.device``. Rank 0 prints the
     parallelize report when the model is sequence-parallel or compiled."""
-    lora = saved_config(ckpt).get("lora")
-    load_merged(model, ckpt, use_ema=cfg.sample.use_ema, lora=lora)
-    if ranks.is_main and lora and lora.get("rank"):
-        print(f"merged the LoRA adapters of {ckpt} (rank {lora['rank']}, alpha {lora['alpha']:g}) into its base "
-              f"weights for sampling")
+    saved = saved_config(ckpt)
+    lora = saved.get("lora")
+    if (saved.get("distill") or {}).get("teacher"):  # a distillation run's checkpoint: its student
+        check_student_sampling(cfg, saved)
+        load_student(model, ckpt, use_ema=cfg.sample.use_ema, lora=lora)
+        if ranks.is_main:
+            print(f"sampling the {saved['distill']['student_timesteps']}-step student of {ckpt}")
+    else:
+        load_merged(model, ckpt, use_ema=cfg.sample.use_ema, lora=lora)
+        if ranks.is_main and lora and lora.get("rank"):
+            print(f"merged the LoRA adapters of {ckpt} (rank {lora['rank']}, alpha {lora['alpha']:g}) into its base "
+                  f"weights for sampling")
     report = parallelize_from_config(model, cfg, ranks.sp_group, sampling=True)
     if ranks.is_main and (ranks.sp_size > 1 or cfg.sample.compile):
         print(report)

@@ -63,6 +63,10 @@ def image_script_trainer(cfg) -> TrainerSpec:
 
     pipeline = getattr(cfg.model, "pipeline", None)
     if not pipeline:
+        if cfg.distill.teacher:
+            from .distill import distill_trainer
+
+            return distill_trainer(IMAGE_TRAINER)
         return IMAGE_TRAINER
     family = pipeline_folder(pipeline).family
     if not family.adapter.image_only:

@@ -26,13 +26,14 @@ from .stop import StopRequest
 from .telemetry import MetricsLogger, peak_memory_gib
 
 
-def build_booster(cfg, info) -> Tuple[OpenDiTPlugin, Booster]:
+def build_booster(cfg, info, find_unused_parameters: bool = False) -> Tuple[OpenDiTPlugin, Booster]:
     """The plugin (it builds the data x sequence mesh the conversions need, so it comes first).
 
     The precision is resolved here, once, into the ``Precision`` the plugin keeps
     (``plugin.precision``: ``auto`` is bf16 on CUDA and fp32 on the CPU; TF32 matmuls with tf32 or
     ``allow_tf32``; fp8 checked against the device). ``grad_precision`` must be null or the
-    parameter dtype: gradients are reduced in it."""
+    parameter dtype: gradients are reduced in it. ``find_unused_parameters``: DDP's (a model whose steps
+    leave some trainable parameters out, as distillation's)."""
     precision = resolve_precision(cfg.precision, info.device.type, allow_tf32=cfg.allow_tf32)
     check_cuda_graphs(cuda_graphs=cfg.cuda_graphs, compile=cfg.compile, device=info.device)
     if precision.fp8:
@@ -45,7 +46,8 @@ def build_booster(cfg, info) -> Tuple[OpenDiTPlugin, Booster]:
     try:
         plugin = OpenDiTPlugin(zero_degree=cfg.zero_degree, sp_size=cfg.sp_size, precision=precision,
                                grad_clip=cfg.grad_clip, group_zero=cfg.group_zero, node_size=info.local_world_size,
-                               gemini_offload_optim_frac=cfg.memory.gemini_offload_optim_frac)
+                               gemini_offload_optim_frac=cfg.memory.gemini_offload_optim_frac,
+                               ddp_kwargs=dict(find_unused_parameters=True) if find_unused_parameters else None)
     except ValueError as e:  # a strategy this launch cannot run (e.g. Gemini without CUDA)
         raise ConfigError(str(e)) from None
     return plugin, Booster(plugin=plugin)

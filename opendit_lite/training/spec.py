@@ -53,7 +53,10 @@ class TrainerSpec:
     after the last step with the final checkpoint (a diffusers family's export); ``objective(cfg)``
     builds the training objective (None: ``builders.objective.build_training_objective``; the video
     trainer's restricts the times of one trained expert to its noise range); ``sampler(cfg, log)``
-    builds the hook run after each saved checkpoint for ``sample.every`` (None: the trainer has none).
+    builds the hook run after each saved checkpoint for ``sample.every`` (None: the trainer has none);
+    ``loss(denoiser, objective, cfg, x, model_kwargs, draws, step)``, when given, is a batch's loss in place
+    of the objective's (distillation: which network a step trains depends on the step); ``distills``: the
+    trainer takes ``distill.teacher`` (train.py's distillation of the zoo's image models).
     """
 
     name: str
@@ -68,3 +71,5 @@ class TrainerSpec:
     finish: Optional[Callable[[Any, str, str], None]] = None
     objective: Optional[Callable[[Any], Any]] = None
     sampler: Optional[Callable[[Any, Any], Optional[Callable[[int, str], None]]]] = None
+    loss: Optional[Callable[..., torch.Tensor]] = None
+    distills: bool = False

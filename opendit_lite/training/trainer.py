@@ -49,7 +49,9 @@ def train(spec: TrainerSpec, cfg, info) -> str:
     hooks = [evaluation_hook(spec, cfg, log), spec.sampler(cfg, log) if spec.sampler is not None else None]
     after_save = chain_hooks([hook for hook in hooks if hook is not None])
 
-    plugin, booster = build_booster(cfg, info)  # first: it builds the mesh sequence parallelism needs
+    # First: it builds the mesh sequence parallelism needs. Distillation trains one of two networks per
+    # step, so DDP must not wait for the other's gradients.
+    plugin, booster = build_booster(cfg, info, find_unused_parameters=distilling(cfg))
     seed_everything(cfg.global_seed, 0, 1)  # the same model initialisation on every rank
 
     data = spec.prepare_data(cfg, info.device, plugin.sp_group)
@@ -109,18 +111,27 @@ def train(spec: TrainerSpec, cfg, info) -> str:
             u = draws.uniform((len(draws),), x.device, torch.float32)      # [B]
             model_kwargs[drop_kwarg] = u < cfg.model.class_dropout_prob
         batch_objective = objective if data.objective is None else data.objective(tuple(x.shape))
-        loss = objective_loss(batch_objective, denoiser, x, model_kwargs, draws)
+        if spec.loss is not None:
+            loss = spec.loss(denoiser, batch_objective, cfg, x, model_kwargs, draws, step)
+        else:
+            loss = objective_loss(batch_objective, denoiser, x, model_kwargs, draws)
         return loss * data.loss_weight(batch) if data.loss_weight is not None else loss
 
     path = run_steps(state, cfg, booster, log, batch_loss, device=info.device, after_save=after_save)
     if spec.finish is not None:
         spec.finish(cfg, path, run_dir)
     merge = cfg.lora.export_merged if cfg.lora.export_merged is not None else not is_family(cfg.model.name)
-    if cfg.lora.rank and merge and info.is_main:
+    if cfg.lora.rank and merge and info.is_main and not distilling(cfg):  # a student is exported by spec.finish
         merged = export_merged(spec.build_model(cfg), path, os.path.join(run_dir, "merged.safetensors"),
                                use_ema=cfg.ema.enable, lora=to_dict(cfg.lora))
         print(f"wrote the merged LoRA weights to {merged} (sample.ckpt={merged} or init_from={merged})")
     return path
+
+
+def distilling(cfg) -> bool:
+    """Whether ``cfg`` is a distillation run (``distill.teacher`` set)."""
+    distill = getattr(cfg, "distill", None)
+    return bool(distill is not None and distill.teacher)
 
 
 def chain_hooks(hooks):
@@ -150,6 +161,10 @@ def train_from_config(spec: TrainerSpec, cfg) -> str:
     module, so that a config error ends before torch is imported; their ``script_main`` turns the
     errors into exit codes): check the settings across sections before any process group starts,
     train, and tear the process group down; returns the final checkpoint's path."""
+    if distilling(cfg) and not spec.distills:
+        raise ConfigError(f"'distill.teacher' is set, but the {spec.name} trainer does not distill yet (train.py "
+                          f"distills the zoo's image models; the video models and the diffusers pipelines "
+                          f"are not supported yet): remove distill.teacher.")
     if spec.validate is not None:
         spec.validate(cfg)
     if cfg.sp_size > 1 and cfg.model.name in MODELS and registered_class(cfg.model.name) is not None:
