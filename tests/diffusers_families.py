@@ -29,6 +29,12 @@ FAMILIES = (
     "ZImageTransformer2DModel",
     "Flux2Transformer2DModel",
 )
+# Registered families these shared tests leave out, and where each is tested instead.
+TESTED_APART = {
+    "HunyuanVideo15Transformer3DModel": "its forward reads input values (masked token selection): fused norms and "
+                                        "TeaCache in tests/families/test_hunyuan_video15_*.py, sequence "
+                                        "parallelism in tests/parallel (tiny_families.py)",
+}
 
 CONFIGS: Dict[str, dict] = {
     "WanTransformer3DModel": dict(

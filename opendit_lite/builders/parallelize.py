@@ -34,7 +34,7 @@ def parallelize_from_config(model: nn.Module, cfg, sp_group: Optional[dist.Proce
     else:
         selective_ratio, ac_offload = cfg.selective_ratio, cfg.ac_offload
         compile, cuda_graphs = cfg.compile, cfg.cuda_graphs
-        # a distillation module already carries its two adapters (builders/distill.py)
+        # a distillation module already carries its two adapters (builders/distill_model.py)
         distill = getattr(cfg, "distill", None)
         rank = 0 if distill is not None and distill.teacher else cfg.lora.rank
         lora = dict(lora_rank=rank, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,

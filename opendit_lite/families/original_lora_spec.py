@@ -2,7 +2,7 @@
 take in the family's original checkpoint (the layout the model was released in before diffusers
 converted it, which ComfyUI and the community trainers use), so that ``export.lora_format: comfyui``
 writes a file those tools read and diffusers' own non-diffusers LoRA converters turn back into the
-adapters trained here (``interop.original_lora``).
+adapters trained here (``interop.comfyui_lora``).
 
 Each entry names one linear layer of the original checkpoint and the diffusers layers it holds, in
 the order of its output rows: one layer for a plain rename (Wan's ``blocks.{i}.self_attn.q`` is

@@ -30,7 +30,7 @@ specific to it:
   (``tiny_pipelines.py``, ``scripts/make_tiny_pipeline.py``).
 * ``original_lora`` (``<family>/original_lora.py``, optional): the names its LoRA adapters take in the
   family's original checkpoint layout (ComfyUI's), for ``export.lora_format: comfyui`` and for
-  ``lora.init_from`` reading such a file (``interop.original_lora``); None: no such layout.
+  ``lora.init_from`` reading such a file (``interop.comfyui_lora``); None: no such layout.
 * ``releases`` (in the record): the transformer configs of released checkpoints, so that the planner
   (``python -m opendit_lite.plan``) plans a config naming one whose folder is not on this machine.
 

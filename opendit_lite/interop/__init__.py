@@ -4,7 +4,7 @@ diffusers' ``DiTTransformer2DModel`` and back (``scripts/export_diffusers.py`` w
 folders their own class loads, or their LoRA adapters alone as their pipeline's LoRA file;
 ``pipeline_links`` writes a pipeline folder around freshly written transformers, linking the
 untouched components; ``family_checkpoint`` exports a family run's checkpoint (imported from there:
-it reads checkpoints and needs the families registered); ``original_lora`` writes LoRA adapters under
+it reads checkpoints and needs the families registered); ``comfyui_lora`` writes LoRA adapters under
 a family's original checkpoint names (ComfyUI's) and reads them back, ``lora_import`` starts a run's
 adapters from a LoRA file of either format (``lora.init_from``); ``pretrained_files`` gives exported files
 the mode of a plain file and checks pretrained folders coming in. The names below are imported on
@@ -20,7 +20,7 @@ _LAZY = {
                                           "use_meta_timestep_frequencies")},
     **{name: "diffusers_export" for name in ("LORA_MODES", "export_family", "export_lora", "unwrap_model")},
     **{name: "pretrained_files" for name in ("LORA_WEIGHT_NAME", "check_pretrained_folder", "make_readable")},
-    **{name: "original_lora" for name in ("COMFYUI_WEIGHT_NAME", "LORA_FORMATS", "export_original_lora")},
+    **{name: "comfyui_lora" for name in ("COMFYUI_WEIGHT_NAME", "LORA_FORMATS", "export_original_lora")},
     **{name: "lora_import" for name in ("check_lora_file", "load_lora_file")},
 }
 

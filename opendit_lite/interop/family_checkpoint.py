@@ -38,8 +38,8 @@ from ..errors import CheckpointError, ConfigError
 from ..families import family_of, is_family
 from ..models.experts import expert_components
 from ..models.lora import apply_lora
+from .comfyui_lora import LORA_FORMATS, export_original_lora, require_original_layout
 from .diffusers_export import export_family, export_lora
-from .original_lora import LORA_FORMATS, export_original_lora, require_original_layout
 from .pipeline_links import link_pipeline
 
 

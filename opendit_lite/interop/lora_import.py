@@ -26,7 +26,7 @@ import torch
 import torch.nn as nn
 
 from ..errors import ConfigError
-from .original_lora import COMFYUI_WEIGHT_NAME, Adapter, from_original, layer_widths, require_original_layout
+from .comfyui_lora import COMFYUI_WEIGHT_NAME, Adapter, from_original, layer_widths, require_original_layout
 from .pretrained_files import LORA_WEIGHT_NAME
 
 DIFFUSERS_PREFIX = "transformer."

@@ -6,7 +6,7 @@ import os
 
 import torch.nn as nn
 
-from ..builders.distill import check_student_sampling, load_student
+from ..builders.distill_model import check_student_sampling, load_student
 from ..builders.family import SCRIPTS, check_model_family
 from ..builders.lora_checkpoint import load_merged
 from ..builders.parallelize import parallelize_from_config

@@ -1,6 +1,6 @@
 """train.py's few-step distillation (``distill.teacher``; DMD2, Yin et al. 2024) on the shared loop.
 
-The trained module (``builders/distill.py``) holds the frozen teacher, the student and the critic; the
+The trained module (``builders/distill_model.py``) holds the frozen teacher, the student and the critic; the
 run's one optimizer holds the student's and the critic's parameters. Each optimizer step updates ONE
 of them, by the step count: ``distill.critic_updates`` critic steps, then one student step, and again.
 On a step only that network is in the loss's graph, so the other's gradients stay None, and AdamW
@@ -24,7 +24,7 @@ import os
 
 import torch
 
-from ..builders.distill import CRITIC, STUDENT, TEACHER, build_distill_module, load_student
+from ..builders.distill_model import CRITIC, STUDENT, TEACHER, build_distill_module, load_student
 from ..config import ConfigError
 from ..diffusion.distribution_matching import (
     backward_simulate,

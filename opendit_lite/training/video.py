@@ -42,8 +42,8 @@ from ..distributed.ranks import global_rank
 from ..encoders.video_vae import VideoVAE
 from ..errors import ConfigError
 from ..families import family_adapter, family_of
+from ..interop.comfyui_lora import COMFYUI_WEIGHT_NAME
 from ..interop.family_checkpoint import check_lora_format, default_lora_format, export_family_checkpoint
-from ..interop.original_lora import COMFYUI_WEIGHT_NAME
 from ..interop.pretrained_files import LORA_WEIGHT_NAME
 from ..parallel.modes import ulysses_heads_error
 from ..precision import Precision

@@ -1,5 +1,5 @@
 """LoRA adapters in each family's original checkpoint layout (``export.lora_format: comfyui``,
-``interop.original_lora``) and back (``lora.init_from``, ``interop.lora_import``).
+``interop.comfyui_lora``) and back (``lora.init_from``, ``interop.lora_import``).
 
 Per family, one adapted tiny transformer (rank 4, alpha 8: scale 2) is exported in both formats; then
 
@@ -29,9 +29,9 @@ from safetensors.torch import load_file, save_file
 from opendit_lite.errors import ConfigError
 from opendit_lite.families import FAMILIES, family_of
 from opendit_lite.interop import LORA_WEIGHT_NAME, export_lora
+from opendit_lite.interop.comfyui_lora import COMFYUI_WEIGHT_NAME, diffusers_parts, export_original_lora
 from opendit_lite.interop.family_checkpoint import check_lora_format
 from opendit_lite.interop.lora_import import check_lora_file, load_lora_file
-from opendit_lite.interop.original_lora import COMFYUI_WEIGHT_NAME, diffusers_parts, export_original_lora
 from opendit_lite.models.capabilities import lora_targets
 from opendit_lite.models.lora import apply_lora
 from tests.diffusers_families import build, randomize_adapters

@@ -26,6 +26,9 @@ ALLOWED = {
     "conditioning.py": FAMILY_PIECE,
     "tiny.py": FAMILY_PIECE,
     "step_cache.py": FAMILY_PIECE,
+    "original_lora.py": FAMILY_PIECE + " (optional: the families with an original checkpoint layout)",
+    "conditioning_i2v.py": "the conditioning of a family's image-to-video pipeline (a variant piece), the same piece "
+                           "in every family that has one",
 }
 
 

@@ -57,7 +57,8 @@ ENTRY_POINTS = {
     "export_diffusers": ("scripts/export_diffusers.py", ["--output", "/nonexistent/out"], {
         ("--checkpoint", "x", "--bogus"): "unrecognized arguments: --bogus",
         ("--checkpoint", "x", "--lora", "all"): "argument --lora: invalid choice: 'all'",
-        ("--from-diffusers", "x", "--no-ema"): "--vae, --no-ema, --allow-inexact and --lora apply to --checkpoint",
+        ("--from-diffusers", "x", "--no-ema"):
+            "--vae, --no-ema, --allow-inexact, --lora and --lora-format apply to --checkpoint",
         ("--checkpoint", "/nonexistent/ckpt"): "--checkpoint '/nonexistent/ckpt' is not a folder",
         ("--from-diffusers", "x", "--output", "configs/demo.yaml/x.safetensors"): "configs/demo.yaml' is a file",
     }),

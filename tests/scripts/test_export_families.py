@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import save_file
 
 from opendit_lite.interop import LORA_WEIGHT_NAME
-from opendit_lite.interop.original_lora import COMFYUI_WEIGHT_NAME
+from opendit_lite.interop.comfyui_lora import COMFYUI_WEIGHT_NAME
 from opendit_lite.models.lora import apply_lora
 from tests.diffusers_families import CONFIGS, build, forward_inputs, output, randomize_adapters
 

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import torch
 from safetensors.torch import load_file
 
-from opendit_lite.builders.distill import CRITIC, STUDENT, TEACHER, DistillModule, add_adapters, load_student
+from opendit_lite.builders.distill_model import CRITIC, STUDENT, TEACHER, DistillModule, add_adapters, load_student
 from opendit_lite.diffusion import build_scheduler
 from opendit_lite.diffusion.sampling_utils import SampleGenerators
 from opendit_lite.models import DiT

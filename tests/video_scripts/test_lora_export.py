@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from opendit_lite.families.tiny_pipelines import TINY_CALLS
-from opendit_lite.interop.original_lora import COMFYUI_WEIGHT_NAME
+from opendit_lite.interop.comfyui_lora import COMFYUI_WEIGHT_NAME
 from tests.pipeline_runs import extracted_latents
 from tests.video_scripts.test_family_scripts import main
 
