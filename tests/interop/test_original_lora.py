@@ -44,7 +44,7 @@ NOT_READ_BY_DIFFUSERS = {
                                       r"|context_embedder\.token_refiner\.refiner_blocks\.\d+\.attn\.to_[qkv])",
 }
 CONVERTED = ("WanTransformer3DModel", "FluxTransformer2DModel", "HunyuanVideoTransformer3DModel",
-             "LTXVideoTransformer3DModel")
+             "LTXVideoTransformer3DModel", "QwenImageTransformer2DModel")
 # case -> (tests.diffusers_families model, constructor overrides, layers adapted beyond the family's targets)
 CASES = {
     **{family: (family, {}, ()) for family in CONVERTED + ("SD3Transformer2DModel",)},

@@ -10,6 +10,7 @@ from .conditioning import CONDITIONING
 from .conditioning_edit import EDIT, EDIT_PLUS
 from .encoding import ENCODING
 from .fused_norms import FUSED_NORMS
+from .original_lora import ORIGINAL_LORA
 from .sp_spec import SP_SPEC
 from .step_cache import STEP_CACHE
 from .tiny import TINY
@@ -41,6 +42,7 @@ FAMILY = register_family(Family(
     pipeline="QwenImagePipeline",
     module="diffusers.models.transformers.transformer_qwenimage",
     block_lists=("transformer_blocks",),
+    original_lora=ORIGINAL_LORA,
     lora_targets=LORA_TARGETS,
     adapter=QwenImageAdapter(),
     sp_spec=SP_SPEC,
