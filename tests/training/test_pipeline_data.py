@@ -107,3 +107,26 @@ def test_flux_latents_of_two_sizes_train_in_buckets_each_with_its_token_count_sh
         seen[(height, width)] = seen.get((height, width), 0) + 1
     assert seen == {(32, 32): 3, (32, 48): 3}
     assert data.objective((1, 16, 1, 16, 16)).shift != data.objective((1, 16, 1, 16, 24)).shift
+
+
+def test_the_latents_route_stores_an_image_to_video_run_s_image_inputs(tiny_pipeline, tmp_path):
+    """Wan 2.1 image-to-video: the condition channels and CLIP image states extracted once equal those the
+    CSV route encodes from the clip's own first frame, with the text inputs."""
+    folder, call = tiny_pipeline("wan_i2v"), TINY_CALLS["wan_i2v"]
+    frames = call["num_frames"]
+    media = tmp_path / "media"
+    media.mkdir()
+    csv = write_csv(media, [(write_clip(media / f"{i}.mp4", frames, 40, 48, seed=i), c) for i, c in
+                            enumerate(CAPTIONS[:2])])
+    out = str(tmp_path / "latents")
+    extract_script().main(["--pipeline", folder, "--csv", csv, "--num-frames", str(frames), "--height", "32",
+                           "--width", "32", "--frame-interval", "1", "--batch-size", "1", "--num-workers", "0",
+                           "--output", out])
+    csv_data = prepare_video_data(pipeline_config(folder, csv, call, str(tmp_path / "runs")), torch.device("cpu"))
+    latent_data = prepare_video_data(_latents_config(folder, out, str(tmp_path / "runs")), torch.device("cpu"))
+    for i in range(2):
+        clip, caption, images = csv_data.dataset[i]
+        x, inputs = csv_data.model_inputs((clip[None], [caption], [images]))
+        y, stored = latent_data.model_inputs(default_collate([latent_data.dataset[i]]))
+        assert "encoder_hidden_states_image" in inputs and len(inputs) > 2
+        assert torch.equal(x, y) and _equal(inputs, stored), f"row {i}"
