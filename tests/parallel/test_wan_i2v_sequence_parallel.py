@@ -2,7 +2,8 @@
 inputs ``families/wan/conditioning_i2v.py`` builds: Wan 2.1 I2V (36 channels: the condition latents and
 mask channels enter the patch embedding with the noisy latents, so they split with the tokens; CLIP
 image states reach every rank's cross-attention whole) and Wan 2.2 TI2V-5B (the given first frame in
-place, per-token timesteps split with the tokens). Ulysses at 15 tokens (uneven at sp 2); the gathered
+place, per-token timesteps split with the tokens). Ulysses, ring and USP (I2V; TI2V Ulysses) at 15 tokens
+(uneven at sp 2); the gathered
 output, every parameter's world-mean gradient and the parameters after one SGD step are compared as in
 ``test_diffusers_families.py`` (relative, 1e-4)."""
 
@@ -51,8 +52,8 @@ def _inputs(layout: str, seed: int) -> dict:
     return dict(conditioning.inputs(config, constants, x, t, text), return_dict=False)
 
 
-def _compare(layout: str, lr: float = 10.0) -> dict:
-    """One forward, backward and SGD step of one batch: Ulysses over both ranks vs serial (as
+def _compare(layout: str, mode: str = "ulysses", lr: float = 10.0) -> dict:
+    """One forward, backward and SGD step of one batch: ``mode`` over both ranks vs serial (as
     ``test_diffusers_families.compare``: the ranks' gradients summed, over the world size)."""
     from opendit_lite.parallelization import parallelize
 
@@ -65,7 +66,7 @@ def _compare(layout: str, lr: float = 10.0) -> dict:
     torch.optim.SGD(serial.parameters(), lr=lr).step()
 
     model = _build(config)
-    parallelize(model, sp_group=dist.group.WORLD, sp_mode="ulysses")
+    parallelize(model, sp_group=dist.group.WORLD, sp_mode=mode)
     out = model(**_inputs(layout, 10))[0]
     F.mse_loss(out, _target(out, 0)).backward()
     grads = {}
@@ -81,12 +82,13 @@ def _compare(layout: str, lr: float = 10.0) -> dict:
 @rank_checks("wan image-to-video", world_size=2)
 def _world2(rank, world_size):
     warnings.filterwarnings("ignore")
-    return {layout: _compare(layout) for layout in ("i2v", "ti2v")}
+    return {"i2v": _compare("i2v"), "ti2v": _compare("ti2v"), "i2v ring": _compare("i2v", "ring"),
+            "i2v usp": _compare("i2v", "usp")}
 
 
 def test_image_to_video_at_sp2_equals_one_process():
     per_rank = spawn_results("wan image-to-video", 2)
-    for layout in ("i2v", "ti2v"):
+    for layout in ("i2v", "ti2v", "i2v ring", "i2v usp"):
         worst = {k: max(r[layout][k] for r in per_rank) for k in ("out", "grad", "step")}
         print(f"\n{layout}: " + ", ".join(f"{k} {v:.2g}" for k, v in worst.items()))
         assert per_rank[0][layout]["missing"] == [], per_rank[0][layout]["missing"]
