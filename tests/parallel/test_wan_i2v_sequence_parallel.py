@@ -94,3 +94,38 @@ def test_image_to_video_at_sp2_equals_one_process():
         assert per_rank[0][layout]["missing"] == [], per_rank[0][layout]["missing"]
         for what, value in worst.items():
             assert value < TOL, f"{layout}: {what} differs by {value:.2e} (relative)"
+
+
+def _sample_i2v(sp_group=None):
+    """WanImageToVideoPipeline's clip for one prompt and image (noise from a fixed generator), its
+    transformer sequence-parallel over ``sp_group`` when given: [1, 3, T, H, W]."""
+    import numpy as np
+    from PIL import Image
+
+    from opendit_lite.families.tiny_pipelines import TINY_CALLS, build_tiny_pipeline
+    from opendit_lite.parallelization import parallelize
+    from opendit_lite.sampling.pipeline_sampling import pipeline_pixels
+
+    pipe, call = build_tiny_pipeline("wan_i2v"), dict(TINY_CALLS["wan_i2v"], num_inference_steps=2)
+    if sp_group is not None:
+        report = parallelize(pipe.transformer, sp_group=sp_group, sp_mode="ulysses")
+        assert "ulysses" in str(report), report
+    picture = np.random.default_rng(0).integers(0, 255, (call["height"], call["width"], 3), dtype=np.uint8)
+    with torch.no_grad():
+        out = pipe(image=Image.fromarray(picture), prompt="a red square moving left", output_type="pt",
+                   generator=torch.Generator().manual_seed(3), **call)
+    return pipeline_pixels(out).float()
+
+
+@rank_checks("wan image-to-video sampling", world_size=2)
+def _sampling_world2(rank, world_size):
+    warnings.filterwarnings("ignore")
+    return _sample_i2v(dist.group.WORLD)
+
+
+def test_image_to_video_sampling_at_sp2_equals_one_process():
+    """Sampling an image-conditioned pipeline with its transformer's tokens split over 2 ranks (what
+    sample_video.py does at sp_size=2) gives the one-process clip on every rank."""
+    serial = _sample_i2v()
+    for clip in spawn_results("wan image-to-video sampling", 2):
+        assert (clip - serial).abs().max() <= 1e-5, (clip - serial).abs().max()
