@@ -148,3 +148,23 @@ def test_the_configs_point_at_a_pipeline_folder_to_edit(config, capsys, tmp_path
     csv = write_csv(tmp_path, [("a.png", "a caption")])
     err = exits_2(capsys, "train_video", ["--config", config, f"data.path={csv}"])
     assert "'model.pipeline' '/path/to/" in err and "is not a folder" in err
+
+
+def test_the_wan_image_to_video_commands_of_the_page(tmp_path, capsys):
+    """The page's image-to-video block: the tiny WanImageToVideoPipeline, a clip whose first frame is its
+    image, a LoRA run, and sample_video.py with the image the prompt starts from."""
+    folder = checkout(tmp_path)
+    commands = page_commands("Wan image-to-video, in four commands")
+    assert len(commands) == 4, commands
+    data = os.path.join(str(tmp_path), "data")
+    write_clip(os.path.join(data, "dog.mp4"), 5, 40, 48)
+    write_image(os.path.join(data, "dog.png"), 32, 32)
+    for line in commands:
+        run_page_line(line, tmp_path, folder)
+    run_dir = os.path.join(folder, "outputs", "wan_i2v_lora")
+    assert all(np.isfinite(losses(run_dir))) and losses(run_dir)
+    assert sorted(os.listdir(os.path.join(run_dir, "diffusers"))) == ["comfyui_lora.safetensors", LORA]
+    (checkpoint,) = os.listdir(os.path.join(run_dir, "samples"))
+    written = sorted(os.listdir(os.path.join(run_dir, "samples", checkpoint)))
+    assert written[0].startswith("00_a_dog_running.") and written[1] == "contact_sheet.png", written
+    assert "through WanImageToVideoPipeline" in capsys.readouterr().out
