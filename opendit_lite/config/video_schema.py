@@ -155,7 +155,7 @@ class ExportConfig:
                                           ".q.lora_down.weight; ComfyUI reads it, and load_lora_weights where "
                                           "diffusers converts the family's layout); "
                                           "'both'; null: both for a family with an original layout (all but "
-                                          "CogVideoX), diffusers otherwise",
+                                          "CogVideoX and HunyuanVideo 1.5), diffusers otherwise",
                                     choices=("diffusers", "comfyui", "both", None))
 
 

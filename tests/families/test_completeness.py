@@ -28,7 +28,7 @@ EXPECTED = {"wan", "hunyuan_video", "hunyuan_video15", "cogvideox", "ltx_video",
 # Optional pieces: a family holds the file exactly when its record names the piece (not None).
 OPTIONAL = {"original_lora.py": "original_lora"}
 # The families with an original checkpoint layout for LoRA files (ComfyUI's); CogVideoX has none.
-ORIGINAL_LORA = {"wan", "hunyuan_video", "ltx_video", "flux", "sd3", "qwen_image"}
+ORIGINAL_LORA = {"wan", "hunyuan_video", "ltx_video", "flux", "sd3", "qwen_image", "flux2", "z_image"}
 
 
 def _folders():

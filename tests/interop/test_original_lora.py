@@ -14,7 +14,8 @@ Per family, one adapted tiny transformer (rank 4, alpha 8: scale 2) is exported 
 
 Where a family's diffusers converter cannot read a layer (Flux's and HunyuanVideo's single-block
 ``linear1`` is split by the released width; HunyuanVideo's refiner ``self_attn_qkv`` lora_A is split
-by rows), those layers are left out of the diffusers comparison only: the round trip covers them.
+by rows; Z-Image's splits ``attention.qkv`` only in its ``.lora.down`` key form), those layers are left
+out of the diffusers comparison only: the round trip covers them.
 """
 
 import inspect
@@ -42,15 +43,19 @@ NOT_READ_BY_DIFFUSERS = {
     "FluxTransformer2DModel": r"single_transformer_blocks\.\d+\.(attn\.to_[qkv]|proj_mlp)",
     "HunyuanVideoTransformer3DModel": r"(single_transformer_blocks\.\d+\.(attn\.to_[qkv]|proj_mlp)"
                                       r"|context_embedder\.token_refiner\.refiner_blocks\.\d+\.attn\.to_[qkv])",
+    "ZImageTransformer2DModel": r"(noise_refiner|context_refiner|layers)\.\d+\.attention\.to_[qkv]",
 }
 CONVERTED = ("WanTransformer3DModel", "FluxTransformer2DModel", "HunyuanVideoTransformer3DModel",
-             "LTXVideoTransformer3DModel", "QwenImageTransformer2DModel")
+             "LTXVideoTransformer3DModel", "QwenImageTransformer2DModel", "Flux2Transformer2DModel",
+             "ZImageTransformer2DModel")
 # case -> (tests.diffusers_families model, constructor overrides, layers adapted beyond the family's targets)
 CASES = {
     **{family: (family, {}, ()) for family in CONVERTED + ("SD3Transformer2DModel",)},
     "SD3.5-dual-attention": ("SD3.5-dual-attention", {}, ()),  # x_block.attn2.qkv
     # Wan image-to-video: the cross-attention's image keys and values (cross_attn.k_img / v_img)
     "Wan-i2v": ("WanTransformer3DModel", dict(image_dim=16, added_kv_proj_dim=24), ("add_k_proj", "add_v_proj")),
+    # Z-Image with its refiner blocks (noise_refiner, context_refiner: the tiny model has none)
+    "Z-Image-refiners": ("ZImageTransformer2DModel", dict(n_refiner_layers=1), ()),
 }
 
 
@@ -93,7 +98,8 @@ def test_the_comfyui_file_loads_as_the_diffusers_file_and_starts_a_run_with_the_
     comfy = load_file(f"{out}/{COMFYUI_WEIGHT_NAME}")
     spec = family_of(family).original_lora
     assert all(k.startswith("diffusion_model.") for k in comfy)
-    variant_layer = {"SD3.5-dual-attention": ".x_block.attn2.qkv.", "Wan-i2v": ".cross_attn.k_img."}.get(case)
+    variant_layer = {"SD3.5-dual-attention": ".x_block.attn2.qkv.", "Wan-i2v": ".cross_attn.k_img.",
+                     "Z-Image-refiners": ".context_refiner.0.attention.qkv."}.get(case)
     assert variant_layer is None or any(variant_layer in k for k in comfy)
     if spec.keys == "kohya":  # the alpha keys carry the trained scale: alpha / rank = lora_alpha / r
         alphas = {k[:-len(".alpha")]: v.item() for k, v in comfy.items() if k.endswith(".alpha")}

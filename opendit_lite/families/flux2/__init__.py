@@ -1,8 +1,8 @@
 """FLUX.2 [dev] (diffusers' ``Flux2Transformer2DModel``, text to image through ``Flux2Pipeline``): its
 record in the families registry, built from the pieces in this folder (``adapter.py``, ``sp_spec.py``,
-``fused_norms.py``, ``encoding.py``, ``conditioning.py``, ``tiny.py``, ``step_cache.py``), its
-capabilities and its released checkpoint's shape for the planner (32B parameters); registered on
-import."""
+``fused_norms.py``, ``encoding.py``, ``conditioning.py``, ``tiny.py``, ``step_cache.py``,
+``original_lora.py``), its capabilities and its released checkpoint's shape for the planner (32B
+parameters); registered on import."""
 
 from ..lora_targets import (
     CONTEXT_SWIGLU_FEED_FORWARD,
@@ -15,6 +15,7 @@ from .adapter import Flux2Adapter
 from .conditioning import CONDITIONING
 from .encoding import ENCODING
 from .fused_norms import FUSED_NORMS
+from .original_lora import ORIGINAL_LORA
 from .sp_spec import SP_SPEC
 from .step_cache import STEP_CACHE
 from .tiny import TINY
@@ -37,4 +38,5 @@ FAMILY = register_family(Family(
         axes_dims_rope=[32, 32, 32, 32], rope_theta=2000, eps=1e-6, guidance_embeds=True)),),
     conditioning=CONDITIONING,
     tiny=TINY,
+    original_lora=ORIGINAL_LORA,
 ))

@@ -1,8 +1,8 @@
 """Z-Image (diffusers' ``ZImageTransformer2DModel``, ``ZImagePipeline``; the base model and the few-step
 Z-Image-Turbo): its record in the families registry, built from the pieces in this folder
 (``adapter.py``, ``sp_spec.py``, ``fused_norms.py``, ``encoding.py``, ``conditioning.py``, ``tiny.py``,
-``step_cache.py``), its capabilities and its released checkpoints' shapes for the planner; registered
-on import.
+``step_cache.py``, ``original_lora.py``), its capabilities and its released checkpoints' shapes for
+the planner; registered on import.
 
 Block lists in forward order: the image tokens' ``noise_refiner``, the caption's ``context_refiner``,
 then the joint ``layers``. LoRA adapts every attention's projections and the SwiGLU feed-forward
@@ -15,6 +15,7 @@ from .adapter import ZImageAdapter
 from .conditioning import CONDITIONING
 from .encoding import ENCODING
 from .fused_norms import FUSED_NORMS
+from .original_lora import ORIGINAL_LORA
 from .sp_spec import SP_SPEC
 from .step_cache import STEP_CACHE
 from .tiny import TINY
@@ -39,5 +40,6 @@ FAMILY = register_family(Family(
     conditioning=CONDITIONING,
     tiny=TINY,
     aliases=("zimage",),
+    original_lora=ORIGINAL_LORA,
     releases=(Release("Tongyi-MAI/Z-Image-Turbo", _RELEASED), Release("Tongyi-MAI/Z-Image", _RELEASED)),
 ))
