@@ -17,6 +17,8 @@ diagonal), which is exact: ``up @ down`` is the parts' updates stacked.
 * ``"kohya"``: ``<layer>.lora_down.weight``, ``<layer>.lora_up.weight`` and ``<layer>.alpha`` (the
   update is ``alpha / rank * up @ down``; Wan's, Flux's and SD3's files, and what ComfyUI reads for
   every family);
+* ``"kohya_dotted"``: ``<layer>.lora.down.weight``, ``<layer>.lora.up.weight`` and ``<layer>.alpha``
+  (kohya's with dots: the form Z-Image's diffusers converter splits a fused ``qkv`` in; ComfyUI reads it);
 * ``"peft"``: ``<layer>.lora_A.weight`` and ``<layer>.lora_B.weight`` and no alpha, the scale folded
   into ``lora_A`` (HunyuanVideo's and LTX-Video's diffusers loaders refuse a key without ``lora``
   in it, so an ``.alpha`` key would make the file unreadable there).
@@ -28,7 +30,7 @@ record; the export then refuses ``comfyui`` by name.
 from dataclasses import dataclass
 from typing import Tuple
 
-KEY_STYLES = ("kohya", "peft")
+KEY_STYLES = ("kohya", "kohya_dotted", "peft")
 
 
 @dataclass(frozen=True)
@@ -37,7 +39,7 @@ class OriginalLoRA:
 
     # (original layer, the diffusers layers it holds in the order of its output rows); "{i}": a block index
     layers: Tuple[Tuple[str, Tuple[str, ...]], ...]
-    keys: str = "kohya"                    # how the matrices and the scale are named: "kohya" or "peft"
+    keys: str = "kohya"                    # how the matrices and the scale are named: one of KEY_STYLES
     prefix: str = "diffusion_model."       # the prefix of every key (the original checkpoint's module)
     notes: str = ""                        # what the family's diffusers converter cannot read, and why
 

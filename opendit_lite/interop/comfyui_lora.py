@@ -33,7 +33,7 @@ from .pretrained_files import make_readable
 COMFYUI_WEIGHT_NAME = "comfyui_lora.safetensors"  # the original-layout file beside pytorch_lora_weights.safetensors
 LORA_FORMATS = ("diffusers", "comfyui", "both")
 # the two key styles' names of (down, up) and whether the scale is an alpha key
-_STYLE = {"kohya": ("lora_down", "lora_up"), "peft": ("lora_A", "lora_B")}
+_STYLE = {"kohya": ("lora_down", "lora_up"), "kohya_dotted": ("lora.down", "lora.up"), "peft": ("lora_A", "lora_B")}
 
 Adapter = Tuple[torch.Tensor, torch.Tensor, float]  # (A [r, in], B [out, r], scale): the update is scale * B @ A
 
@@ -94,7 +94,7 @@ def to_original(spec, adapters: Dict[str, Tuple[torch.Tensor, torch.Tensor]], sc
                 up[row:row + width, k * rank:(k + 1) * rank] = adapters[part][1]   # part k's B in its block
             row += width
         key = spec.prefix + original
-        if spec.keys == "kohya":
+        if spec.keys != "peft":  # kohya's styles carry the scale as alpha
             out[f"{key}.alpha"] = torch.tensor(scale * down.shape[0], dtype=torch.float32)
         else:
             down = down * scale
@@ -105,8 +105,8 @@ def to_original(spec, adapters: Dict[str, Tuple[torch.Tensor, torch.Tensor]], sc
 
 def _original_tensors(spec, state: Dict[str, torch.Tensor]) -> Dict[str, Dict[str, torch.Tensor]]:
     """original layer -> {"down", "up", "alpha"} of an original-layout file's tensors (either key style)."""
-    suffixes = {".lora_down.weight": "down", ".lora_up.weight": "up", ".lora_A.weight": "down",
-                ".lora_B.weight": "up", ".alpha": "alpha"}
+    suffixes = {".lora_down.weight": "down", ".lora_up.weight": "up", ".lora.down.weight": "down",
+                ".lora.up.weight": "up", ".lora_A.weight": "down", ".lora_B.weight": "up", ".alpha": "alpha"}
     layers: Dict[str, Dict[str, torch.Tensor]] = {}
     for key, value in state.items():
         suffix = next((s for s in suffixes if key.endswith(s)), None)

@@ -2,9 +2,10 @@
 (``diffusion_model.layers.{i}.attention.qkv``; its NextDiT modules): every block (``noise_refiner``,
 ``context_refiner``, ``layers``) fuses the attention's q, k, v into ``attention.qkv`` (the fused
 layer's adapter is theirs stacked, ``original_lora_spec``) and names the output projection
-``attention.out``; the SwiGLU ``feed_forward.w1/w2/w3`` keep diffusers' names. Keys are kohya's
-(``lora_down`` / ``lora_up`` / ``alpha``), which ``ZImagePipeline.load_lora_weights`` reads through its
-non-diffusers converter (``attention.out`` renamed to ``to_out.0``)."""
+``attention.out``; the SwiGLU ``feed_forward.w1/w2/w3`` keep diffusers' names. Keys are kohya's with
+dots (``lora.down`` / ``lora.up`` / ``alpha``): the form ``ZImagePipeline.load_lora_weights`` reads through
+its non-diffusers converter with the fused ``qkv`` split into ``to_q/k/v`` (its kohya form with
+underscores leaves ``qkv`` unsplit) and ``attention.out`` renamed to ``to_out.0``; ComfyUI reads both."""
 
 from ..original_lora_spec import OriginalLoRA
 
@@ -16,7 +17,4 @@ ORIGINAL_LORA = OriginalLoRA(layers=tuple(
         (f"{block}.{{i}}.attention.out", (f"{block}.{{i}}.attention.to_out.0",)),
         *((f"{block}.{{i}}.feed_forward.{w}", (f"{block}.{{i}}.feed_forward.{w}",)) for w in ("w1", "w2", "w3")),
     )),
-    keys="kohya",
-    notes="diffusers' Z-Image converter splits a fused attention.qkv adapter only in the '.lora.down.weight' "
-          "key form, not kohya's '.lora_down.weight': the q, k, v adapters of this file load in ComfyUI, "
-          "not through ZImagePipeline.load_lora_weights (use the diffusers-format file there).")
+    keys="kohya_dotted")
