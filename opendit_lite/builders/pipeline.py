@@ -27,7 +27,7 @@ from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 import torch
 import torch.nn as nn
 
-from ..data.media_folders import MEDIA_DATA_TYPES
+from ..data.media_folders import IMAGE_EXTENSIONS, MEDIA_DATA_TYPES
 from ..data.video_latents import PIPELINE_FORMAT, video_latent_meta
 from ..encoders.family_encoders import encode_family_latents
 from ..encoders.pipeline_folder import (
@@ -348,8 +348,7 @@ def check_conditioning_rows(folder: PipelineFolder, csv: str, image_paths: Seque
     """A ConfigError naming the rows (``where``: "line 7" of a CSV, or a folder dataset's media file) whose
     conditioning images the pipeline of ``folder`` cannot take; ``csv``: the data, for the message."""
     c, name = folder.conditioning, folder.pipeline_class
-    lines = where
-    given = [line for line, paths in zip(lines, image_paths) if paths]
+    given = [row for row, paths in zip(where, image_paths) if paths]
     if c.image_input == "none" and given:
         image_pipelines = [v.pipeline for v in folder.family.variants if v.conditioning.image_input != "none"]
         also = f" (the {folder.family.name} family's image-conditioned pipelines: {', '.join(image_pipelines)})" \
@@ -358,24 +357,28 @@ def check_conditioning_rows(folder: PipelineFolder, csv: str, image_paths: Seque
                           f"{_rows(given)}), but {name} is a text-only pipeline and would ignore it: remove the "
                           f"'image' column, or train an image-conditioned pipeline's folder{also}.")
     if c.image_input == "reference":
-        missing = [line for line, paths in zip(lines, image_paths) if not paths]
+        missing = [row for row, paths in zip(where, image_paths) if not paths]
         if missing:
             raise ConfigError(f"{csv}: {len(missing)} row(s) have no reference image (rows: {_rows(missing)}), "
                               f"which {name} edits: give each row its reference image in the 'image' column "
                               f"(several separated by '|'), or remove the rows.")
     most = max(1, c.max_images)
-    many = [line for line, paths in zip(lines, image_paths) if len(paths) > most]
+    many = [row for row, paths in zip(where, image_paths) if len(paths) > most]
     if many:
         raise ConfigError(f"{csv}: {len(many)} row(s) name more conditioning images than the {most} {name} takes "
                           f"(rows: {_rows(many)}): keep at most {most} per row.")
     from PIL import Image, UnidentifiedImageError
 
-    for line, paths in zip(lines, image_paths):
+    checked = set()  # a file named by several rows (repeats) is read once
+    for line, paths in zip(where, image_paths):
         for path in paths:
+            if path in checked:
+                continue
+            checked.add(path)
             if not os.path.isfile(path):
                 raise ConfigError(f"{csv}, {line}: the conditioning image {path!r} does not exist: fix the "
                                   f"'image' column (paths are relative to the CSV's folder) or remove the row.")
-            if path.lower().endswith((".png", ".jpg", ".jpeg", ".webp", ".bmp")):
+            if path.lower().endswith(IMAGE_EXTENSIONS):
                 try:
                     with Image.open(path) as im:
                         im.verify()  # the header and the file's structure (no full decode)

@@ -27,7 +27,7 @@ import sys
 from typing import Any, Dict, List, NamedTuple, Sequence, Tuple, Union
 
 MEDIA_DATA_TYPES = ("csv", "folder")  # the data.type values read from captioned media files
-IMAGE_FILES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
 VIDEO_FILES = (".mp4", ".mov", ".webm", ".mkv", ".avi", ".gif")
 ENTRY_KEYS = ("path", "repeats", "caption_extension", "control_path")
 
@@ -87,7 +87,7 @@ def _media_files(folder: str) -> Dict[str, str]:
     files: Dict[str, str] = {}
     for name in sorted(os.listdir(folder)):
         stem, ext = os.path.splitext(name)
-        if name.startswith(".") or ext.lower() not in IMAGE_FILES + VIDEO_FILES:
+        if name.startswith(".") or ext.lower() not in IMAGE_EXTENSIONS + VIDEO_FILES:
             continue
         if stem in files:
             raise ValueError(f"{folder}: two media files share the stem {stem!r} ({os.path.basename(files[stem])}, "
@@ -112,7 +112,8 @@ def read_media_folders(spec: Union[str, Sequence[Any]], require_captions: bool =
     for entry in folder_entries(spec):
         media = _media_files(entry.path)
         if not media:
-            raise ValueError(f"{entry.path} holds no image or video files ({', '.join(IMAGE_FILES + VIDEO_FILES)})")
+            kinds = ", ".join(IMAGE_EXTENSIONS + VIDEO_FILES)
+            raise ValueError(f"{entry.path} holds no image or video files ({kinds})")
         controls = []
         for folder in entry.control_paths:
             found = _media_files(folder)

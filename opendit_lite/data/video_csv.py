@@ -32,9 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
-from .media_folders import MediaRow, folder_entries, read_media_folders
+from .media_folders import IMAGE_EXTENSIONS, MediaRow, folder_entries, read_media_folders
 
-IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
 SHAPE_COLUMNS = ("num_frames", "height", "width")
 
 

@@ -150,6 +150,15 @@ def export_family(model: nn.Module, output: str, *, state: Optional[Dict[str, to
     return make_readable(output)
 
 
+def pipeline_loads_lora(pipeline_class: str) -> bool:
+    """Whether the diffusers pipeline class ``pipeline_class`` saves and loads LoRA files itself
+    (``save_lora_weights`` / ``load_lora_weights``); HunyuanVideo 1.5's pipelines in diffusers 0.42 do not:
+    their transformer's ``load_lora_adapter`` reads the file."""
+    import diffusers
+
+    return hasattr(getattr(diffusers, pipeline_class, None), "load_lora_weights")
+
+
 def export_lora(model: nn.Module, output: str, *, state: Optional[Dict[str, torch.Tensor]] = None) -> str:
     """Write the LoRA adapters of ``model`` (a diffusers transformer with peft adapters, as trained),
     and nothing else, as ``<output>/pytorch_lora_weights.safetensors`` with ``save_lora_weights`` of
@@ -174,9 +183,8 @@ def export_lora(model: nn.Module, output: str, *, state: Optional[Dict[str, torc
                           "export the checkpoint of the LoRA run itself.")
     os.makedirs(output, exist_ok=True)
     layers, metadata = {k: v.contiguous() for k, v in adapters.items()}, plain.peft_config[ADAPTER].to_dict()
-    pipeline_class = getattr(diffusers, family.pipeline)
-    if hasattr(pipeline_class, "save_lora_weights"):
-        pipeline_class.save_lora_weights(output, transformer_lora_layers=layers,
+    if pipeline_loads_lora(family.pipeline):
+        getattr(diffusers, family.pipeline).save_lora_weights(output, transformer_lora_layers=layers,
                                          transformer_lora_adapter_metadata=metadata, weight_name=LORA_WEIGHT_NAME)
     else:  # a pipeline without LoRA loading (HunyuanVideo 1.5's in diffusers 0.42): the file every pipeline's
         # save_lora_weights writes (keys and metadata under "transformer."), which transformer.load_lora_adapter reads

@@ -35,6 +35,7 @@ from ..checkpoint.weights import load_weights
 from ..config import ConfigError
 from ..diffusion.sampling_utils import SampleGenerators
 from ..encoders.pipeline_folder import TRANSFORMERS, load_pipeline
+from ..interop.diffusers_export import pipeline_loads_lora
 from ..interop.family_checkpoint import write_export
 from ..interop.pretrained_files import LORA_WEIGHT_NAME
 from ..models.experts import NoiseExperts
@@ -134,7 +135,7 @@ def load_trained_pipeline(cfg, ckpt: str, ranks: SamplingRanks):
         with tempfile.TemporaryDirectory(prefix="opendit_lora_") as tmp:
             write_export(saved["model"], lora, ckpt, tmp, use_ema=cfg.sample.use_ema, lora_mode="adapter")
             for component in trained:
-                if component == "transformer" and not hasattr(pipe, "load_lora_weights"):  # HunyuanVideo 1.5's
+                if component == "transformer" and not pipeline_loads_lora(folder.pipeline_class):
                     pipe.transformer.load_lora_adapter(tmp, weight_name=LORA_WEIGHT_NAME)
                 elif component == "transformer":
                     pipe.load_lora_weights(tmp)

@@ -43,6 +43,7 @@ from ..encoders.video_vae import VideoVAE
 from ..errors import ConfigError
 from ..families import family_adapter, family_of
 from ..interop.comfyui_lora import COMFYUI_WEIGHT_NAME
+from ..interop.diffusers_export import pipeline_loads_lora
 from ..interop.family_checkpoint import check_lora_format, default_lora_format, export_family_checkpoint
 from ..interop.pretrained_files import LORA_WEIGHT_NAME
 from ..parallel.modes import ulysses_heads_error
@@ -159,7 +160,8 @@ def export_description(cfg, mode: str, out: str) -> str:
     source = repr(m.pipeline) if m.pipeline else "<its pipeline>"
     if mode == "adapter":
         first = f"pipe.load_lora_weights({out!r})"
-        if not pipeline_loads_lora(m.name):  # HunyuanVideo 1.5's pipelines: its transformer loads the file
+        family = family_of(m.name)
+        if family is not None and not pipeline_loads_lora(family.pipeline):  # its transformer loads the file
             first = f"pipe.transformer.load_lora_adapter({out!r}, weight_name={LORA_WEIGHT_NAME!r})"
         loads = [] if m.expert == "low_noise" else [first]
         if m.expert in ("both", "low_noise"):  # the low-noise expert's adapters go to transformer_2
@@ -174,14 +176,6 @@ def export_description(cfg, mode: str, out: str) -> str:
     if m.pipeline:
         return f"the fine-tuned pipeline to {out}: DiffusionPipeline.from_pretrained({out!r})"
     return f"the diffusers {m.name} to {out}: {m.name}.from_pretrained({out!r})"
-
-
-def pipeline_loads_lora(class_name: str) -> bool:
-    """Whether the pipeline class of the family of ``class_name`` has ``load_lora_weights``."""
-    import diffusers
-
-    family = family_of(class_name)
-    return family is None or hasattr(getattr(diffusers, family.pipeline, None), "load_lora_weights")
 
 
 def resolve_family_objective(cfg) -> None:
