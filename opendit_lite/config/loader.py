@@ -89,10 +89,6 @@ def _matches(value: Any, tp) -> bool:
     return isinstance(value, {list: (list, tuple), List: (list, tuple)}.get(origin, origin))
 
 
-def _refuse(key: str, value: Any, tp):
-    raise ConfigError(f"'{key}' must be a {_type_name(tp)}, got {value!r}.")
-
-
 def _coerce(key: str, value: Any, tp) -> Any:
     """Check ``value`` against the annotation ``tp``; convert where lossless (int -> float)."""
     origin = typing.get_origin(tp)
@@ -100,10 +96,10 @@ def _coerce(key: str, value: Any, tp) -> Any:
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         if value is None:
             return None
-        for arg in args[:-1]:  # the first alternative that takes the value as it is (a string, then a list)
-            if _matches(value, arg):
+        for arg in args:  # the first alternative that takes the value as it is (a string, then a list)
+            if len(args) == 1 or _matches(value, arg):
                 return _coerce(key, value, arg)
-        return _coerce(key, value, args[-1]) if len(args) == 1 or _matches(value, args[-1]) else _refuse(key, value, tp)
+        raise ConfigError(f"'{key}' must be a {_type_name(tp)}, got {value!r}.")
     if origin in (list, List):
         (item_tp,) = typing.get_args(tp)
         if isinstance(value, (int, float, str)) and not isinstance(value, bool):
