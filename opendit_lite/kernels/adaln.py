@@ -34,7 +34,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from . import custom_ops
-from .kernel_choice import take_triton
+from .kernel_choice import choose_kernel
 from .triton_dispatch import triton_runs_on
 
 
@@ -122,8 +122,8 @@ def fused_adaln(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: 
     _check_inputs(x, shift, scale)
     _check_affine(x, weight, bias, "fused_adaln")
     args = (x, shift, scale, eps, weight, bias)
-    if triton_runs_on(x) and take_triton("fused_adaln", adaln_triton, adaln_torch, args):
-        return adaln_triton(*args)
+    if triton_runs_on(x):
+        return choose_kernel("fused_adaln", adaln_triton, adaln_torch, args)(*args)
     return adaln_torch(*args)
 
 

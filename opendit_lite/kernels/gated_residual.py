@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from . import custom_ops
 from .adaln import FusedNormModule, _affine_output_dtype, _as_modulation, _check_affine, _check_inputs, fold_affine
-from .kernel_choice import take_triton
+from .kernel_choice import choose_kernel
 from .triton_dispatch import triton_runs_on
 
 
@@ -75,9 +75,9 @@ def gated_residual_adaln(x: torch.Tensor, h: torch.Tensor, gate: torch.Tensor, s
     _check_residual(x, h, gate, shift)
     _check_affine(x, weight, bias, "gated_residual_adaln")
     args = (x, h, gate, shift, scale, eps, weight, bias)
-    if triton_runs_on(x) and take_triton("gated_residual_adaln", gated_residual_adaln_triton,
-                                         gated_residual_adaln_torch, args):
-        return gated_residual_adaln_triton(*args)
+    if triton_runs_on(x):
+        serve = choose_kernel("gated_residual_adaln", gated_residual_adaln_triton, gated_residual_adaln_torch, args)
+        return serve(*args)
     return gated_residual_adaln_torch(*args)
 
 

@@ -39,6 +39,8 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence
 
 import torch
 
+from ..errors import ConfigError
+
 LOG = logging.getLogger("opendit_lite.kernels")
 ENV_MODE = "OPENDIT_KERNEL_CHOICE"
 ENV_CACHE = "OPENDIT_KERNEL_CHOICE_CACHE"
@@ -61,7 +63,7 @@ class Choice:
 def dispatch_mode() -> str:
     mode = os.environ.get(ENV_MODE, "measure")
     if mode not in MODES:
-        raise ValueError(f"{ENV_MODE}={mode!r} is not one of {', '.join(MODES)}: 'measure' (default) times the "
+        raise ConfigError(f"{ENV_MODE}={mode!r} is not one of {', '.join(MODES)}: 'measure' (default) times the "
                          f"fused kernel against torch.compile once per shape, 'fused' always takes the kernel, "
                          f"'compiled' always the torch path (compiled where the model is)")
     return mode
@@ -152,9 +154,10 @@ class ChoiceCache:
             saved = {k: dict(provider=c.provider, triton_ms=c.triton_ms, compile_ms=c.compile_ms, shapeless=c.shapeless)
                      for k, c in self.choices.items() if c.source in ("measured", "file")}
             os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
-            with open(self.path + ".tmp", "w") as f:
+            partial = f"{self.path}.{os.getpid()}.tmp"  # one per process: ranks may share the file
+            with open(partial, "w") as f:
                 json.dump(saved, f, indent=1, sort_keys=True)
-            os.replace(self.path + ".tmp", self.path)
+            os.replace(partial, self.path)
         return choice
 
     def log(self, key: str, choice: Choice) -> None:
@@ -246,23 +249,25 @@ def chooses_on(x: torch.Tensor) -> bool:
     return x.device.type == "cuda"
 
 
-def take_triton(op: str, triton_fn: Callable, torch_fn: Callable, args: Sequence[object]) -> bool:
-    """Whether this call takes the Triton kernel (``triton_fn(*args)``) rather than ``torch_fn(*args)``,
-    once ``triton_runs_on`` said the kernel can run. Off CUDA: always (see the module docstring)."""
+def choose_kernel(op: str, triton_fn: Callable, torch_fn: Callable, args: Sequence[object]) -> Callable:
+    """What serves this call, once ``triton_runs_on`` said the kernel can run: ``triton_fn``, or where
+    ``torch.compile`` of the torch path measured faster, that compiled path (``torch_fn`` itself inside a
+    compiled model, which compiles it anyway). Off CUDA: the kernel (see the module docstring)."""
     x = next(a for a in args if isinstance(a, torch.Tensor))
     if not chooses_on(x):
-        return True
+        return triton_fn
     train = records_gradients(args)
     if torch.compiler.is_compiling():
-        return _compiled_provider(op, describe(args, shapes=False), _index(x), train) == "triton"
+        compiled = _compiled_provider(op, describe(args, shapes=False), _index(x), train) == "triton"
+        return triton_fn if compiled else torch_fn
     mode = dispatch_mode()
     if mode != "measure":
-        return mode == "fused"
+        return triton_fn if mode == "fused" else torch_fn
     key = signature_key(op, describe(args), _index(x), train)
     choice = cache().lookup(key)
     if choice is None:
         if x.is_cuda and torch.cuda.is_current_stream_capturing():
-            return True  # nothing can be timed inside a CUDA graph capture: the kernel, measured at a later call
+            return triton_fn  # nothing can be timed inside a CUDA graph capture: the kernel, measured at a later call
         # One graph of the reference per signature (past dynamo's recompile limit it would run eagerly), and
         # compiled for real even inside ``measured_eagerly`` (whose stance would run it eagerly).
         name = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
@@ -270,7 +275,7 @@ def take_triton(op: str, triton_fn: Callable, torch_fn: Callable, args: Sequence
         with torch._dynamo.config.patch(**{name: limit}), torch.compiler.set_stance("default"):
             choice = cache().choose(key, _step(triton_fn, args), _step(compiled_reference(torch_fn), args),
                                     shapeless=signature_key(op, describe(args, shapes=False), _index(x), train))
-    return choice.provider == "triton"
+    return triton_fn if choice.provider == "triton" else compiled_reference(torch_fn)  # what was measured
 
 
 @contextlib.contextmanager

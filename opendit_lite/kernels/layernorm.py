@@ -19,7 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from . import custom_ops
-from .kernel_choice import take_triton
+from .kernel_choice import choose_kernel
 from .triton_dispatch import triton_runs_on, triton_unavailable_reason
 
 
@@ -38,8 +38,8 @@ def triton_layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
             f"[D] = [{D}] for x of shape {tuple(x.shape)}"
         )
     args = (x, weight, bias, eps)
-    if triton_runs_on(x) and take_triton("layer_norm", layer_norm_triton, layer_norm_torch, args):
-        return layer_norm_triton(*args)
+    if triton_runs_on(x):
+        return choose_kernel("layer_norm", layer_norm_triton, layer_norm_torch, args)(*args)
     return layer_norm_torch(*args)
 
 
