@@ -52,11 +52,10 @@ class HunyuanVideo15ImageToVideoConditioning(HunyuanVideo15Conditioning):
     def inputs(self, model_config, constants, x, t, text):
         B, C, T, h, w = x.shape
         # prepare_cond_latents_and_mask: the image's latents on frame 0, zero after; the mask 1 on frame 0
-        condition = text["image_latents"].to(x.dtype).repeat(1, 1, T, 1, 1)                     # [B, C, T, h, w]
-        condition[:, :, 1:] = 0
-        mask = x.new_zeros(B, 1, T, h, w)
-        mask[:, :, 0] = 1.0
-        return dict(hidden_states=torch.cat([x, condition, mask], dim=1), timestep=t.to(x.dtype),  # [B, 2C + 1, ...]
+        hidden = torch.cat([x, x.new_zeros(B, C + 1, T, h, w)], dim=1)                         # [B, 2C + 1, T, h, w]
+        hidden[:, C:2 * C, :1] = text["image_latents"].to(x.dtype)                             # the image on frame 0
+        hidden[:, 2 * C, 0] = 1.0                                                              # the mask channel
+        return dict(hidden_states=hidden, timestep=t.to(x.dtype),
                     timestep_r=None, image_embeds=text["image_embeds"].to(x.dtype), **self.text_inputs(x, text))
 
 

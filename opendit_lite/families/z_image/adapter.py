@@ -18,11 +18,13 @@ from ..adapter_base import FamilyAdapter, Recipe
 
 def caption_list(states: torch.Tensor, mask: torch.Tensor) -> List[torch.Tensor]:
     """Caption states [B, M, W] and their bool mask [B, M] -> per sample the states of the real tokens
-    [L_i, W], as ``ZImagePipeline._encode_prompt`` returns them (``states[i][mask[i]]``). On the meta
-    device (the planner), whose masks hold no values, every token is kept."""
+    [L_i, W], as ``ZImagePipeline._encode_prompt`` returns them (``states[i][mask[i]]``; the mask is a
+    prefix, as ``encode_text`` pads: one host read of the lengths per batch). On the meta device (the
+    planner), whose masks hold no values, every token is kept."""
     if states.is_meta:
         return list(states.unbind(0))
-    return [s[m] for s, m in zip(states, mask.bool())]
+    lengths = mask.sum(dim=1).tolist()                                                   # one host sync
+    return [s[:length] for s, length in zip(states, lengths)]
 
 
 def z_image_time(t: torch.Tensor) -> torch.Tensor:

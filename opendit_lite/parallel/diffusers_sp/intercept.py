@@ -101,9 +101,13 @@ class InterceptedAttention:
         image = slice(text, None) if self.sequence_parallel_text == "first" else slice(0, mask.size(-1) - text)
         valid = mask.diagonal(dim1=-2, dim2=-1)                                         # [B|1, H|1, L]
         keys = valid.unsqueeze(-2)                                                      # [B|1, H|1, 1, L]
-        if not valid[..., image].all() or not torch.equal(mask, valid.unsqueeze(-1) & keys):
-            raise self._refuse(f"a mask of shape {shape} that is not valid[query] & valid[key] with valid image "
-                               f"queries")
+        # The form is checked on the module's first call only: the check reads the mask on the host (a sync)
+        # and builds an [L, L] comparison, and the model builds its mask the same way at every call.
+        if not getattr(self, "_query_mask_checked", False):
+            if not valid[..., image].all() or not torch.equal(mask, valid.unsqueeze(-1) & keys):
+                raise self._refuse(f"a mask of shape {shape} that is not valid[query] & valid[key] with valid "
+                                   f"image queries")
+            self._query_mask_checked = True
         return keys
 
     def _sequence_parallel_sdpa(self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
