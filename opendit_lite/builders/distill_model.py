@@ -17,6 +17,7 @@ with its adapter merged into the base, into a freshly built model, which samples
 """
 
 import contextlib
+import copy
 import os
 import warnings
 from typing import Dict, Optional
@@ -198,7 +199,8 @@ def build_distill_module(build_model, cfg) -> DistillModule:
         add_adapters(base, (STUDENT, CRITIC), rank=cfg.lora.rank, alpha=cfg.lora.alpha, dropout=cfg.lora.dropout,
                      targets=cfg.lora.targets)
         return DistillModule(base)
-    return DistillModule(teacher_model(), teacher_model(), teacher_model())
+    teacher = teacher_model()  # read once; student and critic start as copies of it
+    return DistillModule(teacher, copy.deepcopy(teacher), copy.deepcopy(teacher))
 
 
 def student_state(state: Dict[str, torch.Tensor], lora: Optional[Dict]) -> Dict[str, torch.Tensor]:

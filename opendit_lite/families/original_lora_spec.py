@@ -41,7 +41,6 @@ class OriginalLoRA:
     layers: Tuple[Tuple[str, Tuple[str, ...]], ...]
     keys: str = "kohya"                    # how the matrices and the scale are named: one of KEY_STYLES
     prefix: str = "diffusion_model."       # the prefix of every key (the original checkpoint's module)
-    notes: str = ""                        # what the family's diffusers converter cannot read, and why
 
     def __post_init__(self):
         if self.keys not in KEY_STYLES:

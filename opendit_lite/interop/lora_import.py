@@ -27,10 +27,11 @@ import torch.nn as nn
 
 from ..errors import ConfigError
 from .comfyui_lora import COMFYUI_WEIGHT_NAME, Adapter, from_original, layer_widths, require_original_layout
+from .diffusers_export import WRAPPER_SEGMENTS
 from .pretrained_files import LORA_WEIGHT_NAME
 
 DIFFUSERS_PREFIX = "transformer."
-WRAPPER_SEGMENTS = ("_orig_mod.", "_checkpoint_wrapped_module.")
+LORA_MATRICES = (".lora_A.weight", ".lora_B.weight")
 
 
 def lora_file(path: str) -> str:
@@ -63,8 +64,8 @@ def file_format(keys, spec) -> str:
     keys = list(keys)
     if keys and spec is not None and all(k.startswith(spec.prefix) for k in keys):
         return "comfyui"
-    if keys and all(k.startswith(DIFFUSERS_PREFIX) and ".lora_" in k for k in keys):
-        return "diffusers"
+    if keys and all(k.startswith(DIFFUSERS_PREFIX) and k.endswith(LORA_MATRICES) for k in keys):
+        return "diffusers"  # only the two matrices: a DoRA magnitude or a bias would be dropped
     original = f"or the family's original layout ({spec.prefix}...) " if spec is not None else ""
     raise ConfigError(f"lora.init_from holds keys such as {keys[:3]}, which are neither the diffusers LoRA format of a "
                       f"transformer (transformer.<layer>.lora_A.weight) {original}(text-encoder adapters, other "
@@ -105,6 +106,11 @@ def read_lora_file(path: str, model: nn.Module, rank: int, adapted) -> Dict[str,
         spec = require_original_layout(family_of(cls), cls.__name__)
         return from_original(spec, state, rank, layer_widths(model, spec, adapted), adapted)
     config = json.loads(metadata.get("lora_adapter_metadata", "{}"))
+    patterns = [k for k in ("transformer.rank_pattern", "transformer.alpha_pattern") if config.get(k)]
+    if patterns:
+        raise ConfigError(f"the LoRA file's metadata sets {' and '.join(patterns)} (per-layer ranks or scales), which "
+                          f"lora.init_from does not read: it would start the adapters at the wrong scale. Start from a "
+                          f"LoRA of one rank and alpha.")
     scale = config["transformer.lora_alpha"] / config["transformer.r"] if "transformer.r" in config else 1.0
     layers = sorted({k[len(DIFFUSERS_PREFIX):].rsplit(".lora_", 1)[0] for k in state})
     adapters = {}

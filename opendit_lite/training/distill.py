@@ -106,6 +106,10 @@ def validate_distill(cfg) -> None:
     if cfg.model.learn_sigma:
         raise ConfigError("model.learn_sigma=true: a rectified-flow teacher predicts no variance; set "
                           "model.learn_sigma=false, as the teacher's run did.")
+    if not cfg.model.class_dropout_prob:
+        raise ConfigError("model.class_dropout_prob=0: the guided teacher needs the null class, which a model built "
+                          "with class dropout has (an embedding row past the classes); set it as the teacher's run "
+                          "did (e.g. 0.1). No label is dropped while distilling.")
     if cfg.init_from:
         raise ConfigError(f"init_from={cfg.init_from!r} in a distillation run: student and critic start from the "
                           f"teacher's weights (distill.teacher); remove init_from, or name that checkpoint as "
