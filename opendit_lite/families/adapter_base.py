@@ -9,7 +9,7 @@ keywords and its output back to [B, C, T, H, W]; it reads the model's diffusers 
 """
 
 from dataclasses import dataclass
-from typing import Mapping, Optional, Tuple
+from typing import Callable, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
@@ -96,3 +96,14 @@ def unpack_patches(tokens: torch.Tensor, shape: Tuple[int, ...], pt: int, p: int
     B, C, T, H, W = shape
     x = tokens.reshape(B, T // pt, H // p, W // p, C, pt, p, p)
     return x.permute(0, 4, 1, 5, 2, 6, 3, 7).reshape(B, C, T, H, W)
+
+
+def last_block_parameters(blocks: str, prefixes: Sequence[str]) -> Callable[[nn.Module], List[str]]:
+    """A family's ``unused_parameters`` capability when the last block of the list ``blocks`` updates a
+    stream nothing reads after it (the text stream of a joint-attention model that returns image tokens
+    only): the names of that block's parameters under ``prefixes``, which autograd never reaches."""
+    def unused(model: nn.Module) -> List[str]:
+        last = f"{blocks}.{len(getattr(model, blocks)) - 1}."
+        return [name for name, _ in model.named_parameters()
+                if name.startswith(last) and name[len(last):].startswith(tuple(prefixes))]
+    return unused

@@ -4,9 +4,10 @@ folder (``adapter.py``, ``sp_spec.py``, ``fused_norms.py``, ``encoding.py``, ``c
 ``tiny.py``, ``step_cache.py``; the image-to-video variant's ``conditioning_i2v.py``), its
 capabilities and its released 8.3B transformer's shape for the planner; registered on import."""
 
+from ..adapter_base import last_block_parameters
 from ..lora_targets import ATTENTION, FEED_FORWARD
 from ..registry import Family, PipelineVariant, Release, register_family
-from .adapter import HunyuanVideo15Adapter, last_block_text_outputs
+from .adapter import HunyuanVideo15Adapter
 from .conditioning import CONDITIONING
 from .conditioning_i2v import CONDITIONING as I2V_CONDITIONING
 from .encoding import ENCODING
@@ -39,5 +40,6 @@ FAMILY = register_family(Family(
         num_refiner_layers=2, mlp_ratio=4.0, patch_size=1, patch_size_t=1, qk_norm="rms_norm", text_embed_dim=3584,
         text_embed_2_dim=1472, image_embed_dim=1152, rope_theta=256.0, rope_axes_dim=[16, 56, 56], target_size=640,
         task_type="t2v", use_meanflow=False)),),
-    unused_parameters=last_block_text_outputs,  # the last block's text outputs: in no step's graph
+    # the last block's text output projection and feed-forward: its text stream is dropped after it
+    unused_parameters=last_block_parameters("transformer_blocks", ("attn.to_add_out.", "ff_context.")),
 ))

@@ -17,20 +17,6 @@ import torch
 
 from ..adapter_base import FamilyAdapter, Recipe
 
-
-# A double-stream block's parameters that only its text stream's update depends on (its attention's text
-# queries still reach the video tokens' gradient, as zeros, through the joint attention's backward).
-def last_block_text_outputs(model) -> list:
-    """The capability ``unused_parameters``: the last block's text stream is dropped after it, so its text
-    output projection and feed-forward are in no step's graph (frozen by ``parallelize``)."""
-    last = f"transformer_blocks.{len(model.transformer_blocks) - 1}."
-    return [last + name for name in TEXT_OUTPUT_PARAMETERS]
-
-
-TEXT_OUTPUT_PARAMETERS = ("attn.to_add_out.weight", "attn.to_add_out.bias", "ff_context.net.0.proj.weight",
-                          "ff_context.net.0.proj.bias", "ff_context.net.2.weight", "ff_context.net.2.bias")
-
-
 def condition_channels(x: torch.Tensor) -> torch.Tensor:
     """Latents x [B, C, T, h, w] -> [x, condition latents, condition mask] [B, 2C + 1, T, h, w], the
     condition zero (text-to-video, as ``prepare_cond_latents_and_mask`` of ``HunyuanVideo15Pipeline``)."""

@@ -3,6 +3,7 @@ from the pieces in this folder (``adapter.py``, ``sp_spec.py``, ``fused_norms.py
 ``conditioning.py``, ``tiny.py``, ``step_cache.py``; the edit pipelines' ``conditioning_edit.py``), its
 capabilities and its released checkpoint's shape for the planner; registered on import."""
 
+from ..adapter_base import last_block_parameters
 from ..lora_targets import ATTENTION
 from ..registry import Family, PipelineVariant, Release, register_family
 from .adapter import QwenImageAdapter
@@ -26,16 +27,6 @@ RELEASED = dict(patch_size=2, in_channels=64, out_channels=16, num_layers=60, at
                 num_attention_heads=24, joint_attention_dim=3584, guidance_embeds=False, axes_dims_rope=[16, 56, 56])
 
 
-def last_block_text_outputs(model) -> list:
-    """The last block's text-stream outputs (its attention's text output and text feed-forward): only the
-    image tokens leave the model and no later block reads this block's text, so autograd gives them no
-    gradient (its text queries get a zero one, through the joint attention)."""
-    last = f"transformer_blocks.{len(model.transformer_blocks) - 1}."
-    heads = ("attn.to_add_out.", "txt_mlp.")
-    return [name for name, _ in model.named_parameters() if name.startswith(last)
-            and name[len(last):].startswith(heads)]
-
-
 FAMILY = register_family(Family(
     name="qwen_image",
     class_name="QwenImageTransformer2DModel",
@@ -53,7 +44,8 @@ FAMILY = register_family(Family(
     releases=tuple(Release(repo, dict(RELEASED)) for repo in ("Qwen/Qwen-Image", "Qwen/Qwen-Image-Edit",
                                                                 "Qwen/Qwen-Image-Edit-2509")),
     conditioning=CONDITIONING,
-    unused_parameters=last_block_text_outputs,
+    # the last block's text outputs (its attention's text output, text feed-forward): no later block reads them
+    unused_parameters=last_block_parameters("transformer_blocks", ("attn.to_add_out.", "txt_mlp.")),
     variants=(PipelineVariant("QwenImageEditPipeline", EDIT), PipelineVariant("QwenImageEditPlusPipeline", EDIT_PLUS)),
     tiny=TINY,
 ))
