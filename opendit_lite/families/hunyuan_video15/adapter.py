@@ -17,6 +17,7 @@ import torch
 
 from ..adapter_base import FamilyAdapter, Recipe
 
+
 def condition_channels(x: torch.Tensor) -> torch.Tensor:
     """Latents x [B, C, T, h, w] -> [x, condition latents, condition mask] [B, 2C + 1, T, h, w], the
     condition zero (text-to-video, as ``prepare_cond_latents_and_mask`` of ``HunyuanVideo15Pipeline``)."""
