@@ -297,5 +297,10 @@ def test_outside_its_pipeline_an_image_to_video_transformer_is_planned_but_not_t
     with pytest.raises(ConfigError, match="image-to-video transformer: it trains on the images its pipeline"):
         adapter.forward(model, config, torch.zeros(1, 16, 2, 4, 4), torch.ones(1), torch.zeros(1, 8, 32), None, None)
     conditioning = FAMILIES["wan"].conditioning_of("WanImageToVideoPipeline")  # FLF2V: first and last frame
+    from types import SimpleNamespace
+
+    pipe = SimpleNamespace(config={}, image_encoder=None)  # refused when the run's constants are read, before a step
     with pytest.raises(ConfigError, match="Wan 2.1 FLF2V's .* not supported yet"):
-        conditioning.inputs(dict(config, pos_embed_seq_len=34), {"expand_timesteps": False}, x, torch.ones(1), {})
+        conditioning.constants(pipe, dict(config, pos_embed_seq_len=34), None)
+    with pytest.raises(ConfigError, match="holds no image_encoder"):
+        conditioning.constants(pipe, config, None)

@@ -102,11 +102,18 @@ class WanImageToVideoConditioning(WanConditioning):
             inputs[IMAGE_STATES] = pipe.encode_image(pictures, device)                    # [B, 257, W_clip]
         return inputs
 
-    def inputs(self, model_config, constants, x, t, text):
+    def constants(self, pipe, model_config, guidance):
+        """Wan's, after the refusals of a transformer this conditioning cannot feed (before any step)."""
         if model_config.get("pos_embed_seq_len"):  # FLF2V: CLIP states of the first and the last frame
             raise ConfigError("this WanImageToVideoPipeline's transformer is Wan 2.1 FLF2V's (pos_embed_seq_len: it "
                               "takes a first and a last frame); training conditions on the first frame only, so "
                               "FLF2V is not supported yet: train an I2V release (Wan2.1-I2V-14B-480P / 720P).")
+        if model_config.get("image_dim") is not None and getattr(pipe, "image_encoder", None) is None:
+            raise ConfigError("the transformer takes CLIP image states (image_dim is set, Wan 2.1 I2V) but the "
+                              "pipeline folder holds no image_encoder: use the release's whole folder.")
+        return super().constants(pipe, model_config, guidance)
+
+    def inputs(self, model_config, constants, x, t, text):
         inputs = super().inputs(model_config, constants, x, t, text)
         condition = text[CONDITION]
         if constants["expand_timesteps"]:  # TI2V: the given first frame in place, its tokens at time 0
@@ -116,11 +123,7 @@ class WanImageToVideoConditioning(WanConditioning):
             inputs["timestep"] = per_token[None] * t[:, None]                              # [B, N]
         else:
             inputs["hidden_states"] = torch.cat([x, condition.to(x.dtype)], dim=1)        # [B, 16 + 20, T, h, w]
-        states = text.get(IMAGE_STATES)
-        if model_config.get("image_dim") is not None and states is None:
-            raise ConfigError("the transformer takes CLIP image states (image_dim is set, Wan 2.1 I2V) but the "
-                              "pipeline folder holds no image_encoder: use the release's whole folder.")
-        inputs[IMAGE_STATES] = states if model_config.get("image_dim") is not None else None
+        inputs[IMAGE_STATES] = text.get(IMAGE_STATES) if model_config.get("image_dim") is not None else None
         return inputs
 
     def loss_mask(self, model_config: Mapping, constants: Mapping, x: torch.Tensor) -> Optional[torch.Tensor]:
