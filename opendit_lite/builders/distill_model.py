@@ -56,13 +56,16 @@ class DistillModule(nn.Module):
         self.lora = student is None
         if self.lora:
             self.base = teacher
+            self._layers = None  # its LoRA layers, found at the first forward (once the model is built)
         else:
             self.teacher, self.student, self.critic = teacher, student, critic
             self.teacher.requires_grad_(False)
 
     def forward(self, x: torch.Tensor, t: torch.Tensor, role: str, **kwargs) -> torch.Tensor:
         if self.lora:
-            with active_adapter(self.base, None if role == TEACHER else role):
+            if self._layers is None:
+                self._layers = _lora_layers(self.base)
+            with active_adapter(self._layers, None if role == TEACHER else role):
                 return self.base(x, t, **kwargs)
         return getattr(self, role)(x, t, **kwargs)
 
@@ -74,11 +77,10 @@ def _lora_layers(model: nn.Module):
 
 
 @contextlib.contextmanager
-def active_adapter(model: nn.Module, name: Optional[str]):
-    """Run ``model``'s LoRA layers with adapter ``name`` only (None: none, the frozen base). Sets the
-    layers' active adapter directly: peft's ``set_adapter`` would also flip ``requires_grad``, which the
-    optimizer and DDP fixed when they were built."""
-    layers = _lora_layers(model)
+def active_adapter(layers, name: Optional[str]):
+    """Run a model's LoRA ``layers`` (``_lora_layers``) with adapter ``name`` only (None: none, the frozen
+    base). Sets the layers' active adapter directly: peft's ``set_adapter`` would also flip
+    ``requires_grad``, which the optimizer and DDP fixed when they were built."""
     saved = [(m._active_adapter, m._disable_adapters) for m in layers]
     for m in layers:
         m._disable_adapters = name is None
@@ -93,28 +95,22 @@ def active_adapter(model: nn.Module, name: Optional[str]):
 
 def add_adapters(model: nn.Module, names, *, rank: int, alpha: float, dropout: float, targets) -> None:
     """Adapters ``names`` (each rank ``rank``, scale alpha / rank) on the same linear layers of ``model``,
-    the base frozen, every adapter trainable. ``apply_lora`` adds the first (it chooses the layers);
-    the others go on the layers it adapted."""
+    the base frozen, every adapter trainable. ``apply_lora`` adds the first (it chooses the layers); the
+    others go on the layers it adapted, named in full (they are peft layers then, no longer ``nn.Linear``,
+    which ``apply_lora``'s target matching looks for)."""
     from peft import LoraConfig, inject_adapter_in_model
 
-    layers = lora_target_names(model, _targets(model, targets))
+    from ..models.capabilities import lora_targets
+
+    layers = lora_target_names(model, lora_targets(model) if targets is None else tuple(targets))
     apply_lora(model, rank=rank, alpha=alpha, dropout=dropout, targets=layers, adapter_name=names[0])
     for name in names[1:]:
-        if any(name in m.lora_A for m in _lora_layers(model)):
-            raise ConfigError(f"the LoRA adapter name {name!r} is taken twice; the distillation's adapters are "
-                              f"{list(names)}, one per network.")
         config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=layers, bias="none")
         with warnings.catch_warnings():  # peft warns that a second adapter is added: here that is the point
             warnings.filterwarnings("ignore", message="Already found a `peft_config`")
             inject_adapter_in_model(config, model, adapter_name=name)
     for name, p in model.named_parameters():
         p.requires_grad_(".lora_" in name)
-
-
-def _targets(model: nn.Module, targets):
-    from ..models.capabilities import lora_targets
-
-    return lora_targets(model) if targets is None else tuple(targets)
 
 
 def teacher_checkpoint(teacher: str) -> str:
@@ -220,7 +216,7 @@ def load_student(model: nn.Module, ckpt: str, *, use_ema: bool, lora: Optional[D
         add_adapters(model, (STUDENT,), rank=lora["rank"], alpha=lora["alpha"], dropout=lora["dropout"],
                      targets=lora["targets"])
         model.load_state_dict({k: v.to(dtype) for k, v in state.items()})
-        with active_adapter(model, STUDENT):
+        with active_adapter(_lora_layers(model), STUDENT):
             return merge_lora(model)
     model.load_state_dict({k: v.to(dtype) for k, v in state.items()})
     return model
