@@ -20,6 +20,7 @@ some trainers write) gives each part that down matrix and its rows of the up mat
 (another rank, a dense up matrix, rows for a layer the run does not adapt) is a ConfigError.
 """
 
+import functools
 import os
 import re
 from typing import Dict, Optional, Sequence, Tuple
@@ -38,6 +39,7 @@ _STYLE = {"kohya": ("lora_down", "lora_up"), "kohya_dotted": ("lora.down", "lora
 Adapter = Tuple[torch.Tensor, torch.Tensor, float]  # (A [r, in], B [out, r], scale): the update is scale * B @ A
 
 
+@functools.lru_cache(maxsize=None)  # a layout's few templates, matched against every adapted layer
 def _pattern(template: str) -> "re.Pattern":
     return re.compile(re.escape(template).replace(re.escape("{i}"), r"(?P<i>\d+)"))
 
