@@ -235,7 +235,12 @@ class EvalConfig:
     inception_path: Optional[str] = _f(None, "local InceptionV3 weights for torch-fidelity "
                                              "(weights-inception-2015-12-05-6726825d.pth, checked by its sha256); "
                                              "nothing is downloaded")
-    score: bool = _f(True, "score the samples (needs inception_path; without reference: Inception Score only); "
+    features: str = _f("inception", "the feature network of the metrics: inception (torch-fidelity's InceptionV3 "
+                                     "from inception_path) or shapes (the small network shipped for the embedded "
+                                     "16x16 shapes data; its FIDs are not comparable with Inception FIDs)",
+                       choices=("inception", "shapes"))
+    score: bool = _f(True, "score the samples (needs inception_path, or features=shapes; without reference: "
+                           "Inception Score only); "
                            "false: only write samples.npz")
     samples: Optional[str] = _f(None, "an existing samples .npz (arr_0 uint8 NHWC) to score instead of generating")
     output_dir: Optional[str] = _f(None, "folder for samples.npz, metrics.json and PNGs; None: <run dir>/eval")

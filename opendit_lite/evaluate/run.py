@@ -6,8 +6,9 @@ import os
 
 import torch
 
-from .features import load_inception
-from .images import check_images_file, load_images
+from ..errors import ConfigError
+from .features import FeatureFn, load_inception
+from .images import check_images_file, load_images, npz_arrays
 from .metrics import score_images
 from .reference import check_reference_file, load_reference
 from .settings import check_eval_settings
@@ -21,8 +22,40 @@ def check_eval_config(cfg) -> None:
         check_images_file(e.samples)  # the files' formats from their headers: cheap, so first
     if e.reference:
         check_reference_file(e.reference)
+    if e.features == "shapes":
+        check_shapes_inputs(cfg)
     if e.score:
-        load_inception(e.inception_path, "cpu")  # exits with where to put the weights, or why they are wrong
+        load_features(e, "cpu")  # exits with where to put the weights, or why they are wrong
+
+
+def load_features(e, device) -> FeatureFn:
+    """The feature network ``eval.features`` names: InceptionV3 from ``eval.inception_path``, or the
+    shapes network shipped with the package (``shapes_features.py``)."""
+    if e.features == "shapes":
+        from .shapes_features import load_shapes_features
+
+        return load_shapes_features(device)
+    return load_inception(e.inception_path, device)
+
+
+def check_shapes_inputs(cfg) -> None:
+    """The shapes features score the shapes data's size only: the config's images, the samples file and
+    reference images of another size are refused before anything is sampled."""
+    from .shapes_features import check_shapes_size
+
+    e = cfg.eval
+    if e.samples:
+        height, width = check_images_file(e.samples)[1:3]
+        check_shapes_size(height, width, f"the images of eval.samples {e.samples!r}")
+    elif cfg.data.type != "shapes" or cfg.vae.path:
+        raise ConfigError(f"eval.features=shapes scores samples of the embedded shapes data, but this config trains on "
+                          f"data.type={cfg.data.type!r}{' through a VAE' if cfg.vae.path else ''}: use "
+                          f"eval.features=inception with eval.inception_path.")
+    else:
+        check_shapes_size(cfg.data.image_size, cfg.data.image_size, "this config's images (data.image_size)")
+    if e.reference and not os.path.isdir(e.reference) and "arr_0" in npz_arrays(e.reference):
+        height, width = check_images_file(e.reference)[1:3]
+        check_shapes_size(height, width, f"the images of eval.reference {e.reference!r}")
 
 
 def score(cfg, samples_path: str, out_dir: str) -> dict:
@@ -35,7 +68,7 @@ def score(cfg, samples_path: str, out_dir: str) -> dict:
     if not e.reference:
         print("no eval.reference: computing the Inception Score only")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    feature_fn = load_inception(e.inception_path, device)
+    feature_fn = load_features(e, device)
     reference = None
     if e.reference:
         reference = load_reference(e.reference, feature_fn, e.batch_size, need_features=e.precision_recall,

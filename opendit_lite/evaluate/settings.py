@@ -19,5 +19,9 @@ def check_eval_settings(cfg) -> None:
     if not e.score and (e.reference or e.precision_recall):
         raise ConfigError("'eval.score'=false only writes samples, but eval.reference / eval.precision_recall ask "
                           "for metrics: remove them, or set eval.score=true with eval.inception_path.")
+    if e.features == "shapes" and e.inception_path:
+        raise ConfigError(f"eval.features=shapes scores with the shapes network shipped with the package, so "
+                          f"'eval.inception_path' {e.inception_path!r} would not be used: remove it, or set "
+                          f"eval.features=inception to score with InceptionV3.")
     check_output_path(e.output_dir or os.path.join(cfg.results_dir, cfg.exp_name), "eval.output_dir" if e.output_dir
                       else "results_dir", folder=True)

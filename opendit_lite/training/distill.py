@@ -17,7 +17,7 @@ One step, for a batch of labels y (the data's images are not used: DMD2 without 
 * student step: the distribution-matching loss of x_0 between the critic and the teacher guided with
   ``distill.guidance_scale`` (``diffusion/distribution_matching.py``), gradients through x_0 only.
 
-The logged ``loss`` mixes the two kinds of step.
+The logged ``loss`` mixes the two kinds of step; ``loss_critic`` and ``loss_student`` are each kind's own.
 """
 
 import os
@@ -97,6 +97,11 @@ def distill_loss(model, objective: RectifiedFlow, cfg, x: torch.Tensor, model_kw
     return critic_loss(x0, velocity(CRITIC), judge_t, judge_noise, num_timesteps)
 
 
+def distill_loss_kinds(cfg):
+    """The loop's ``loss_kinds``: each step's loss is also logged as ``loss_critic`` or ``loss_student``."""
+    return (lambda step: int(is_student_step(step, cfg.distill.critic_updates))), ("loss_critic", "loss_student")
+
+
 def validate_distill(cfg) -> None:
     """What distillation does not take (yet), refused before anything is built."""
     d = cfg.distill
@@ -166,4 +171,4 @@ def distill_trainer(image_spec: TrainerSpec) -> TrainerSpec:
 
     return dataclasses.replace(image_spec, distills=True, build_model=build, describe=describe,
                                validate=validate_distill, finish=export_student, evaluator=None,
-                               loss=distill_loss)
+                               loss=distill_loss, loss_kinds=distill_loss_kinds)

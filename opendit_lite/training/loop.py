@@ -63,7 +63,8 @@ def write_run_config(cfg, run_dir: str, is_main: bool) -> None:
 
 def run_steps(state: TrainState, cfg, booster: Booster, log: MetricsLogger,
               batch_loss: Callable[[object, int], torch.Tensor], *, device: torch.device,
-              after_save: Optional[Callable[[int, str], None]] = None) -> str:
+              after_save: Optional[Callable[[int, str], None]] = None,
+              loss_kinds: Optional[Tuple[Callable[[int], int], Tuple[str, ...]]] = None) -> str:
     """Train ``state`` from ``state.step`` to ``cfg.max_steps``; returns the final checkpoint's path.
 
     ``batch_loss(batch, step)`` maps one micro-batch of optimizer step ``step`` (0-based) to its mean
@@ -79,7 +80,10 @@ def run_steps(state: TrainState, cfg, booster: Booster, log: MetricsLogger,
     ``RunInterrupted`` (see ``stop.py``). ``after_save(step, path)`` runs on every rank after each
     checkpoint (e.g. ``eval_every``). ``state.flops_per_step`` is counted by the run's first step
     when unknown (a resumed run has the saved count: counting runs the step under a dispatch mode,
-    which may change its rounding, so only the first step of a run is ever counted)."""
+    which may change its rounding, so only the first step of a run is ever counted).
+    ``loss_kinds = (kind_of_step, names)``: steps of different kinds (distillation's critic and student
+    steps) also log their own mean loss, ``names[kind_of_step(step)]``, over their steps since the last
+    log point, besides ``loss`` over all of them."""
     model, optimizer = state.model, state.optimizer
     guard = NonFiniteGuard(device, cfg.nan_policy)
     warmup = ema_warmup_on(cfg.ema.warmup, cfg.lora.rank)  # the decay of the update after s steps: ema_decay(.., s, ..)
@@ -102,6 +106,8 @@ def run_steps(state: TrainState, cfg, booster: Booster, log: MetricsLogger,
 
     world_size = dist.get_world_size()
     loss_sum = torch.zeros((), device=device)
+    kind_of_step, kind_names = loss_kinds if loss_kinds is not None else (None, ())
+    kind_sums = torch.zeros(2, len(kind_names), device=device)  # [loss sum; step count] per kind
     since_log = 0
     peak_tflops = current_device_peak_tflops(device)
     log.start(state.step, cfg.max_steps)
@@ -125,6 +131,10 @@ def run_steps(state: TrainState, cfg, booster: Booster, log: MetricsLogger,
                     continue
                 guard.observe(state.step + 1, step_loss)
                 loss_sum += step_loss
+                if kind_of_step is not None:
+                    kind = kind_of_step(state.step)
+                    kind_sums[0, kind] += step_loss
+                    kind_sums[1, kind] += 1
                 optimizer.step()
                 optimizer.zero_grad()
                 last_lr = state.lr_scheduler.get_last_lr()[0]  # the LR this step used
@@ -136,16 +146,20 @@ def run_steps(state: TrainState, cfg, booster: Booster, log: MetricsLogger,
                 since_log += 1
                 log.advance()
                 if state.step % cfg.log_every == 0 or state.step == cfg.max_steps:
-                    # one all-reduce for the loss, the stop votes and the non-finite flags
-                    stats = torch.stack([loss_sum, stop.flag_like(loss_sum), guard.flag_like(loss_sum)])
+                    # one all-reduce for the loss, the stop votes, the non-finite flags and the kinds' losses
+                    stats = torch.cat([torch.stack([loss_sum, stop.flag_like(loss_sum), guard.flag_like(loss_sum)]),
+                                       kind_sums.flatten()])
                     dist.all_reduce(stats)
+                    sums, counts = stats[3:].view(2, -1).tolist()  # both summed over ranks
+                    kind_losses = {name: total / n for name, total, n in zip(kind_names, sums, counts) if n}
                     guard.raise_if_flagged(stats[2].item())
                     grad_norm = optimizer.get_grad_norm()  # the last step's, before clipping (None: not tracked)
                     log.log(state.step, {"loss": stats[0] / world_size}, since_log, cfg.global_batch_size,
                             extra={"lr": last_lr, "grad_norm": None if grad_norm is None else float(grad_norm),
-                                   "mem_gib": peak_memory_gib(device), "epoch": state.batches.epoch},
+                                   "mem_gib": peak_memory_gib(device), "epoch": state.batches.epoch, **kind_losses},
                             flops_per_step=state.flops_per_step, peak_tflops=peak_tflops)
                     loss_sum.zero_()
+                    kind_sums.zero_()
                     since_log = 0
                     stopped = state.step < cfg.max_steps and stats[1].item() > 0  # some rank got a stop signal
                 elif state.step < cfg.max_steps:

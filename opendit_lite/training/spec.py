@@ -55,7 +55,9 @@ class TrainerSpec:
     trainer's restricts the times of one trained expert to its noise range); ``sampler(cfg, log)``
     builds the hook run after each saved checkpoint for ``sample.every`` (None: the trainer has none);
     ``loss(denoiser, objective, cfg, x, model_kwargs, draws, step)``, when given, is a batch's loss in place
-    of the objective's (distillation: which network a step trains depends on the step); ``distills``: the
+    of the objective's (distillation: which network a step trains depends on the step); ``loss_kinds(cfg)``,
+    when given, is ``(kind_of_step, names)``: each step's loss is also logged under ``names[kind_of_step(step)]``
+    (distillation's critic and student losses); ``distills``: the
     trainer takes ``distill.teacher`` (train.py's distillation of the zoo's image models).
     """
 
@@ -72,4 +74,5 @@ class TrainerSpec:
     objective: Optional[Callable[[Any], Any]] = None
     sampler: Optional[Callable[[Any, Any], Optional[Callable[[int, str], None]]]] = None
     loss: Optional[Callable[..., torch.Tensor]] = None
+    loss_kinds: Optional[Callable[[Any], Tuple[Callable[[int], int], Tuple[str, ...]]]] = None
     distills: bool = False

@@ -117,7 +117,8 @@ def train(spec: TrainerSpec, cfg, info) -> str:
             loss = objective_loss(batch_objective, denoiser, x, model_kwargs, draws)
         return loss * data.loss_weight(batch) if data.loss_weight is not None else loss
 
-    path = run_steps(state, cfg, booster, log, batch_loss, device=info.device, after_save=after_save)
+    path = run_steps(state, cfg, booster, log, batch_loss, device=info.device, after_save=after_save,
+                     loss_kinds=spec.loss_kinds(cfg) if spec.loss_kinds is not None else None)
     if spec.finish is not None:
         spec.finish(cfg, path, run_dir)
     merge = cfg.lora.export_merged if cfg.lora.export_merged is not None else not is_family(cfg.model.name)

@@ -4,6 +4,7 @@ two optimizers would); the LoRA layout's adapter-free base is the teacher; and t
 (a teacher trained a few steps, distilled with two LoRA adapters, resumed bit-identically, sampled by
 sample.py, refusals with exit code 2)."""
 
+import json
 import os
 from types import SimpleNamespace
 
@@ -123,6 +124,11 @@ def test_train_distill_resume_sample_and_refusals(tmp_path):
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), part
     assert any(".lora_B.student." in k and a[k].abs().max() > 0 for k in a)  # the student trained
     assert os.path.isfile(f"{tmp_path}/straight/student.safetensors")
+    with open(f"{tmp_path}/straight/metrics.jsonl") as f:  # log_every=1: each step's loss under its kind too
+        logged = [json.loads(line) for line in f if '"loss"' in line]
+    assert [r["step"] for r in logged] == [1, 2, 3, 4]
+    assert all(r[("loss_critic", "loss_student")[r["step"] % 2 == 0]] == r["loss"] for r in logged), logged
+    assert all(("loss_student" in r) != ("loss_critic" in r) for r in logged), logged
 
     grid = _run("sample.py", *distill, "exp_name=resumed", "sample.samples_per_class=1")
     assert grid.returncode == 0, grid.stderr[-3000:]
