@@ -66,7 +66,7 @@ def check_pipeline_sampling(cfg, given_pipeline, given_text_encoder) -> None:
                           f"apply to this library's own sampler only: remove them (sequence parallelism, sp_size, "
                           f"does apply).")
     folder = pipeline_folder(trained)
-    distilled = folder.conditioning.guidance_free(folder.path)
+    distilled = folder.conditioning.guidance_free(folder.path, cfg.model.guidance_distilled)
     unguided = folder.conditioning.unguided_scale
     if distilled and cfg.sample.cfg_scale not in (None, unguided):
         raise ConfigError(f"sample.cfg_scale={cfg.sample.cfg_scale:g} sets classifier-free guidance, but the model in "
@@ -180,7 +180,8 @@ def pipeline_call_settings(cfg) -> Dict[str, Any]:
         settings.update(folder.conditioning.call_size(height, width))
     guided = folder.conditioning.guided(folder.transformer_config())
     guidance = s.cfg_scale if s.cfg_scale is not None else (cfg.model.guidance if guided else None)
-    if guidance is None and folder.conditioning.guidance_free(folder.path):  # distilled: no unconditional branch
+    if guidance is None and folder.conditioning.guidance_free(folder.path, cfg.model.guidance_distilled):
+        # distilled from classifier-free guidance: the scale that runs no unconditional branch
         guidance = folder.conditioning.unguided_scale
     if guidance is not None:
         settings["guidance_scale"] = guidance

@@ -42,9 +42,10 @@ def test_a_z_image_lora_run_samples_through_its_pipeline_with_the_exported_lora(
 
 
 def test_a_turbo_folder_samples_without_guidance_and_refuses_a_cfg_scale(tiny_pipeline, tmp_path):
-    """Z-Image-Turbo's folder (recognised by its release's folder name: the configs are the base model's)
-    is sampled at guidance 0, ZImagePipeline's scale without an unconditional branch; a sample.cfg_scale
-    it would not use is a ConfigError (exit code 2 from the scripts), the base folder's is taken."""
+    """Z-Image-Turbo's folder (declared by model.guidance_distilled, else recognised by its release's folder
+    name: the configs are the base model's) is sampled at guidance 0, ZImagePipeline's scale without an
+    unconditional branch; a sample.cfg_scale it would not use is a ConfigError (exit code 2 from the
+    scripts), the base folder's is taken."""
     from opendit_lite.config import ConfigError, load_config
     from opendit_lite.config.video_schema import VideoTrainConfig
     from opendit_lite.sampling.pipeline_sampling import check_pipeline_sampling, pipeline_call_settings
@@ -68,3 +69,29 @@ def test_a_turbo_folder_samples_without_guidance_and_refuses_a_cfg_scale(tiny_pi
     message = str(refused.value)
     assert "sample.cfg_scale=4" in message and "Z-Image-Turbo is distilled from classifier-free guidance" in message
     assert "remove sample.cfg_scale" in message and "\n" not in message
+
+    # Declared rather than named: model.guidance_distilled decides over the folder's name, either way.
+    declared = config(base, "model.guidance_distilled=true")
+    assert pipeline_call_settings(declared)["guidance_scale"] == 0.0
+    with pytest.raises(ConfigError, match="model.guidance_distilled is true"):
+        check_pipeline_sampling(config(base, "model.guidance_distilled=true", "sample.cfg_scale=4"), None, None)
+    assert "guidance_scale" not in pipeline_call_settings(config(turbo, "model.guidance_distilled=false"))
+    check_pipeline_sampling(config(turbo, "model.guidance_distilled=false", "sample.cfg_scale=4"), None, None)
+
+
+def test_guidance_distilled_is_refused_where_it_cannot_apply(tiny_pipeline, tmp_path):
+    """On a model that embeds its guidance value (FLUX.1 dev: model.guidance sets it) and without a pipeline
+    folder, model.guidance_distilled is a ConfigError, not ignored."""
+    from opendit_lite.builders.pipeline import resolve_pipeline
+    from opendit_lite.config import ConfigError, load_config
+    from opendit_lite.config.video_schema import VideoTrainConfig
+    from opendit_lite.training.video import validate_video_config
+
+    csv = write_csv(tmp_path, [("0.png", "a red square")])
+    cfg = load_config(None, [f"model.pipeline={tiny_pipeline('flux')}", "data.type=csv", f"data.path={csv}",
+                             "model.guidance_distilled=true"], schema=VideoTrainConfig)
+    with pytest.raises(ConfigError, match="embeds the guidance value .* remove model.guidance_distilled"):
+        resolve_pipeline(cfg)
+    cfg = load_config(None, ["model.guidance_distilled=false"], schema=VideoTrainConfig)
+    with pytest.raises(ConfigError, match="model.guidance_distilled .* remove it"):
+        validate_video_config(cfg)
