@@ -2,7 +2,8 @@
 exports adapters that ``ZImagePipeline.load_lora_weights`` loads with no key warnings, and sample.py
 samples it through the pipeline: its images equal, within 1e-5 in fp32, the pipeline called directly
 with the export loaded and the same generators (classifier-free guidance at the pipeline's default
-scale). A Turbo folder samples at guidance 0 and refuses another ``sample.cfg_scale``."""
+scale). A Turbo folder samples at guidance 0 and refuses another ``sample.cfg_scale``. A full fine-tune
+exports a pipeline folder ``ZImagePipeline.from_pretrained`` loads with the trained transformer."""
 
 import os
 
@@ -95,3 +96,27 @@ def test_guidance_distilled_is_refused_where_it_cannot_apply(tiny_pipeline, tmp_
     cfg = load_config(None, ["model.guidance_distilled=false"], schema=VideoTrainConfig)
     with pytest.raises(ConfigError, match="model.guidance_distilled .* remove it"):
         validate_video_config(cfg)
+
+
+def test_a_full_fine_tune_exports_a_pipeline_folder_its_pipeline_class_loads(tiny_pipeline, tmp_path):
+    """A full fine-tune (lora.rank 0, one step) from the Z-Image folder ends by writing <run>/diffusers: a
+    ZImagePipeline folder with the transformer written fresh (the EMA weights the checkpoint holds) and the
+    other components linked to the source folder."""
+    from diffusers import ZImagePipeline
+    from safetensors.torch import load_file
+
+    folder, size = tiny_pipeline("z_image"), TINY_CALLS["z_image"]["height"]
+    media = write_image(tmp_path / "0.png", size, size)
+    main("train_video", [f"model.pipeline={folder}", "data.type=csv", f"data.image_size={size}",
+                         f"data.path={write_csv(tmp_path, [(media, PROMPTS[0])])}", "precision=fp32",
+                         "global_batch_size=1", "ckpt_every=0", "exp_name=full", f"results_dir={tmp_path}",
+                         "logger=[]", "max_steps=1"])
+    out = tmp_path / "full" / "diffusers"
+    assert os.path.islink(out / "vae") and os.path.islink(out / "text_encoder")
+    assert not os.path.islink(out / "transformer")
+    pipe = ZImagePipeline.from_pretrained(str(out))
+    ema = load_file(str(tmp_path / "full" / "checkpoints" / "full_step1" / "ema.safetensors"))
+    state = pipe.transformer.state_dict()
+    assert ema and ema.keys() <= state.keys()
+    for k, v in ema.items():
+        torch.testing.assert_close(state[k], v, rtol=0, atol=0, msg=k)
