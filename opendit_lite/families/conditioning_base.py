@@ -131,6 +131,14 @@ class PipelineConditioning:
         (as ``encode_images``)."""
         raise NotImplementedError
 
+    def encode_text_and_null(self, pipe, prompts: Sequence[str], images) -> Tuple[Dict[str, torch.Tensor],
+                                                                                Dict[str, torch.Tensor]]:
+        """(``encode_text`` of the captions, of the null prompt) with each sample's ``images``, [B, ...] each: the
+        text and null text of a ``null_text_per_image`` conditioning. One whose two encodings share work (the
+        images' part of the prompt) overrides it."""
+        return (self.encode_text(pipe, list(prompts), images),
+                self.encode_text(pipe, [self.null_prompt] * len(prompts), images))
+
     # -- conditioning images -------------------------------------------------------------------
     def reference_size(self, pipe, height: int, width: int) -> Tuple[int, int]:
         """The (height, width) the pipeline resizes a ``height x width`` reference image to (edit models;

@@ -73,20 +73,38 @@ class QwenImageEditConditioning(QwenImageConditioning):
         return CAPTION_TOKENS
 
     def encode_text(self, pipe, prompts, images=None):
+        return self._encode(pipe, prompts, images, with_null=False)[0]
+
+    def encode_text_and_null(self, pipe, prompts, images):
+        """The captions and the null prompt, each sample's images prepared once and its empty prompt encoded
+        once: that encoding gives the stored length's bound and, the null prompt being empty, the null text
+        (``encode_text`` of each, the same tensors, with two of its four vision-language runs a sample)."""
+        return self._encode(pipe, prompts, images, with_null=True)
+
+    def _encode(self, pipe, prompts, images, with_null: bool):
         if images is None or len(images) != len(prompts):
             raise ConfigError(f"{type(pipe).__name__} encodes each caption with its reference image: give one image "
                               f"list per caption (a data row's image column).")
-        states = []
+        texts, nulls = [], []
         for prompt, sample in zip(prompts, images):
             prompt_images = self.prompt_images(pipe, [to_picture(image) for image in sample])
-            embeds, mask = pipe.encode_prompt([prompt], image=prompt_images, device=pipe._execution_device)
-            empty, _ = pipe.encode_prompt([""], image=prompt_images, device=pipe._execution_device)
-            bound = CAPTION_TOKENS + empty.shape[1]          # the caption bound + the template's vision tokens
-            if embeds.shape[1] > bound:
-                raise ConfigError(f"a caption of {type(pipe).__name__} takes {embeds.shape[1] - empty.shape[1]} "
-                                  f"tokens, more than the {CAPTION_TOKENS} the training stores: shorten it.")
-            states.append(padded_text(embeds, mask, bound))
-        return {key: torch.cat([s[key] for s in states]) for key in (STATES, MASK)}
+            empty = pipe.encode_prompt([""], image=prompt_images, device=pipe._execution_device)
+            bound = CAPTION_TOKENS + empty[0].shape[1]      # the caption bound + the template's vision tokens
+            texts.append(self._padded(pipe, prompt, prompt_images, empty, bound))
+            if with_null:
+                nulls.append(self._padded(pipe, self.null_prompt, prompt_images, empty, bound))
+        return tuple({key: torch.cat([s[key] for s in out]) for key in (STATES, MASK)} for out in (texts, nulls)
+                     if out)
+
+    def _padded(self, pipe, prompt, prompt_images, empty, bound: int) -> dict:
+        """One caption encoded with its images (``empty``: the empty prompt's encoding, reused for it), padded
+        to ``bound`` tokens."""
+        embeds, mask = empty if prompt == "" else pipe.encode_prompt([prompt], image=prompt_images,
+                                                                     device=pipe._execution_device)
+        if embeds.shape[1] > bound:
+            raise ConfigError(f"a caption of {type(pipe).__name__} takes {embeds.shape[1] - bound + CAPTION_TOKENS} "
+                              f"tokens, more than the {CAPTION_TOKENS} the training stores: shorten it.")
+        return padded_text(embeds, mask, bound)
 
     def vae_images(self, pipe, pictures):
         """One sample's pictures -> what the pipeline's VAE encodes, [1, 3, 1, H, W] each."""
