@@ -9,8 +9,9 @@ masks 3 of 9 tokens). The loss is taken on ``prediction`` (the target's tokens, 
   Ulysses, ring and USP (ring 2 x Ulysses 1, ring 1 x Ulysses 2) over 2 gloo ranks against one process,
   the gathered output and every LoRA gradient (world mean), relative, as ``test_diffusers_families.py``.
 * The whole model at Ulysses: the output, every gradient and the parameters after one SGD step.
-* Sampling: ``QwenImageEditPipeline`` called for one prompt and reference (two steps, true CFG) with its
-  transformer Ulysses-parallel over the 2 ranks gives the one-process image (fp32, 1e-5) on every rank.
+* Sampling: ``QwenImageEditPipeline`` called for one prompt and reference (``QwenImageEditPlusPipeline``: two
+  references; two steps, true CFG) with its transformer Ulysses-parallel over the 2 ranks gives the one-process
+  image (fp32, 1e-5) on every rank.
 """
 
 import warnings
@@ -28,6 +29,7 @@ from tests.parallel.test_diffusers_families import TOL, _errors, _target
 GRID, REFERENCE_GRID = (6, 10), (2, 3)  # latent rows x columns: 3 x 5 and 2 x 3 patches of 2 x 2
 MODES = {"ulysses": ("ulysses", None), "ring": ("ring", None), "usp ring 2": ("usp", 2), "usp ring 1": ("usp", 1)}
 CAPTION = "a red square moving left"
+REFERENCES = {"qwenimage_edit": 1, "qwenimage_edit_plus": 2}     # sampled with this many reference images
 
 
 def _inputs(model, seed: int = 10) -> dict:
@@ -102,41 +104,34 @@ def _compare(mode: str, ring_size, lora: bool, lr: float = 10.0) -> dict:
     return errors
 
 
-def _small_areas():
-    """The edit pipeline's reference area shrunk to test size (48 x 48 pixels), as its conditioning test does."""
+def sample_edit(name: str, sp_group=None) -> torch.Tensor:
+    """The edit pipeline ``name``'s image for one prompt and its reference(s) (fixed generator, true CFG), its
+    transformer Ulysses-parallel over ``sp_group`` when given: [1, 3, 32, 32]. The pipelines' reference areas are
+    shrunk to test size (48 x 48 pixels; Edit-Plus's vision prompt 32 x 32) for the call, as their conditioning
+    test does."""
+    from unittest import mock
+
     import diffusers.pipelines.qwenimage.pipeline_qwenimage_edit as edit
-
-    original = getattr(edit.calculate_dimensions, "original", edit.calculate_dimensions)
-
-    def small(area, ratio):
-        return original(48 * 48, ratio)
-
-    small.original = original
-    edit.calculate_dimensions = small
-    return original
-
-
-def sample_edit(sp_group=None) -> torch.Tensor:
-    """QwenImageEditPipeline's image for one prompt and reference (fixed generator, true CFG), its transformer
-    Ulysses-parallel over ``sp_group`` when given: [1, 3, 32, 32]."""
-    import diffusers.pipelines.qwenimage.pipeline_qwenimage_edit as edit
+    import diffusers.pipelines.qwenimage.pipeline_qwenimage_edit_plus as plus
     from PIL import Image
 
     from opendit_lite.families.tiny_pipelines import TINY_CALLS, build_tiny_pipeline
     from opendit_lite.parallelization import parallelize
 
-    original = _small_areas()
-    try:
-        pipe = build_tiny_pipeline("qwenimage_edit")
+    original = edit.calculate_dimensions
+    with mock.patch.object(edit, "calculate_dimensions", lambda area, ratio: original(48 * 48, ratio)), \
+            mock.patch.object(plus, "VAE_IMAGE_SIZE", 48 * 48), \
+            mock.patch.object(plus, "CONDITION_IMAGE_SIZE", 32 * 32):
+        pipe = build_tiny_pipeline(name)
         if sp_group is not None:
             report = parallelize(pipe.transformer, sp_group=sp_group, sp_mode="ulysses")
             assert "ulysses" in str(report), report
-        picture = Image.fromarray(np.random.default_rng(0).integers(0, 255, (32, 64, 3), dtype=np.uint8))
+        rng = np.random.default_rng(0)
+        pictures = [Image.fromarray(rng.integers(0, 255, (32, 64, 3), dtype=np.uint8)) for _ in range(REFERENCES[name])]
         with torch.no_grad():
-            out = pipe(image=picture, prompt=CAPTION, negative_prompt="", true_cfg_scale=2.0, output_type="pt",
-                       generator=torch.Generator().manual_seed(3), **TINY_CALLS["qwenimage_edit"])
-    finally:
-        edit.calculate_dimensions = original
+            out = pipe(image=pictures[0] if len(pictures) == 1 else pictures, prompt=CAPTION, negative_prompt="",
+                       true_cfg_scale=2.0, output_type="pt", generator=torch.Generator().manual_seed(3),
+                       **TINY_CALLS[name])
     return out.images.float()
 
 
@@ -145,7 +140,7 @@ def _world2(rank, world_size):
     warnings.filterwarnings("ignore")
     out = {f"lora {name}": _compare(mode, ring, lora=True) for name, (mode, ring) in MODES.items()}
     out["full ulysses"] = _compare("ulysses", None, lora=False)
-    out["sampling"] = sample_edit(dist.group.WORLD)
+    out["sampling"] = {name: sample_edit(name, dist.group.WORLD) for name in REFERENCES}
     return out
 
 
@@ -173,10 +168,12 @@ def test_qwen_image_edit_reference_tokens_split_with_the_target_at_sp2():
 
 
 def test_qwen_image_edit_sampling_at_sp2_equals_one_process():
-    """The edit pipeline sampled with its transformer's tokens (target and reference) split over 2 ranks (what
-    sample.py does at sp_size=2) gives the one-process image on every rank."""
-    serial = sample_edit()
-    for image in spawn_results("qwen image edit", 2):
-        difference = (image["sampling"] - serial).abs().max().item()
-        print(f"\nsampling at sp 2 vs one process: {difference:.2g}")
+    """The edit pipelines (Edit with one reference, Edit-Plus with two) sampled with their transformer's tokens
+    (target and references) split over 2 ranks (what sample.py does at sp_size=2) give the one-process image on
+    every rank."""
+    per_rank = spawn_results("qwen image edit", 2)
+    for name in REFERENCES:
+        serial = sample_edit(name)
+        difference = max((results["sampling"][name] - serial).abs().max().item() for results in per_rank)
+        print(f"\n{name} sampled at sp 2 vs one process: {difference:.2g}")
         assert difference <= 1e-5
