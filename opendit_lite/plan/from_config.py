@@ -292,7 +292,7 @@ def plan_config(cfg, memory_gib: float, world_size: int, max_batch: int = 256, m
         if any(any(a) for a in added.values()):
             conditioned = (f"each sample's reference image as {pipeline_class} sizes it: "
                            f"{', '.join(f'{added[b.name][0]} tokens ({b.name})' for b in buckets)} on the sequence "
-                           f"axis" + (f", {vision} vision tokens in the caption's" if vision else ""))
+                           f"axis" + (f", and {vision} vision tokens in its caption" if vision else ""))
     weights = WeightShape.of(model)
     largest = max(buckets, key=lambda b: sample_tokens(shape, b.frames, b.height, b.width, b.extra_tokens))
     costs = Costs(shape, weights, world_size, precision.element_bytes,

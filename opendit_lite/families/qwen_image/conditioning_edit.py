@@ -121,8 +121,8 @@ class QwenImageEditConditioning(QwenImageConditioning):
             texts.append(self._padded(pipe, prompt, prompt_images, empty, bound))
             if with_null:
                 nulls.append(self._padded(pipe, self.null_prompt, prompt_images, empty, bound))
-        return tuple({key: torch.cat([s[key] for s in out]) for key in (STATES, MASK)} for out in (texts, nulls)
-                     if out)
+        return tuple({key: torch.cat([s[key] for s in out]) for key in (STATES, MASK)}
+                     for out in ((texts, nulls) if with_null else (texts,)))
 
     def _padded(self, pipe, prompt, prompt_images, empty, bound: int) -> dict:
         """One caption encoded with its images (``empty``: the empty prompt's encoding, reused for it), padded
