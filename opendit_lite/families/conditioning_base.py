@@ -185,6 +185,14 @@ class PipelineConditioning:
         """The time shift (SNR shift for v-prediction) for latent clips of ``x_shape`` (B, C, T, h, w)."""
         raise NotImplementedError
 
+    def set_timesteps_kwargs(self, pipe, steps: int, x_shape: Sequence[int],
+                             model_config: Mapping) -> Optional[Dict[str, Any]]:
+        """The keyword arguments (besides ``num_inference_steps``) the pipeline's ``__call__`` gives its
+        scheduler's ``set_timesteps`` for ``steps`` steps on latent clips of ``x_shape`` (B, C, T, h, w):
+        its custom ``sigmas``, the dynamic shift's ``mu``. None: not declared (a distillation of the
+        pipeline, which samples its student with the scheduler, is refused)."""
+        return None
+
     def guided(self, model_config: Mapping) -> bool:
         """Whether the transformer embeds a guidance value (a guidance-distilled model)."""
         return False

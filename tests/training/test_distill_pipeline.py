@@ -1,0 +1,156 @@
+"""Distilling a released pipeline (train_video.py with ``model.pipeline`` and ``distill.teacher`` naming it):
+a tiny Wan pipeline's transformer distilled to a 2-step LoRA student on latents extracted from it, run
+straight and resumed half-way (both adapters and the optimizer bit-identical), its exported LoRA loaded
+by ``WanPipeline.load_lora_weights`` with no key warning, and the pipeline called at the student's step
+count without guidance reproducing the student's own rollout from the same noise (the scheduler's
+moves, Wan's UniPC, included); the refusals end with exit 2 and one paragraph."""
+
+import os
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from opendit_lite.diffusion.scheduler_rollout import SchedulerRollout, flow_scheduler_error
+from tests.pipeline_runs import extracted_latents
+from tests.video_scripts.test_family_scripts import exits_2, main
+from tests.video_scripts.test_lora_export import LoadLog
+
+PROMPT = "a red square moving right"
+STEPS = 2
+
+
+def _args(pipeline: str, data: str, results) -> list:
+    return [f"model.pipeline={pipeline}", f"distill.teacher={pipeline}", "data.type=latents", f"data.path={data}",
+            "precision=fp32", "global_batch_size=2", "lr=1e-2", "log_every=1", "lora.rank=4", "lora.alpha=4",
+            f"distill.student_timesteps={STEPS}", "distill.critic_updates=1", "distill.guidance_scale=3",
+            f"results_dir={results}", "logger=[]"]
+
+
+def _student_sample(pipe, lora_state, noise):
+    """The student's own sample: the pipeline's transformer with the exported student adapter, rolled out
+    by a copy of the pipeline's scheduler (``SchedulerRollout``) on the prompt's text inputs."""
+    import copy
+
+    from opendit_lite.families import family_of_pipeline
+    from opendit_lite.families.pipeline_denoiser import PipelineDenoiser
+    from opendit_lite.models.lora import apply_lora
+
+    family = family_of_pipeline("WanPipeline")
+    c = family.conditioning_of("WanPipeline")
+    model = copy.deepcopy(pipe.transformer)
+    model.unload_lora() if hasattr(model, "unload_lora") else None
+    apply_lora(model, rank=4, alpha=4, dropout=0.0, targets=None)
+    missing, unexpected = model.load_state_dict(lora_state, strict=False)
+    assert not unexpected and not [k for k in missing if ".lora_" in k], (missing, unexpected)
+    text = c.encode_text(pipe, [PROMPT])
+    denoiser = PipelineDenoiser(c, family.adapter, model, model.config, c.constants(pipe, model.config, None), text)
+    with torch.no_grad():
+        return SchedulerRollout(pipe.scheduler, STEPS).rollout(lambda x, t: denoiser(x, t, **text), noise, STEPS)
+
+
+def test_wan_lora_distillation_resumes_exports_and_the_pipeline_samples_the_student(tiny_pipeline, tmp_path, capsys):
+    import time
+
+    from diffusers import WanPipeline
+
+    t0 = time.time()
+    pipeline = tiny_pipeline("wan")
+    print("T pipeline", time.time() - t0, file=sys.__stderr__)
+    data = extracted_latents(pipeline, tmp_path, [PROMPT, "a blue disc moving up"])
+    print("T latents", time.time() - t0, file=sys.__stderr__)
+    args = _args(pipeline, data, tmp_path)
+    main("train_video", [*args, "exp_name=straight", "max_steps=4", "ckpt_every=0"])
+    print("T straight", time.time() - t0, file=sys.__stderr__)
+    for max_steps in (2, 4):  # interrupted after 2 steps, resumed to 4
+        main("train_video", [*args, "exp_name=resumed", f"max_steps={max_steps}", "auto_resume=true"])
+    print("T resumed", time.time() - t0, file=sys.__stderr__)
+    log = "".join(capsys.readouterr())
+    straight, resumed = (f"{tmp_path}/{run}/checkpoints/{run}_step4" for run in ("straight", "resumed"))
+    parts = sorted(os.path.relpath(os.path.join(d, f), straight) for d, _, files in os.walk(straight) for f in files
+                   if f.endswith((".safetensors", ".bin", ".pt", ".pth")))
+    assert any("optim" in p for p in parts), parts
+    for part in parts:
+        if part.endswith(".safetensors"):
+            a, b = load_file(os.path.join(straight, part)), load_file(os.path.join(resumed, part))
+        else:
+            a, b = (torch.load(os.path.join(r, part), map_location="cpu", weights_only=False)
+                    for r in (straight, resumed))
+            a, b = _tensors(a), _tensors(b)
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), part
+    model = load_file(os.path.join(straight, "model", "model-00001.safetensors"))
+    for role in ("student", "critic"):  # both adapters trained
+        assert any(f".lora_B.{role}." in k and v.abs().max() > 0 for k, v in model.items()), role
+
+    out = f"{tmp_path}/resumed/diffusers"
+    assert "num_inference_steps=2, guidance_scale=1.0" in open(os.path.join(out, "sampling.txt")).read()
+    assert "num_inference_steps=2, guidance_scale=1.0" in log
+    pipe = WanPipeline.from_pretrained(pipeline)
+    base_pipe = WanPipeline.from_pretrained(pipeline)
+    with LoadLog() as load_log:
+        pipe.load_lora_weights(out)
+    assert not load_log.key_warnings(), load_log.text()
+    noise = torch.randn(1, 16, 1, 4, 4, generator=torch.Generator().manual_seed(3))
+    call = dict(height=16, width=16, num_frames=1, num_inference_steps=STEPS, guidance_scale=1.0, output_type="latent")
+    with torch.no_grad():
+        sampled = pipe(PROMPT, latents=noise.clone(), **call).frames
+    from opendit_lite.training.distill_pipeline import student_lora_state
+
+    ckpt = f"{tmp_path}/resumed/checkpoints/resumed_step4"
+    own = _student_sample(base_pipe, student_lora_state(ckpt, 4, use_ema=True), noise.clone())
+    err = (sampled - own).abs().max().item()
+    print(f"pipeline with the exported LoRA vs the student's own rollout: max |diff| {err:.2e}")
+    assert err <= 1e-5 * max(1.0, own.abs().max().item()), err
+    with torch.no_grad():
+        base = base_pipe(PROMPT, latents=noise.clone(), **call).frames
+    assert (base - sampled).abs().max() > 1e-3, "the student's adapter changes nothing to compare"
+
+    refusals = {  # the overrides -> words of the one-paragraph message
+        (f"distill.teacher={tmp_path}",): "another model than this run",
+        ("lora.rank=0",): "full-weight students are not supported yet",
+        (f"lora.init_from={out}",): "clash",
+        ("distill.student_timesteps=1000", "sample.every=0"): None,  # a count UniPC produces: not refused here
+        ("zero_degree=1",): "does not support zero_degree",
+    }
+    capsys.readouterr()
+    for overrides, words in refusals.items():
+        if words is None:
+            continue
+        err_text = exits_2(capsys, "train_video", [*args, "exp_name=refused", "max_steps=1", *overrides])
+        assert words in err_text, (overrides, err_text)
+
+
+def _tensors(obj, prefix=""):
+    """Every tensor of a nested optimizer state, by its path."""
+    if isinstance(obj, torch.Tensor):
+        return {prefix: obj}
+    out = {}
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            out.update(_tensors(v, f"{prefix}.{k}"))
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            out.update(_tensors(v, f"{prefix}.{i}"))
+    return out
+
+
+def test_the_student_grid_and_the_schedulers_refused():
+    """A scheduler that is not flow matching is refused; a grid with repeated timesteps is named."""
+    from diffusers import DDIMScheduler, FlowMatchEulerDiscreteScheduler, UniPCMultistepScheduler
+
+    assert "not a flow-matching scheduler" in flow_scheduler_error(DDIMScheduler())
+    unipc = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=3.0)
+    assert flow_scheduler_error(unipc) is None and flow_scheduler_error(FlowMatchEulerDiscreteScheduler()) is None
+    rollout = SchedulerRollout(FlowMatchEulerDiscreteScheduler(shift=3.0), 4)
+    assert rollout.problem() is None and len(rollout.times()) == 5 and rollout.times()[-1] == 0.0
+    # Euler on a constant velocity: x_N = noise - v (the noise levels run from 1 to 0)
+    noise, v = torch.randn(2, 3), torch.randn(2, 3)
+    torch.testing.assert_close(rollout.rollout(lambda x, t: v, noise, 4), noise - v, rtol=0, atol=1e-6)
+    tied = SchedulerRollout(FlowMatchEulerDiscreteScheduler(), 3, sigmas=[1.0, 0.5, 0.5])
+    assert "repeat" in tied.problem()
+
+
+@pytest.fixture(autouse=True)
+def _no_hub(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
