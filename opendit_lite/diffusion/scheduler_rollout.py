@@ -62,8 +62,10 @@ class SchedulerRollout:
         t, s = self.timesteps, self.sigmas.double()
         if len(t) != self.steps or len(s) != self.steps + 1:
             return f"it gives {len(t)} timesteps for num_inference_steps={self.steps}"
-        if len(set(t.tolist())) != len(t) or not bool((s[1:] < s[:-1]).all()):
-            return f"its timesteps for {self.steps} steps repeat ({[round(float(v), 3) for v in t]})"
+        distinct = len(set(t.tolist()))
+        if distinct != len(t) or not bool((s[1:] < s[:-1]).all()):
+            return (f"only {distinct} of its {len(t)} timesteps for {self.steps} steps differ (the grid is finer than "
+                    f"the timesteps it gives the transformer), so the student's steps would repeat")
         if float(s[-1]) != 0.0:
             return f"its last noise level is {float(s[-1]):.4g}, not 0: the pipeline's sample would keep noise"
         return None
