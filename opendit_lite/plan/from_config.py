@@ -161,12 +161,20 @@ def memory_settings(cfg) -> Tuple[int, str, float]:
             getattr(memory, "gemini_offload_optim_frac", 0.0))
 
 
+def distilling(cfg) -> bool:
+    """Whether ``cfg`` is a few-step distillation (``distill.teacher`` set)."""
+    distill = getattr(cfg, "distill", None)
+    return bool(distill is not None and distill.teacher)
+
+
 def adapted_model(cfg, model: nn.Module) -> nn.Module:
-    """``model`` (meta device) with the config's LoRA adapters when it trains them."""
+    """``model`` (meta device) with the config's LoRA adapters when it trains them. A LoRA distillation
+    trains two adapters of rank r (student and critic) on the same layers: counted as one of rank 2r, which
+    holds as many parameters, gradients, optimizer states and EMA entries."""
     if cfg.lora.rank:
+        rank = cfg.lora.rank * (2 if distilling(cfg) else 1)
         with torch.device("meta"):  # the adapters too: nothing allocated, nothing initialised
-            apply_lora(model, rank=cfg.lora.rank, alpha=cfg.lora.alpha, dropout=cfg.lora.dropout,
-                       targets=cfg.lora.targets)
+            apply_lora(model, rank=rank, alpha=cfg.lora.alpha, dropout=cfg.lora.dropout, targets=cfg.lora.targets)
     return model
 
 
@@ -292,6 +300,8 @@ def plan_config(cfg, memory_gib: float, world_size: int, max_batch: int = 256, m
     sp_sizes = [p for p in (1, 2, 4, 8, 16, 32) if world_size % p == 0
                 and (p == 1 or mode_candidates(heads, p, modes, auto(p).workload))]
     options = memory_options(weights, world_size)
+    if distilling(cfg):  # what distillation runs with today (training/distill.py, training/distill_pipeline.py)
+        options, sp_sizes = MemoryOptions(zero_degrees=(0,)), [1]
     arguments = dict(element_bytes=precision.element_bytes, caption_tokens=caption, reserve_gib=reserve_gib,
                      min_batch=min_batch, max_batch=max_batch, settings=settings, sp_sizes=sp_sizes, options=options,
                      states=costs.states, extra_cost=costs.extra_cost,
@@ -309,6 +319,12 @@ def plan_config(cfg, memory_gib: float, world_size: int, max_batch: int = 256, m
     result.assumptions.append(f"weights: {weights.block_linear / 1e9:.2f}B frozen linear weights in the blocks, "
                               f"{weights.trainable / 1e6:.1f}M trainable; step-time costs at batch 1 of "
                               f"{largest.name} on {costs.speed.describe()}")
+    if distilling(cfg) and cfg.lora.rank:
+        result.assumptions.append(
+            f"distillation: the student's and the critic's adapters (rank {cfg.lora.rank} each) and their optimizer "
+            f"states on one frozen base; each step trains one of them, so one network's activations are saved (the "
+            f"teacher's two and the critic's judging forwards run without gradient)"
+            f"; one process or DDP without ZeRO, SP or block swapping (what distillation supports today)")
     sp = result.setting.sp_size
     if sp > 1:
         result.sp_choice = resolve_auto(model, sp, auto(sp))

@@ -79,11 +79,22 @@ class PipelineDistillModule(nn.Module):
         self.base = base
         self._layers = None  # its LoRA layers, found at the first forward (once the model is built)
 
-    def forward(self, role: str, **inputs):
+    def layers(self):
         if self._layers is None:
             self._layers = lora_layers(self.base)
-        with active_adapter(self._layers, None if role == TEACHER else role):
+        return self._layers
+
+    def forward(self, role: str, **inputs):
+        with active_adapter(self.layers(), None if role == TEACHER else role):
             return self.base(**inputs)
+
+    def train_role(self, role: str) -> None:
+        """Make ``role``'s adapter the one active outside the calls, for the step that trains ``role``: a
+        checkpointed block recomputes its forward in the backward pass, after the call's adapter was
+        switched back, so the adapter in place then must be the trained network's (the only call of the
+        step with a gradient)."""
+        for m in self.layers():
+            m._active_adapter, m._disable_adapters = [role], False
 
 
 class RoleCall:
@@ -105,8 +116,8 @@ class DistillDenoisers:
     condition_dropout_kwarg = None
     is_video = True
 
-    def __init__(self, by_role: Dict[str, object], rollout_for):
-        self.by_role, self.rollout_for = by_role, rollout_for
+    def __init__(self, by_role: Dict[str, object], rollout_for, module: PipelineDistillModule):
+        self.by_role, self.rollout_for, self.module = by_role, rollout_for, module
 
     def __getitem__(self, role: str):
         return self.by_role[role]
@@ -233,7 +244,7 @@ def prepare_distill_data(cfg, device, sp_group=None):
     make = data.denoiser  # (transformer, what to call) -> the fine-tuning's PipelineDenoiser
 
     def denoiser(model, call):
-        return DistillDenoisers({role: make(model.base, RoleCall(call, role)) for role in ROLES}, rollout_for)
+        return DistillDenoisers({role: make(model.base, RoleCall(call, role)) for role in ROLES}, rollout_for, model)
 
     return dataclasses.replace(data, denoiser=denoiser)
 
@@ -258,6 +269,8 @@ def pipeline_distill_loss(denoisers: DistillDenoisers, objective, cfg, x: torch.
         cond, uncond = teacher(z, t, **text), teacher(z, t, drop=dropped, **text)
         return uncond + d.guidance_scale * (cond - uncond)
 
+    trains_student = is_student_step(step, d.critic_updates)
+    denoisers.module.train_role(STUDENT if trains_student else CRITIC)  # what a checkpointed block recomputes with
     student = velocity(STUDENT)
     rollout = denoisers.rollout_for(tuple(x.shape))
     k = student_step_index(cfg.global_seed, step, d.student_timesteps)
@@ -265,7 +278,7 @@ def pipeline_distill_loss(denoisers: DistillDenoisers, objective, cfg, x: torch.
     x_k = rollout.rollout(student, noise, k)                                         # the student's input at step k
     judge_noise = standard_normal_like(x, draws)
     judge_t = JUDGE_LOW + (JUDGE_HIGH - JUDGE_LOW) * draws.uniform((n,), x.device, torch.float32)  # [B]
-    if is_student_step(step, d.critic_updates):
+    if trains_student:
         x0 = rollout.predict_x0(student, x_k, k)                                     # with gradient
         return generator_loss(x0, guided_teacher, velocity(CRITIC), judge_t, judge_noise, num_timesteps)
     with torch.no_grad():

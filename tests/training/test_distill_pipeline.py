@@ -143,3 +143,68 @@ def test_the_student_grid_and_the_schedulers_refused():
 @pytest.fixture(autouse=True)
 def _no_hub(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+def test_checkpointed_blocks_recompute_with_the_trained_networks_adapter(tiny_pipeline):
+    """All blocks checkpointed: each step's adapter gradients equal those without checkpointing (a block's
+    forward is recomputed in the backward pass, after the call switched its adapter back), on a critic
+    step and on a student step."""
+    import copy
+    from types import SimpleNamespace
+
+    from diffusers import WanTransformer3DModel
+
+    from opendit_lite.builders.distill_model import CRITIC, ROLES, STUDENT, add_adapters
+    from opendit_lite.diffusion.sampling_utils import SampleGenerators
+    from opendit_lite.families import family_of_pipeline
+    from opendit_lite.families.pipeline_denoiser import PipelineDenoiser
+    from opendit_lite.parallelization import parallelize
+    from opendit_lite.training.distill_pipeline import (
+        DistillDenoisers,
+        PipelineDistillModule,
+        RoleCall,
+        pipeline_distill_loss,
+    )
+
+    folder = tiny_pipeline("wan")
+    from diffusers import UniPCMultistepScheduler
+
+    scheduler = UniPCMultistepScheduler.from_pretrained(folder, subfolder="scheduler")
+    base = WanTransformer3DModel.from_pretrained(os.path.join(folder, "transformer"))
+    add_adapters(base, (STUDENT, CRITIC), rank=2, alpha=2.0, dropout=0.0, targets=None)
+    torch.manual_seed(0)
+    with torch.no_grad():  # the two adapters differ from each other and from the base
+        for name, p in base.named_parameters():
+            if ".lora_B." in name:
+                p.normal_(0.0, 0.05)
+    family = family_of_pipeline("WanPipeline")
+    c = family.conditioning_of("WanPipeline")
+    text = {"encoder_hidden_states": torch.randn(1, 512, 32)}
+    null = {"encoder_hidden_states": torch.zeros(1, 512, 32)}
+    cfg = SimpleNamespace(distill=SimpleNamespace(student_timesteps=STEPS, guidance_scale=3.0, critic_updates=1),
+                          global_seed=0)
+
+    def grads(module, step):
+        module.train()
+        denoisers = DistillDenoisers(
+            {r: PipelineDenoiser(c, family.adapter, RoleCall(module, r), base.config, {"expand_timesteps": False},
+                                 null) for r in ROLES}, lambda shape: SchedulerRollout(scheduler, STEPS), module)
+        x = torch.zeros(1, 16, 1, 4, 4)
+        loss = pipeline_distill_loss(denoisers, SimpleNamespace(num_timesteps=1000), cfg, x, dict(text),
+                                     SampleGenerators(0, [0], stream=(step,)), step)
+        loss.backward()
+        out = {n: p.grad.clone() for n, p in module.named_parameters() if p.grad is not None}
+        module.zero_grad(set_to_none=True)
+        return out
+
+    plain = PipelineDistillModule(base)
+    checkpointed = PipelineDistillModule(copy.deepcopy(base))
+    report = parallelize(checkpointed, sp_group=None, sp_mode="ulysses", selective_ratio=0.0, ac_offload=False,
+                         lora_rank=0)
+    assert "checkpointed" in str(report)
+    for step, role in ((0, CRITIC), (1, STUDENT)):
+        expected, got = grads(plain, step), grads(checkpointed, step)
+        assert expected and all(f".{role}." in n for n in expected), sorted(expected)[:3]
+        assert expected.keys() == got.keys()
+        for n in expected:
+            torch.testing.assert_close(got[n], expected[n], rtol=1e-5, atol=1e-7, msg=n)
