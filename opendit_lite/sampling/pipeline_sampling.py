@@ -7,7 +7,8 @@ sample is what the user gets by calling the pipeline with the run's export loade
   run's adapters are written as the run's export writes them (``interop.family_checkpoint``, the
   pipeline class's own ``save_lora_weights``) into a temporary folder and loaded with the pipeline's
   ``load_lora_weights`` (Wan 2.2's low-noise expert's with ``load_into_transformer_2``; a pipeline
-  without it, HunyuanVideo 1.5's, with its transformer's ``load_lora_adapter``); a full
+  without it, HunyuanVideo 1.5's, with its transformer's ``load_lora_adapter``; a pipeline distillation's
+  student adapter, at its step count without guidance: ``check_student_sampling``); a full
   fine-tune's transformer(s) take the checkpoint's weights. Every transformer the pipeline runs is
   then parallelized for sampling (``parallelize_from_config``: sequence parallelism over the
   sampling mesh's group, kernels, ``sample.compile``).
@@ -30,6 +31,7 @@ import torch
 from ..builders.parallelize import parallelize_from_config
 from ..builders.pipeline import check_clip_size, light_pipeline, pipeline_folder
 from ..builders.pipeline_experts import pipeline_boundary, trained_components
+from ..builders.student_lora import is_pipeline_distillation, write_student_adapter
 from ..checkpoint.layout import saved_config
 from ..checkpoint.weights import load_weights
 from ..config import ConfigError
@@ -75,6 +77,22 @@ def check_pipeline_sampling(cfg, given_pipeline, given_text_encoder) -> None:
                           f"samples at {unguided:g}), or sample the base model's folder with guidance.")
     pipeline_call_settings(cfg)  # the sizes, checked before anything is loaded
     sample_images(cfg, None)
+
+
+def check_student_sampling(cfg, saved: dict) -> None:
+    """A pipeline distillation's checkpoint samples its student as the pipeline runs it: at the student's
+    step count and without classifier-free guidance (``sample.cfg_scale`` set to the pipeline's off value)."""
+    d, s = saved["distill"], cfg.sample
+    steps, unguided = d["student_timesteps"], pipeline_folder(cfg.model.pipeline).conditioning.unguided_scale
+    if s.num_sampling_steps != steps:
+        raise ConfigError(f"this checkpoint's student was distilled to {steps} steps of its pipeline's scheduler "
+                          f"(distill.student_timesteps), but sample.num_sampling_steps={s.num_sampling_steps}: it "
+                          f"is trained only at the times of {steps} steps; set sample.num_sampling_steps={steps}.")
+    if s.cfg_scale not in (None, unguided):
+        raise ConfigError(f"sample.cfg_scale={s.cfg_scale:g}: the student learned the teacher's guided samples "
+                          f"(distill.guidance_scale={d.get('guidance_scale')}) and samples without classifier-free "
+                          f"guidance; remove sample.cfg_scale (it samples at {unguided:g}).")
+    s.cfg_scale = unguided
 
 
 def sample_images(cfg, count: Optional[int]) -> Optional[List[List[str]]]:
@@ -133,7 +151,10 @@ def load_trained_pipeline(cfg, ckpt: str, ranks: SamplingRanks):
     lora, trained = saved.get("lora"), trained_components(cfg)
     if lora and lora.get("rank"):
         with tempfile.TemporaryDirectory(prefix="opendit_lora_") as tmp:
-            write_export(saved["model"], lora, ckpt, tmp, use_ema=cfg.sample.use_ema, lora_mode="adapter")
+            if is_pipeline_distillation(saved):  # the student's adapter (the critic's is not sampled)
+                write_student_adapter(saved["model"], lora, ckpt, tmp, use_ema=cfg.sample.use_ema)
+            else:
+                write_export(saved["model"], lora, ckpt, tmp, use_ema=cfg.sample.use_ema, lora_mode="adapter")
             for component in trained:
                 if component == "transformer" and not pipeline_loads_lora(folder.pipeline_class):
                     pipe.transformer.load_lora_adapter(tmp, weight_name=LORA_WEIGHT_NAME)

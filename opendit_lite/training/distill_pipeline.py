@@ -42,19 +42,18 @@ from ..builders.distill_model import (
     active_adapter,
     add_adapters,
     check_resumed_distillation,
-    student_state,
 )
 from ..builders.pipeline import light_pipeline, pipeline_folder
+from ..builders.student_lora import write_student_adapter
 from ..builders.video import build_video_model
 from ..checkpoint.files import atomic_path
-from ..checkpoint.weights import read_weights
 from ..config import to_dict
 from ..diffusion.distribution_matching import critic_loss, generator_loss
 from ..diffusion.sampling_utils import standard_normal_like
 from ..diffusion.scheduler_rollout import SchedulerRollout, flow_scheduler_error
 from ..distributed.ranks import from_rank0, global_rank
 from ..errors import CheckpointError, ConfigError
-from ..interop.diffusers_export import ADAPTER, pipeline_loads_lora
+from ..interop.diffusers_export import pipeline_loads_lora
 from ..interop.pretrained_files import LORA_WEIGHT_NAME
 from .distill import JUDGE_HIGH, JUDGE_LOW, is_student_step, student_step_index
 from .pipeline_data import prepare_pipeline_data
@@ -290,16 +289,6 @@ def pipeline_distill_loss(denoisers: DistillDenoisers, objective, cfg, x: torch.
 # Out
 # --------------------------------------------------------------------------------------------------
 
-def student_lora_state(checkpoint: str, rank: int, use_ema: bool) -> Dict[str, torch.Tensor]:
-    """The student of a distillation checkpoint as a LoRA run's transformer state: the base's weights
-    with the student's adapter under peft's default name (the critic's left out)."""
-    try:
-        state = read_weights(checkpoint, use_ema=use_ema)
-    except (FileNotFoundError, ValueError) as e:
-        raise CheckpointError(f"cannot read the weights of {checkpoint!r}: {e}") from None
-    return {k.replace(f".{STUDENT}.", f".{ADAPTER}."): v for k, v in student_state(state, {"rank": rank}).items()}
-
-
 def sampling_call(cfg, out: str) -> str:
     """The exact pipeline call that samples the exported student."""
     folder = pipeline_folder(cfg.model.pipeline)
@@ -315,19 +304,10 @@ def sampling_call(cfg, out: str) -> str:
 def write_student_lora(cfg, checkpoint: str, out: str) -> None:
     """Write the student of ``checkpoint`` to the folder ``out`` (in this process): the LoRA file(s) of the
     fine-tune export (``export.lora_format``) and ``sampling.txt``."""
-    from ..interop.comfyui_lora import export_original_lora
-    from ..interop.diffusers_export import export_lora
-    from ..interop.family_checkpoint import family_model_skeleton
     from .video import export_lora_format
 
-    lora = to_dict(cfg.lora)
-    state = student_lora_state(checkpoint, lora["rank"], use_ema=cfg.export.ema and cfg.ema.enable)
-    skeleton = family_model_skeleton(to_dict(cfg.model), lora)
-    lora_format = export_lora_format(cfg)
-    if lora_format in ("diffusers", "both"):
-        export_lora(skeleton, out, state=state)
-    if lora_format in ("comfyui", "both"):
-        export_original_lora(skeleton, out, state=state)
+    write_student_adapter(to_dict(cfg.model), to_dict(cfg.lora), checkpoint, out,
+                          use_ema=cfg.export.ema and cfg.ema.enable, lora_format=export_lora_format(cfg))
     with open(os.path.join(out, SAMPLING_NOTE), "w") as f:
         f.write(sampling_call(cfg, out) + "\n")
 

@@ -15,6 +15,7 @@ from opendit_lite.diffusion.scheduler_rollout import SchedulerRollout, flow_sche
 from tests.pipeline_runs import extracted_latents
 from tests.video_scripts.test_family_scripts import exits_2, main
 from tests.video_scripts.test_lora_export import LoadLog
+from tests.video_scripts.test_pipeline_sampling import direct, sampled
 
 PROMPT = "a red square moving right"
 STEPS = 2
@@ -52,7 +53,7 @@ def _student_sample(pipe, lora_state, noise):
 def test_wan_lora_distillation_resumes_exports_and_the_pipeline_samples_the_student(tiny_pipeline, tmp_path, capsys):
     from diffusers import WanPipeline
 
-    from opendit_lite.training.distill_pipeline import student_lora_state
+    from opendit_lite.builders.student_lora import student_lora_state
 
     pipeline = tiny_pipeline("wan")
     data = extracted_latents(pipeline, tmp_path, [PROMPT, "a blue disc moving up"])
@@ -91,12 +92,22 @@ def test_wan_lora_distillation_resumes_exports_and_the_pipeline_samples_the_stud
         pipe.load_lora_weights(out)
     assert not load_log.key_warnings(), load_log.text()
     with torch.no_grad():
-        sampled = pipe(PROMPT, latents=noise.clone(), **call).frames
-    err = (sampled - own).abs().max().item()
+        loaded = pipe(PROMPT, latents=noise.clone(), **call).frames
+    err = (loaded - own).abs().max().item()
     print(f"pipeline with the exported LoRA vs the student's own rollout: max |diff| {err:.2e}")
     assert err <= 1e-5 * max(1.0, own.abs().max().item()), err
-    assert (base - sampled).abs().max() > 1e-3, "the student's adapter changes nothing to compare"
+    assert (base - loaded).abs().max() > 1e-3, "the student's adapter changes nothing to compare"
+    # sample_video.py samples the student through the pipeline: the direct call with the exported LoRA
+    sample = [*args, "exp_name=straight", f"sample.prompts={[PROMPT]}", f"sample.num_sampling_steps={STEPS}",
+              "data.num_frames=1", "data.image_size=16"]
+    ours, theirs = sampled(sample), direct(pipe, [PROMPT], num_inference_steps=STEPS, guidance_scale=1.0, height=16,
+                                           width=16, num_frames=1)
+    assert (ours - theirs).abs().max() <= 1e-5, (ours - theirs).abs().max()
 
+    capsys.readouterr()
+    for extra, words in ((f"sample.num_sampling_steps={STEPS + 1}", f"distilled to {STEPS} steps"),
+                         ("sample.cfg_scale=5", "without classifier-free guidance")):
+        assert words in exits_2(capsys, "sample_video", [*sample, extra])
     refusals = {  # the overrides -> words of the one-paragraph message
         (f"distill.teacher={tmp_path}",): "another model than this run",
         ("distill.student_timesteps=400",): "timesteps for 400 steps differ",
