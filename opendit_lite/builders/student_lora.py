@@ -20,6 +20,22 @@ def is_pipeline_distillation(saved: dict) -> bool:
     return bool((saved.get("distill") or {}).get("teacher") and (saved.get("model") or {}).get("pipeline"))
 
 
+def student_guidance(cfg) -> float:
+    """The ``guidance_scale`` the pipeline samples a distilled student at: its off value (no classifier-free
+    guidance), or for a guidance-embedded transformer (FLUX.1-dev) the value the student was trained with
+    in its embedding (``model.guidance``, else the pipeline's default)."""
+    from ..families.conditioning_base import call_default
+    from .pipeline import light_pipeline, pipeline_folder
+
+    folder = pipeline_folder(cfg.model.pipeline)
+    c = folder.conditioning
+    if not c.guided(folder.transformer_config()):
+        return c.unguided_scale
+    if cfg.model.guidance is not None:
+        return cfg.model.guidance
+    return call_default(light_pipeline(folder.path), "guidance_scale")
+
+
 def student_lora_state(checkpoint: str, rank: int, use_ema: bool) -> Dict[str, torch.Tensor]:
     """The student of a distillation checkpoint as a LoRA run's transformer state: the base's weights
     with the student's adapter under peft's default name (the critic's left out)."""

@@ -31,7 +31,7 @@ import torch
 from ..builders.parallelize import parallelize_from_config
 from ..builders.pipeline import check_clip_size, light_pipeline, pipeline_folder
 from ..builders.pipeline_experts import pipeline_boundary, trained_components
-from ..builders.student_lora import is_pipeline_distillation, write_student_adapter
+from ..builders.student_lora import is_pipeline_distillation, student_guidance, write_student_adapter
 from ..checkpoint.layout import saved_config
 from ..checkpoint.weights import load_weights
 from ..config import ConfigError
@@ -81,18 +81,19 @@ def check_pipeline_sampling(cfg, given_pipeline, given_text_encoder) -> None:
 
 def check_student_sampling(cfg, saved: dict) -> None:
     """A pipeline distillation's checkpoint samples its student as the pipeline runs it: at the student's
-    step count and without classifier-free guidance (``sample.cfg_scale`` set to the pipeline's off value)."""
+    step count, without classifier-free guidance (``sample.cfg_scale`` set to the pipeline's off value, or
+    a guidance-embedded transformer's trained value: ``student_guidance``)."""
     d, s = saved["distill"], cfg.sample
-    steps, unguided = d["student_timesteps"], pipeline_folder(cfg.model.pipeline).conditioning.unguided_scale
+    steps, guidance = d["student_timesteps"], student_guidance(cfg)
     if s.num_sampling_steps != steps:
         raise ConfigError(f"this checkpoint's student was distilled to {steps} steps of its pipeline's scheduler "
                           f"(distill.student_timesteps), but sample.num_sampling_steps={s.num_sampling_steps}: it "
                           f"is trained only at the times of {steps} steps; set sample.num_sampling_steps={steps}.")
-    if s.cfg_scale not in (None, unguided):
+    if s.cfg_scale not in (None, guidance):
         raise ConfigError(f"sample.cfg_scale={s.cfg_scale:g}: the student learned the teacher's guided samples "
                           f"(distill.guidance_scale={d.get('guidance_scale')}) and samples without classifier-free "
-                          f"guidance; remove sample.cfg_scale (it samples at {unguided:g}).")
-    s.cfg_scale = unguided
+                          f"guidance; remove sample.cfg_scale (it samples at {guidance:g}).")
+    s.cfg_scale = guidance
 
 
 def sample_images(cfg, count: Optional[int]) -> Optional[List[List[str]]]:

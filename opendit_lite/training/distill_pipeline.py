@@ -11,7 +11,10 @@ adapters and their optimizer states. The run's one optimizer and the step rule a
 Every call is conditioned as fine-tuning conditions it (``PipelineDenoiser``: the family's inputs from the
 CSV's captions, or the extracted latents' text); the teacher's real score is guided with
 ``distill.guidance_scale`` against the pipeline's unconditional branch (the encoded negative prompt the
-caption dropout uses). No caption is dropped from the student's or the critic's calls.
+caption dropout uses); a guidance-distilled transformer (FLUX.1-dev) has none, and its teacher is called
+once with its guidance embedding at ``distill.guidance_scale``, while student and critic get the value the
+pipeline samples with (``model.guidance``, else its default ``guidance_scale``). No caption is dropped
+from the student's or the critic's calls.
 
 The student is sampled by the pipeline's own scheduler (``diffusion/scheduler_rollout.py``): its input at
 step k is the scheduler stepping the student's predictions from noise, set up as the pipeline's
@@ -23,8 +26,8 @@ fine-tune LoRA export writes it, ``<run dir>/diffusers/``, with the exact call p
 ``<run dir>/diffusers/sampling.txt``.
 
 Not supported yet (refused before anything starts): full-weight students, two experts (Wan 2.2 A14B),
-image-conditioned pipelines, guidance-embedded transformers (Flux.1-dev, HunyuanVideo), families that
-do not declare how their pipeline sets its scheduler, ZeRO, sequence parallelism, block swapping.
+image-conditioned pipelines, families that do not declare how their pipeline sets its scheduler (Wan and
+Flux do), ZeRO, sequence parallelism, block swapping.
 """
 
 import dataclasses
@@ -44,7 +47,7 @@ from ..builders.distill_model import (
     check_resumed_distillation,
 )
 from ..builders.pipeline import light_pipeline, pipeline_folder
-from ..builders.student_lora import write_student_adapter
+from ..builders.student_lora import student_guidance, write_student_adapter
 from ..builders.video import build_video_model
 from ..checkpoint.files import atomic_path
 from ..config import to_dict
@@ -53,6 +56,7 @@ from ..diffusion.sampling_utils import standard_normal_like
 from ..diffusion.scheduler_rollout import SchedulerRollout, flow_scheduler_error
 from ..distributed.ranks import from_rank0, global_rank
 from ..errors import CheckpointError, ConfigError
+from ..families.conditioning_base import PipelineConditioning
 from ..interop.diffusers_export import pipeline_loads_lora
 from ..interop.pretrained_files import LORA_WEIGHT_NAME
 from .distill import JUDGE_HIGH, JUDGE_LOW, is_student_step, student_step_index
@@ -115,8 +119,10 @@ class DistillDenoisers:
     condition_dropout_kwarg = None
     is_video = True
 
-    def __init__(self, by_role: Dict[str, object], rollout_for, module: PipelineDistillModule):
+    def __init__(self, by_role: Dict[str, object], rollout_for, module: PipelineDistillModule,
+                 embedded_guidance: bool = False):
         self.by_role, self.rollout_for, self.module = by_role, rollout_for, module
+        self.embedded_guidance = embedded_guidance  # the teacher guides through its guidance embedding
 
     def __getitem__(self, role: str):
         return self.by_role[role]
@@ -140,8 +146,7 @@ def validate_pipeline_distill(cfg, validate_video) -> None:
                           f"{m.pipeline!r}: a pipeline is distilled from its own transformer (the frozen base that "
                           f"student and critic adapt); set distill.teacher to the model.pipeline folder.")
     folder = pipeline_folder(m.pipeline)
-    c, config = folder.conditioning, folder.transformer_config()
-    name = folder.pipeline_class
+    c, name = folder.conditioning, folder.pipeline_class
     if not cfg.lora.rank:
         raise ConfigError("distilling a pipeline trains the student and the critic as two LoRA adapters on its "
                           "frozen transformer; full-weight students are not supported yet for model.pipeline: set "
@@ -157,18 +162,13 @@ def validate_pipeline_distill(cfg, validate_video) -> None:
     if c.image_input != "none":
         raise ConfigError(f"{name} is conditioned on images; distilling image-conditioned pipelines is not "
                           f"supported yet: distill a text-conditioned pipeline.")
-    if c.guided(config):
-        raise ConfigError(f"{name}'s transformer embeds the guidance scale (a guidance-distilled model such as "
-                          f"FLUX.1-dev): its teacher has no unconditional branch to guide with "
-                          f"distill.guidance_scale, and distilling through its guidance embedding is not supported "
-                          f"yet: distill a pipeline sampled with classifier-free guidance (Wan).")
     pipe = light_pipeline(m.pipeline)
     why = flow_scheduler_error(pipe.scheduler)
     if why:
         raise ConfigError(f"{name}'s scheduler {why}: the distilled student is a flow-matching few-step sampler, "
                           f"run by the pipeline's own scheduler; distill a pipeline whose transformer predicts the "
                           f"flow (Wan, Flux, SD3, HunyuanVideo, LTX-Video, Qwen-Image).")
-    if c.set_timesteps_kwargs(pipe, d.student_timesteps, (1,), config) is None:
+    if type(c).set_timesteps_kwargs is PipelineConditioning.set_timesteps_kwargs:
         raise ConfigError(f"the {folder.family.name} family does not declare how {name} sets its scheduler's "
                           f"timesteps (conditioning.set_timesteps_kwargs), so the student's times could not be the "
                           f"pipeline's: distilling it is not supported yet.")
@@ -179,7 +179,7 @@ def validate_pipeline_distill(cfg, validate_video) -> None:
                    "memory.blocks_to_swap": cfg.memory.blocks_to_swap != 0,
                    "fused_optimizer_ema": cfg.fused_optimizer_ema,
                    "lora.base_precision": cfg.lora.base_precision != "none", "compile": cfg.compile,
-                   "sample.every": cfg.sample.every != 0, "model.guidance": m.guidance is not None,
+                   "sample.every": cfg.sample.every != 0,
                    "export.lora=merged": cfg.export.lora == "merged"}
     bad = [k for k, on in unsupported.items() if on]
     if bad:
@@ -193,6 +193,10 @@ def student_rollout(cfg, x_shape: Tuple[int, ...]) -> SchedulerRollout:
     folder, pipe = pipeline_folder(cfg.model.pipeline), light_pipeline(cfg.model.pipeline)
     steps = cfg.distill.student_timesteps
     kwargs = folder.conditioning.set_timesteps_kwargs(pipe, steps, tuple(x_shape), folder.transformer_config())
+    if kwargs is None:
+        raise ConfigError(f"the {folder.family.name} family does not declare how {folder.pipeline_class} sets its "
+                          f"scheduler's timesteps for this shape, so the student's times could not be the pipeline's: "
+                          f"distilling it is not supported yet.")
     try:
         rollout = SchedulerRollout(pipe.scheduler, steps, **kwargs)
         problem = rollout.problem()
@@ -241,9 +245,16 @@ def prepare_distill_data(cfg, device, sp_group=None):
         return rollouts[key]
 
     make = data.denoiser  # (transformer, what to call) -> the fine-tuning's PipelineDenoiser
+    folder = pipeline_folder(m.pipeline)
+    config = folder.transformer_config()
+    embedded = folder.conditioning.guided(config)
 
     def denoiser(model, call):
-        return DistillDenoisers({role: make(model.base, RoleCall(call, role)) for role in ROLES}, rollout_for, model)
+        by_role = {role: make(model.base, RoleCall(call, role)) for role in ROLES}
+        if embedded:  # the teacher's real score: its guidance embedding at distill.guidance_scale
+            by_role[TEACHER].constants = folder.conditioning.constants(light_pipeline(m.pipeline), config,
+                                                                       cfg.distill.guidance_scale)
+        return DistillDenoisers(by_role, rollout_for, model, embedded_guidance=embedded)
 
     return dataclasses.replace(data, denoiser=denoiser)
 
@@ -265,6 +276,8 @@ def pipeline_distill_loss(denoisers: DistillDenoisers, objective, cfg, x: torch.
 
     def guided_teacher(z, t):  # the pipeline's two branches, as its __call__ runs them
         teacher = denoisers[TEACHER]
+        if denoisers.embedded_guidance:  # a guidance-distilled teacher: one call, its embedding at the scale
+            return teacher(z, t, **text)
         cond, uncond = teacher(z, t, **text), teacher(z, t, drop=dropped, **text)
         return uncond + d.guidance_scale * (cond - uncond)
 
@@ -292,12 +305,12 @@ def pipeline_distill_loss(denoisers: DistillDenoisers, objective, cfg, x: torch.
 def sampling_call(cfg, out: str) -> str:
     """The exact pipeline call that samples the exported student."""
     folder = pipeline_folder(cfg.model.pipeline)
-    c, steps = folder.conditioning, cfg.distill.student_timesteps
+    steps = cfg.distill.student_timesteps
     load = (f"pipe.load_lora_weights({out!r})" if pipeline_loads_lora(folder.family.pipeline) else
             f"pipe.transformer.load_lora_adapter({out!r}, weight_name={LORA_WEIGHT_NAME!r})")
     return (f"pipe = {folder.pipeline_class}.from_pretrained({cfg.model.pipeline!r}); {load}; "
-            f"pipe(prompt, num_inference_steps={steps}, guidance_scale={c.unguided_scale!r})  # the scheduler as "
-            f"saved in the pipeline folder ({type(light_pipeline(cfg.model.pipeline).scheduler).__name__}), no "
+            f"pipe(prompt, num_inference_steps={steps}, guidance_scale={student_guidance(cfg)!r})  # the scheduler "
+            f"as saved in the pipeline folder ({type(light_pipeline(cfg.model.pipeline).scheduler).__name__}), no "
             f"classifier-free guidance")
 
 

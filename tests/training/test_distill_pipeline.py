@@ -6,6 +6,7 @@ count without guidance reproducing the student's own rollout from the same noise
 moves, Wan's UniPC, included); the refusals end with exit 2 and one paragraph."""
 
 import os
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -219,3 +220,34 @@ def test_checkpointed_blocks_recompute_with_the_trained_networks_adapter(tiny_pi
         assert expected.keys() == got.keys()
         for n in expected:
             torch.testing.assert_close(got[n], expected[n], rtol=1e-5, atol=1e-7, msg=n)
+
+
+def test_a_flux_student_rolled_out_by_the_scheduler_is_the_pipeline_call(tiny_pipeline):
+    """FLUX.1-dev's pipeline (guidance embedding, its own sigmas, the dynamic shift of the packed token
+    count): the student's rollout (``set_timesteps_kwargs``) from the same noise gives the pipeline's
+    latents at the student's step count and its default embedded guidance."""
+    from diffusers import FluxPipeline
+
+    from opendit_lite.builders.student_lora import student_guidance
+    from opendit_lite.families import family_of_pipeline
+    from opendit_lite.families.pipeline_denoiser import PipelineDenoiser
+    from opendit_lite.families.tiny_pipelines import TINY_CALLS
+
+    folder = tiny_pipeline("flux")
+    pipe = FluxPipeline.from_pretrained(folder)
+    family, size = family_of_pipeline("FluxPipeline"), TINY_CALLS["flux"]["height"]
+    c, config = family.conditioning_of("FluxPipeline"), pipe.transformer.config
+    assert c.guided(config) and pipe.scheduler.config.use_dynamic_shifting
+    C, h = config.in_channels // 4, 2 * (size // (pipe.vae_scale_factor * 2))
+    noise = torch.randn(1, C, 1, h, h, generator=torch.Generator().manual_seed(5))            # [1, C, 1, h, w]
+    cfg = SimpleNamespace(model=SimpleNamespace(pipeline=folder, guidance=None))
+    with torch.no_grad():
+        packed = pipe(PROMPT, latents=FluxPipeline._pack_latents(noise[:, :, 0], 1, C, h, h), height=size, width=size,
+                      num_inference_steps=STEPS, guidance_scale=student_guidance(cfg), output_type="latent").images
+        text = c.encode_text(pipe, [PROMPT])
+        denoiser = PipelineDenoiser(c, family.adapter, pipe.transformer, config, c.constants(pipe, config, None), text)
+        kwargs = c.set_timesteps_kwargs(pipe, STEPS, tuple(noise.shape), config)
+        own = SchedulerRollout(pipe.scheduler, STEPS, **kwargs).rollout(lambda x, t: denoiser(x, t, **text), noise,
+                                                                         STEPS)
+    own = FluxPipeline._pack_latents(own[:, :, 0], 1, C, h, h)
+    assert (own - packed).abs().max() <= 1e-5 * max(1.0, packed.abs().max().item()), (own - packed).abs().max()
