@@ -314,15 +314,16 @@ def sampling_call(cfg, out: str) -> str:
             f"classifier-free guidance")
 
 
-def write_student_lora(cfg, checkpoint: str, out: str) -> None:
+def write_student_lora(cfg, checkpoint: str, out: str, final: str) -> None:
     """Write the student of ``checkpoint`` to the folder ``out`` (in this process): the LoRA file(s) of the
-    fine-tune export (``export.lora_format``) and ``sampling.txt``."""
+    fine-tune export (``export.lora_format``) and ``sampling.txt``, the call that loads them from ``final``
+    (where ``out`` is published)."""
     from .video import export_lora_format
 
     write_student_adapter(to_dict(cfg.model), to_dict(cfg.lora), checkpoint, out,
                           use_ema=cfg.export.ema and cfg.ema.enable, lora_format=export_lora_format(cfg))
     with open(os.path.join(out, SAMPLING_NOTE), "w") as f:
-        f.write(sampling_call(cfg, out) + "\n")
+        f.write(sampling_call(cfg, final) + "\n")
 
 
 def export_student(cfg, checkpoint: str, run_dir: str) -> None:
@@ -338,7 +339,7 @@ def export_student(cfg, checkpoint: str, run_dir: str) -> None:
         if global_rank() == 0:
             try:
                 os.makedirs(tmp, exist_ok=True)
-                write_student_lora(cfg, checkpoint, tmp)
+                write_student_lora(cfg, checkpoint, tmp, out)
             except (CheckpointError, ConfigError) as e:
                 failure = (type(e), str(e))
         failure = from_rank0(failure)
