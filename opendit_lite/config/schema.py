@@ -152,8 +152,9 @@ class DistillConfig:
 
     teacher: Optional[str] = _f(None, "the teacher: a trained run folder (its newest checkpoint) or a checkpoint "
                                       "folder, of the same model as model.*, rectified flow; its EMA weights are "
-                                      "the frozen teacher and the start of student and critic; null: no "
-                                      "distillation (plain training)")
+                                      "the frozen teacher and the start of student and critic; for a model.pipeline "
+                                      "run, that pipeline folder (its transformer, with LoRA student and critic); "
+                                      "null: no distillation (plain training)")
     student_timesteps: int = _f(4, "the student's sampling steps N: it is trained at the N times the Euler sampler "
                                    "with sample.num_sampling_steps=N evaluates, and samples with exactly N",
                                 at_least=1, at_most=1000)
