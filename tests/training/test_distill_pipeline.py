@@ -96,7 +96,7 @@ def test_wan_lora_distillation_resumes_exports_and_the_pipeline_samples_the_stud
     with torch.no_grad():
         loaded = pipe(PROMPT, latents=noise.clone(), **call).frames
     err = (loaded - own).abs().max().item()
-    print(f"pipeline with the exported LoRA vs the student's own rollout: max |diff| {err:.2e}")
+    measured = [f"pipeline with the exported LoRA vs the student's own rollout: max |diff| {err:.2e}"]
     assert err <= 1e-5 * max(1.0, own.abs().max().item()), err
     assert (base - loaded).abs().max() > 1e-3, "the student's adapter changes nothing to compare"
     # sample_video.py samples the student through the pipeline: the direct call with the exported LoRA
@@ -104,6 +104,7 @@ def test_wan_lora_distillation_resumes_exports_and_the_pipeline_samples_the_stud
               "data.num_frames=1", "data.image_size=16"]
     ours, theirs = sampled(sample), direct(pipe, [PROMPT], num_inference_steps=STEPS, guidance_scale=1.0, height=16,
                                            width=16, num_frames=1)
+    measured.append(f"sample_video.py vs the direct call with the LoRA: max |diff| {(ours - theirs).abs().max():.2e}")
     assert (ours - theirs).abs().max() <= 1e-5, (ours - theirs).abs().max()
 
     capsys.readouterr()
@@ -121,6 +122,7 @@ def test_wan_lora_distillation_resumes_exports_and_the_pipeline_samples_the_stud
     for overrides, words in refusals.items():
         err_text = exits_2(capsys, "train_video", [*args, "exp_name=refused", "max_steps=1", *overrides])
         assert words in err_text, (overrides, err_text)
+    print("\n".join(measured))  # shown by pytest -rP
 
 
 def _tensors(obj, prefix=""):
@@ -251,4 +253,5 @@ def test_a_flux_student_rolled_out_by_the_scheduler_is_the_pipeline_call(tiny_pi
         own = SchedulerRollout(pipe.scheduler, STEPS, **kwargs).rollout(lambda x, t: denoiser(x, t, **text), noise,
                                                                          STEPS)
     own = FluxPipeline._pack_latents(own[:, :, 0], 1, C, h, h)
+    print(f"Flux: the student's rollout vs the pipeline call: max |diff| {(own - packed).abs().max():.2e}")
     assert (own - packed).abs().max() <= 1e-5 * max(1.0, packed.abs().max().item()), (own - packed).abs().max()
