@@ -37,13 +37,30 @@ def student_guidance(cfg) -> float:
 
 
 def student_lora_state(checkpoint: str, rank: int, use_ema: bool) -> Dict[str, torch.Tensor]:
-    """The student of a distillation checkpoint as a LoRA run's transformer state: the base's weights
-    with the student's adapter under peft's default name (the critic's left out)."""
+    """The student of a distillation checkpoint as the transformer's state: a LoRA run's (``rank`` > 0)
+    base weights with the student's adapter under peft's default name (the critic's left out); a
+    full-weight run's student transformer."""
     try:
         state = read_weights(checkpoint, use_ema=use_ema)
     except (FileNotFoundError, ValueError) as e:
         raise CheckpointError(f"cannot read the weights of {checkpoint!r}: {e}") from None
     return {k.replace(f".{STUDENT}.", f".{ADAPTER}."): v for k, v in student_state(state, {"rank": rank}).items()}
+
+
+def write_student_pipeline(model: dict, checkpoint: str, out: str, *, use_ema: bool) -> str:
+    """Write a full-weight student of ``checkpoint`` as a pipeline folder ``out`` (existing): its
+    transformer written fresh, the other components of the run's ``model.pipeline`` linked, as the
+    fine-tune export writes a fully trained pipeline; returns ``out``."""
+    import os
+
+    from ..interop.diffusers_export import export_family
+    from ..interop.family_checkpoint import family_model_skeleton
+    from ..interop.pipeline_links import link_pipeline
+
+    link_pipeline(model["pipeline"], out, trained=["transformer"])
+    export_family(family_model_skeleton(model), os.path.join(out, "transformer"),
+                  state=student_lora_state(checkpoint, 0, use_ema=use_ema), lora="merged")
+    return out
 
 
 def write_student_adapter(model: dict, lora: dict, checkpoint: str, out: str, *, use_ema: bool,

@@ -285,6 +285,9 @@ def plan_config(cfg, memory_gib: float, world_size: int, max_batch: int = 256, m
     shape = model_shape_of_config(cfg, model, precision)
     buckets = latent_buckets(cfg)
     weights = WeightShape.of(model)
+    if distilling(cfg) and not cfg.lora.rank:  # three copies: student and critic trained, the teacher frozen
+        weights = dataclasses.replace(weights, trainable=2 * weights.trainable,
+                                      outside=weights.outside + weights.trainable)
     largest = max(buckets, key=lambda b: sample_tokens(shape, b.frames, b.height, b.width))
     caption = cfg.text_encoder.max_length if config_family(cfg) == "video" else 0
     costs = Costs(shape, weights, world_size, precision.element_bytes,
@@ -319,12 +322,15 @@ def plan_config(cfg, memory_gib: float, world_size: int, max_batch: int = 256, m
     result.assumptions.append(f"weights: {weights.block_linear / 1e9:.2f}B frozen linear weights in the blocks, "
                               f"{weights.trainable / 1e6:.1f}M trainable; step-time costs at batch 1 of "
                               f"{largest.name} on {costs.speed.describe()}")
-    if distilling(cfg) and cfg.lora.rank:
+    if distilling(cfg):
+        networks = (f"the student's and the critic's adapters (rank {cfg.lora.rank} each) and their optimizer "
+                    f"states on one frozen base" if cfg.lora.rank else
+                    "three copies of the model (the teacher frozen; student and critic trained, with their "
+                    "optimizer states)")
         result.assumptions.append(
-            f"distillation: the student's and the critic's adapters (rank {cfg.lora.rank} each) and their optimizer "
-            f"states on one frozen base; each step trains one of them, so one network's activations are saved (the "
-            f"teacher's two and the critic's judging forwards run without gradient)"
-            f"; one process or DDP without ZeRO, SP or block swapping (what distillation supports today)")
+            f"distillation: {networks}; each step trains one of them, so one network's activations are saved (the "
+            f"teacher's two and the critic's judging forwards run without gradient); one process or DDP without "
+            f"ZeRO, SP or block swapping (what distillation supports today)")
     sp = result.setting.sp_size
     if sp > 1:
         result.sp_choice = resolve_auto(model, sp, auto(sp))

@@ -31,7 +31,12 @@ import torch
 from ..builders.parallelize import parallelize_from_config
 from ..builders.pipeline import check_clip_size, light_pipeline, pipeline_folder
 from ..builders.pipeline_experts import pipeline_boundary, trained_components
-from ..builders.student_lora import is_pipeline_distillation, student_guidance, write_student_adapter
+from ..builders.student_lora import (
+    is_pipeline_distillation,
+    student_guidance,
+    student_lora_state,
+    write_student_adapter,
+)
 from ..checkpoint.layout import saved_config
 from ..checkpoint.weights import load_weights
 from ..config import ConfigError
@@ -163,6 +168,8 @@ def load_trained_pipeline(cfg, ckpt: str, ranks: SamplingRanks):
                     pipe.load_lora_weights(tmp)
                 else:
                     pipe.load_lora_weights(os.path.join(tmp, component), load_into_transformer_2=True)
+    elif is_pipeline_distillation(saved):  # a full-weight student
+        pipe.transformer.load_state_dict(student_lora_state(ckpt, 0, use_ema=cfg.sample.use_ema))
     elif len(trained) == 2:  # Wan 2.2's two experts, one module in the checkpoint
         load_weights(NoiseExperts(pipe.transformer, pipe.transformer_2, pipeline_boundary(folder.path)), ckpt,
                      use_ema=cfg.sample.use_ema)

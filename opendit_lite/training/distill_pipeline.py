@@ -25,14 +25,18 @@ latents as the student's own rollout). The export (``export_student``) is the st
 fine-tune LoRA export writes it, ``<run dir>/diffusers/``, with the exact call printed and written to
 ``<run dir>/diffusers/sampling.txt``.
 
-Not supported yet (refused before anything starts): full-weight students, two experts (Wan 2.2 A14B),
+With ``lora.rank`` 0 the student is a full-weight copy (three transformers: teacher frozen, student and
+critic trained), exported as a pipeline folder (its transformer written, the rest linked).
+
+Not supported yet (refused before anything starts): two experts (Wan 2.2 A14B),
 image-conditioned pipelines, families that do not declare how their pipeline sets its scheduler (Wan and
 Flux do), ZeRO, sequence parallelism, block swapping.
 """
 
+import copy
 import dataclasses
 import os
-from typing import Dict, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -47,7 +51,7 @@ from ..builders.distill_model import (
     check_resumed_distillation,
 )
 from ..builders.pipeline import light_pipeline, pipeline_folder
-from ..builders.student_lora import student_guidance, write_student_adapter
+from ..builders.student_lora import student_guidance, write_student_adapter, write_student_pipeline
 from ..builders.video import build_video_model
 from ..checkpoint.files import atomic_path
 from ..config import to_dict
@@ -73,14 +77,25 @@ def lora_layers(model: nn.Module):
 
 
 class PipelineDistillModule(nn.Module):
-    """The pipeline's transformer (``base``) with the adapters ``student`` and ``critic``;
-    ``forward(role, **inputs)`` runs it with ``role``'s adapter (the teacher: none) on the keyword
-    inputs its pipeline gives it."""
+    """Teacher, student and critic of a pipeline's distillation; ``forward(role, **inputs)`` runs ``role``'s
+    network on the keyword inputs its pipeline gives the transformer. LoRA (``student`` None): the
+    pipeline's transformer ``base`` with the adapters ``student`` and ``critic`` (the teacher: none);
+    full weights: three transformers under ``teacher`` (frozen), ``student`` and ``critic``."""
 
-    def __init__(self, base: nn.Module):
+    def __init__(self, base: nn.Module, student: Optional[nn.Module] = None, critic: Optional[nn.Module] = None):
         super().__init__()
-        self.base = base
-        self._layers = None  # its LoRA layers, found at the first forward (once the model is built)
+        self.lora = student is None
+        if self.lora:
+            self.base = base
+            self._layers = None  # its LoRA layers, found at the first forward (once the model is built)
+        else:
+            self.teacher, self.student, self.critic = base, student, critic
+            self.teacher.requires_grad_(False)
+
+    @property
+    def transformer(self) -> nn.Module:
+        """The pipeline's transformer as loaded (its config, its device): the base, or the teacher."""
+        return self.base if self.lora else self.teacher
 
     def layers(self):
         if self._layers is None:
@@ -88,6 +103,8 @@ class PipelineDistillModule(nn.Module):
         return self._layers
 
     def forward(self, role: str, **inputs):
+        if not self.lora:
+            return getattr(self, role)(**inputs)
         with active_adapter(self.layers(), None if role == TEACHER else role):
             return self.base(**inputs)
 
@@ -95,9 +112,10 @@ class PipelineDistillModule(nn.Module):
         """Make ``role``'s adapter the one active outside the calls, for the step that trains ``role``: a
         checkpointed block recomputes its forward in the backward pass, after the call's adapter was
         switched back, so the adapter in place then must be the trained network's (the only call of the
-        step with a gradient)."""
-        for m in self.layers():
-            m._active_adapter, m._disable_adapters = [role], False
+        step with a gradient). Full weights: nothing to do (each network has its own blocks)."""
+        if self.lora:
+            for m in self.layers():
+                m._active_adapter, m._disable_adapters = [role], False
 
 
 class RoleCall:
@@ -147,10 +165,6 @@ def validate_pipeline_distill(cfg, validate_video) -> None:
                           f"student and critic adapt); set distill.teacher to the model.pipeline folder.")
     folder = pipeline_folder(m.pipeline)
     c, name = folder.conditioning, folder.pipeline_class
-    if not cfg.lora.rank:
-        raise ConfigError("distilling a pipeline trains the student and the critic as two LoRA adapters on its "
-                          "frozen transformer; full-weight students are not supported yet for model.pipeline: set "
-                          "lora.rank (e.g. 64).")
     if cfg.lora.init_from:
         raise ConfigError(f"lora.init_from={cfg.lora.init_from!r} in a distillation: the adapters of this run are "
                           f"'{STUDENT}' and '{CRITIC}', which start as no-ops on the teacher; a file's adapter would "
@@ -214,9 +228,12 @@ def student_rollout(cfg, x_shape: Tuple[int, ...]) -> SchedulerRollout:
 # --------------------------------------------------------------------------------------------------
 
 def build_pipeline_distill_module(cfg) -> PipelineDistillModule:
-    """The pipeline's transformer with the ``student`` and ``critic`` adapters (the base frozen)."""
+    """The pipeline's transformer with the ``student`` and ``critic`` adapters (the base frozen), or with
+    ``lora.rank`` 0 three copies of it (student and critic trained, the teacher frozen)."""
     check_resumed_distillation(cfg)
     base = build_video_model(cfg)
+    if not cfg.lora.rank:
+        return PipelineDistillModule(base, copy.deepcopy(base), copy.deepcopy(base))
     clash = sorted(set(getattr(base, "peft_config", {})) & {STUDENT, CRITIC})
     if clash:
         raise ConfigError(f"the transformer of {cfg.model.pipeline!r} already carries adapter(s) named "
@@ -250,7 +267,7 @@ def prepare_distill_data(cfg, device, sp_group=None):
     embedded = folder.conditioning.guided(config)
 
     def denoiser(model, call):
-        by_role = {role: make(model.base, RoleCall(call, role)) for role in ROLES}
+        by_role = {role: make(model.transformer, RoleCall(call, role)) for role in ROLES}
         if embedded:  # the teacher's real score: its guidance embedding at distill.guidance_scale
             by_role[TEACHER].constants = folder.conditioning.constants(light_pipeline(m.pipeline), config,
                                                                        cfg.distill.guidance_scale)
@@ -308,6 +325,10 @@ def sampling_call(cfg, out: str) -> str:
     steps = cfg.distill.student_timesteps
     load = (f"pipe.load_lora_weights({out!r})" if pipeline_loads_lora(folder.family.pipeline) else
             f"pipe.transformer.load_lora_adapter({out!r}, weight_name={LORA_WEIGHT_NAME!r})")
+    if not cfg.lora.rank:  # the student's own pipeline folder
+        return (f"pipe = {folder.pipeline_class}.from_pretrained({out!r}); "
+                f"pipe(prompt, num_inference_steps={steps}, guidance_scale={student_guidance(cfg)!r})  # no "
+                f"classifier-free guidance")
     return (f"pipe = {folder.pipeline_class}.from_pretrained({cfg.model.pipeline!r}); {load}; "
             f"pipe(prompt, num_inference_steps={steps}, guidance_scale={student_guidance(cfg)!r})  # the scheduler "
             f"as saved in the pipeline folder ({type(light_pipeline(cfg.model.pipeline).scheduler).__name__}), no "
@@ -316,12 +337,17 @@ def sampling_call(cfg, out: str) -> str:
 
 def write_student_lora(cfg, checkpoint: str, out: str, final: str) -> None:
     """Write the student of ``checkpoint`` to the folder ``out`` (in this process): the LoRA file(s) of the
-    fine-tune export (``export.lora_format``) and ``sampling.txt``, the call that loads them from ``final``
-    (where ``out`` is published)."""
+    fine-tune export (``export.lora_format``), or a full-weight student's pipeline folder (its transformer,
+    the other components linked), and ``sampling.txt``, the call that loads it from ``final`` (where
+    ``out`` is published)."""
     from .video import export_lora_format
 
-    write_student_adapter(to_dict(cfg.model), to_dict(cfg.lora), checkpoint, out,
-                          use_ema=cfg.export.ema and cfg.ema.enable, lora_format=export_lora_format(cfg))
+    use_ema = cfg.export.ema and cfg.ema.enable
+    if cfg.lora.rank:
+        write_student_adapter(to_dict(cfg.model), to_dict(cfg.lora), checkpoint, out, use_ema=use_ema,
+                              lora_format=export_lora_format(cfg))
+    else:
+        write_student_pipeline(to_dict(cfg.model), checkpoint, out, use_ema=use_ema)
     with open(os.path.join(out, SAMPLING_NOTE), "w") as f:
         f.write(sampling_call(cfg, final) + "\n")
 
@@ -347,8 +373,9 @@ def export_student(cfg, checkpoint: str, run_dir: str) -> None:
             raise failure[0](failure[1])
     if global_rank() == 0:
         weights = "EMA" if cfg.export.ema and cfg.ema.enable else "trained"
-        print(f"wrote the {cfg.distill.student_timesteps}-step student's LoRA ({weights} weights) to {out}; sample it "
-              f"with: {sampling_call(cfg, out)}")
+        what = "student's LoRA" if cfg.lora.rank else "student's pipeline"
+        print(f"wrote the {cfg.distill.student_timesteps}-step {what} ({weights} weights) to {out}; sample it with: "
+              f"{sampling_call(cfg, out)}")
 
 
 def pipeline_distill_trainer(video_spec: TrainerSpec) -> TrainerSpec:

@@ -29,9 +29,10 @@ def _args(pipeline: str, data: str, results) -> list:
             f"results_dir={results}", "logger=[]"]
 
 
-def _student_sample(pipe, lora_state, noise):
-    """The student's own sample: the pipeline's transformer with the exported student adapter, rolled out
-    by a copy of the pipeline's scheduler (``SchedulerRollout``) on the prompt's text inputs."""
+def _student_sample(pipe, lora_state, noise, rank: int = 4):
+    """The student's own sample: the pipeline's transformer with the student's weights (``rank`` > 0: its
+    adapter on the base), rolled out by a copy of the pipeline's scheduler (``SchedulerRollout``) on the
+    prompt's text inputs."""
     import copy
 
     from opendit_lite.families import family_of_pipeline
@@ -41,10 +42,10 @@ def _student_sample(pipe, lora_state, noise):
     family = family_of_pipeline("WanPipeline")
     c = family.conditioning_of("WanPipeline")
     model = copy.deepcopy(pipe.transformer)
-    model.unload_lora() if hasattr(model, "unload_lora") else None
-    apply_lora(model, rank=4, alpha=4, dropout=0.0, targets=None)
+    if rank:
+        apply_lora(model, rank=rank, alpha=rank, dropout=0.0, targets=None)
     missing, unexpected = model.load_state_dict(lora_state, strict=False)
-    assert not unexpected and not [k for k in missing if ".lora_" in k], (missing, unexpected)
+    assert not unexpected and not missing, (missing, unexpected)
     text = c.encode_text(pipe, [PROMPT])
     denoiser = PipelineDenoiser(c, family.adapter, model, model.config, c.constants(pipe, model.config, None), text)
     with torch.no_grad():
@@ -114,7 +115,6 @@ def test_wan_lora_distillation_resumes_exports_and_the_pipeline_samples_the_stud
     refusals = {  # the overrides -> words of the one-paragraph message
         (f"distill.teacher={tmp_path}",): "another model than this run",
         ("distill.student_timesteps=400",): "timesteps for 400 steps differ",
-        ("lora.rank=0",): "full-weight students are not supported yet",
         (f"lora.init_from={out}",): "clash",
         ("zero_degree=1",): "does not support zero_degree",
     }
@@ -255,3 +255,30 @@ def test_a_flux_student_rolled_out_by_the_scheduler_is_the_pipeline_call(tiny_pi
     own = FluxPipeline._pack_latents(own[:, :, 0], 1, C, h, h)
     print(f"Flux: the student's rollout vs the pipeline call: max |diff| {(own - packed).abs().max():.2e}")
     assert (own - packed).abs().max() <= 1e-5 * max(1.0, packed.abs().max().item()), (own - packed).abs().max()
+
+
+def test_a_full_weight_student_exports_its_pipeline_folder(tiny_pipeline, tmp_path):
+    """lora.rank=0: teacher, student and critic are three transformers; the run's end writes the student's
+    pipeline folder (its transformer, the rest linked), which samples as the student's own rollout."""
+    from diffusers import WanPipeline
+
+    from opendit_lite.builders.student_lora import student_lora_state
+
+    pipeline = tiny_pipeline("wan")
+    data = extracted_latents(pipeline, tmp_path, [PROMPT, "a blue disc moving up"])
+    main("train_video", [*_args(pipeline, data, tmp_path), "lora.rank=0", "exp_name=full", "max_steps=2"])
+    ckpt = f"{tmp_path}/full/checkpoints/full_step2"
+    weights = load_file(os.path.join(ckpt, "model", "model-00001.safetensors"))
+    teacher = WanPipeline.from_pretrained(pipeline).transformer.state_dict()
+    assert all(torch.equal(weights[f"teacher.{k}"], v) for k, v in teacher.items())  # frozen
+    assert any(not torch.equal(weights[f"student.{k}"], v) for k, v in teacher.items())  # trained
+    out = f"{tmp_path}/full/diffusers"
+    assert f"from_pretrained({out!r})" in open(os.path.join(out, "sampling.txt")).read()
+    pipe, base_pipe = WanPipeline.from_pretrained(out), WanPipeline.from_pretrained(pipeline)
+    noise = torch.randn(1, 16, 1, 4, 4, generator=torch.Generator().manual_seed(3))
+    call = dict(height=16, width=16, num_frames=1, num_inference_steps=STEPS, guidance_scale=1.0, output_type="latent")
+    with torch.no_grad():
+        loaded = pipe(PROMPT, latents=noise.clone(), **call).frames
+    own = _student_sample(base_pipe, student_lora_state(ckpt, 0, use_ema=True), noise.clone(), rank=0)
+    print(f"full-weight student: its pipeline folder vs its own rollout: max |diff| {(loaded - own).abs().max():.2e}")
+    assert (loaded - own).abs().max() <= 1e-5 * max(1.0, own.abs().max().item())
