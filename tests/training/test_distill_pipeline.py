@@ -3,7 +3,9 @@ a tiny Wan pipeline's transformer distilled to a 2-step LoRA student on latents 
 straight and resumed half-way (both adapters and the optimizer bit-identical), its exported LoRA loaded
 by ``WanPipeline.load_lora_weights`` with no key warning, and the pipeline called at the student's step
 count without guidance reproducing the student's own rollout from the same noise (the scheduler's
-moves, Wan's UniPC, included); the refusals end with exit 2 and one paragraph."""
+moves, Wan's UniPC, included), as sample_video.py does; a full-weight student's exported pipeline folder
+likewise; the refusals end with exit 2 and one paragraph. Also: checkpointed blocks recompute with the
+trained network's adapter, and a FLUX.1-dev student's rollout is its pipeline's call."""
 
 import os
 from types import SimpleNamespace
@@ -53,7 +55,7 @@ def _student_sample(pipe, lora_state, noise, rank: int = 4):
 
 
 def test_wan_lora_distillation_resumes_exports_and_the_pipeline_samples_the_student(tiny_pipeline, tmp_path, capsys):
-    from diffusers import WanPipeline
+    from diffusers import WanPipeline, WanTransformer3DModel
 
     from opendit_lite.builders.student_lora import student_lora_state
 
@@ -107,6 +109,24 @@ def test_wan_lora_distillation_resumes_exports_and_the_pipeline_samples_the_stud
                                            width=16, num_frames=1)
     measured.append(f"sample_video.py vs the direct call with the LoRA: max |diff| {(ours - theirs).abs().max():.2e}")
     assert (ours - theirs).abs().max() <= 1e-5, (ours - theirs).abs().max()
+
+
+    # lora.rank=0: three transformers; the run's end writes the student's pipeline folder (the rest linked)
+    main("train_video", [*args, "lora.rank=0", "exp_name=full", "max_steps=2"])
+    full = f"{tmp_path}/full/checkpoints/full_step2"
+    weights = load_file(os.path.join(full, "model", "model-00001.safetensors"))
+    released = WanTransformer3DModel.from_pretrained(os.path.join(pipeline, "transformer")).state_dict()
+    assert all(torch.equal(weights[f"teacher.{k}"], v) for k, v in released.items())  # frozen
+    assert any(not torch.equal(weights[f"student.{k}"], v) for k, v in released.items())  # trained
+    full_out = f"{tmp_path}/full/diffusers"
+    assert f"from_pretrained({full_out!r})" in open(os.path.join(full_out, "sampling.txt")).read()
+    full_pipe = WanPipeline.from_pretrained(full_out)
+    with torch.no_grad():
+        loaded = full_pipe(PROMPT, latents=noise.clone(), **call).frames
+    own = _student_sample(full_pipe, student_lora_state(full, 0, use_ema=True), noise.clone(), rank=0)
+    measured.append(f"full-weight student's pipeline folder vs its own rollout: max |diff| "
+                    f"{(loaded - own).abs().max():.2e}")
+    assert (loaded - own).abs().max() <= 1e-5 * max(1.0, own.abs().max().item())
 
     capsys.readouterr()
     for extra, words in ((f"sample.num_sampling_steps={STEPS + 1}", f"distilled to {STEPS} steps"),
@@ -256,29 +276,3 @@ def test_a_flux_student_rolled_out_by_the_scheduler_is_the_pipeline_call(tiny_pi
     print(f"Flux: the student's rollout vs the pipeline call: max |diff| {(own - packed).abs().max():.2e}")
     assert (own - packed).abs().max() <= 1e-5 * max(1.0, packed.abs().max().item()), (own - packed).abs().max()
 
-
-def test_a_full_weight_student_exports_its_pipeline_folder(tiny_pipeline, tmp_path):
-    """lora.rank=0: teacher, student and critic are three transformers; the run's end writes the student's
-    pipeline folder (its transformer, the rest linked), which samples as the student's own rollout."""
-    from diffusers import WanPipeline
-
-    from opendit_lite.builders.student_lora import student_lora_state
-
-    pipeline = tiny_pipeline("wan")
-    data = extracted_latents(pipeline, tmp_path, [PROMPT, "a blue disc moving up"])
-    main("train_video", [*_args(pipeline, data, tmp_path), "lora.rank=0", "exp_name=full", "max_steps=2"])
-    ckpt = f"{tmp_path}/full/checkpoints/full_step2"
-    weights = load_file(os.path.join(ckpt, "model", "model-00001.safetensors"))
-    teacher = WanPipeline.from_pretrained(pipeline).transformer.state_dict()
-    assert all(torch.equal(weights[f"teacher.{k}"], v) for k, v in teacher.items())  # frozen
-    assert any(not torch.equal(weights[f"student.{k}"], v) for k, v in teacher.items())  # trained
-    out = f"{tmp_path}/full/diffusers"
-    assert f"from_pretrained({out!r})" in open(os.path.join(out, "sampling.txt")).read()
-    pipe, base_pipe = WanPipeline.from_pretrained(out), WanPipeline.from_pretrained(pipeline)
-    noise = torch.randn(1, 16, 1, 4, 4, generator=torch.Generator().manual_seed(3))
-    call = dict(height=16, width=16, num_frames=1, num_inference_steps=STEPS, guidance_scale=1.0, output_type="latent")
-    with torch.no_grad():
-        loaded = pipe(PROMPT, latents=noise.clone(), **call).frames
-    own = _student_sample(base_pipe, student_lora_state(ckpt, 0, use_ema=True), noise.clone(), rank=0)
-    print(f"full-weight student: its pipeline folder vs its own rollout: max |diff| {(loaded - own).abs().max():.2e}")
-    assert (loaded - own).abs().max() <= 1e-5 * max(1.0, own.abs().max().item())
