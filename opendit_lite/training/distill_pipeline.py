@@ -1,6 +1,7 @@
-"""train_video.py's few-step distillation of a released pipeline (``model.pipeline`` with ``distill.teacher``
-naming the same folder; DMD2, Yin et al. 2024): a LoRA student that the pipeline itself samples in
-``distill.student_timesteps`` steps without classifier-free guidance.
+"""train_video.py's (and, for the image pipelines, train.py's) few-step distillation of a released pipeline
+(``model.pipeline`` with ``distill.teacher`` naming the same folder; DMD2, Yin et al. 2024): a LoRA (or
+full-weight) student that the pipeline itself samples in ``distill.student_timesteps`` steps without
+classifier-free guidance.
 
 The networks (``PipelineDistillModule``): the pipeline's transformer is the frozen base and the teacher
 (no adapter); student and critic are two peft adapters on the same layers (``builders/distill_model.py``'s
@@ -180,8 +181,7 @@ def validate_pipeline_distill(cfg, validate_video) -> None:
     why = flow_scheduler_error(pipe.scheduler)
     if why:
         raise ConfigError(f"{name}'s scheduler {why}: the distilled student is a flow-matching few-step sampler, "
-                          f"run by the pipeline's own scheduler; distill a pipeline whose transformer predicts the "
-                          f"flow (Wan, Flux, SD3, HunyuanVideo, LTX-Video, Qwen-Image).")
+                          f"run by the pipeline's own scheduler; distill a flow-matching pipeline (Wan, Flux).")
     if type(c).set_timesteps_kwargs is PipelineConditioning.set_timesteps_kwargs:
         raise ConfigError(f"the {folder.family.name} family does not declare how {name} sets its scheduler's "
                           f"timesteps (conditioning.set_timesteps_kwargs), so the student's times could not be the "
@@ -198,8 +198,9 @@ def validate_pipeline_distill(cfg, validate_video) -> None:
     bad = [k for k, on in unsupported.items() if on]
     if bad:
         raise ConfigError(f"distilling a pipeline (distill.teacher with model.pipeline) does not support "
-                          f"{', '.join(bad)} yet (one process or DDP, LoRA student and critic, fp32/bf16, the "
-                          f"student exported as a LoRA): remove {' and '.join(bad)} from the config.")
+                          f"{', '.join(bad)} yet (one process or DDP, LoRA or full-weight student and critic, "
+                          f"fp32/bf16, the student exported as a LoRA or its own pipeline folder): remove "
+                          f"{' and '.join(bad)} from the config.")
 
 
 def student_rollout(cfg, x_shape: Tuple[int, ...]) -> SchedulerRollout:
