@@ -51,6 +51,8 @@ class DistillModule(nn.Module):
     network. ``teacher``: the model with the teacher's weights; full-weight runs also pass ``student``
     and ``critic`` (copies), LoRA runs ``adapters=True`` (the teacher's model already carries both)."""
 
+    fp32_inputs = ("t",)  # the models' timesteps: a ZeRO wrapper's bf16 cast keeps them (plugins/fp32_inputs.py)
+
     def __init__(self, teacher: nn.Module, student: Optional[nn.Module] = None, critic: Optional[nn.Module] = None):
         super().__init__()
         self.lora = student is None
@@ -60,6 +62,11 @@ class DistillModule(nn.Module):
         else:
             self.teacher, self.student, self.critic = teacher, student, critic
             self.teacher.requires_grad_(False)
+
+    def ema_averages(self, name: str) -> bool:
+        """The run's EMA averages the student only (``ema/boosted.py``): the student is what samples and is
+        exported; the critic is only ever used as it is now."""
+        return name.startswith(f"{STUDENT}.") if not self.lora else f".{STUDENT}." in name
 
     def forward(self, x: torch.Tensor, t: torch.Tensor, role: str, **kwargs) -> torch.Tensor:
         if self.lora:

@@ -6,7 +6,11 @@ of them, by the step count: ``distill.critic_updates`` critic steps, then one st
 On a step only that network is in the loss's graph, so the other's gradients stay None, and AdamW
 (plain, fused or foreach) skips parameters without a gradient: each network's Adam moments and step
 count advance on its own steps only, as with two optimizers (tested). DDP runs with
-``find_unused_parameters`` so that the network left out of a step is not waited for.
+``find_unused_parameters`` so that the network left out of a step is not waited for; ZeRO-1/2
+(LowLevelZero) buckets and steps only the parameters whose gradient arrived, and saves the
+not-yet-stepped ones with an empty state (``plugins/zero.py``). The run's EMA averages the student only
+(``DistillModule.ema_averages``). Sequence parallelism (``sp_size``) converts the networks' attention and
+token split/gather markers inside the module; the ranks of a group draw alike (same samples).
 
 One step, for a batch of labels y (the data's images are not used: DMD2 without its GAN term needs none):
 
@@ -114,15 +118,20 @@ def validate_distill(cfg) -> None:
         raise ConfigError(f"init_from={cfg.init_from!r} in a distillation run: student and critic start from the "
                           f"teacher's weights (distill.teacher); remove init_from, or name that checkpoint as "
                           f"distill.teacher.")
-    unsupported = {"zero_degree": cfg.zero_degree != 0, "sp_size": cfg.sp_size != 1,
-                   "memory.blocks_to_swap": cfg.memory.blocks_to_swap != 0,
-                   "fused_optimizer_ema": cfg.fused_optimizer_ema,
+    if cfg.zero_degree == 3:
+        raise ConfigError("zero_degree=3 (Gemini) with distillation (distill.teacher): each step trains the student "
+                          "or the critic and leaves the other without a gradient, which GeminiDDP refuses at the end "
+                          "of each backward (its chunks are reduced once every parameter's gradient arrived); use "
+                          "zero_degree=1 or 2 (LowLevelZero leaves such parameters and their Adam state untouched) "
+                          "or 0.")
+    unsupported = {"memory.blocks_to_swap": cfg.memory.blocks_to_swap != 0,
                    "lora.base_precision": cfg.lora.base_precision != "none", "compile": cfg.compile,
                    "eval_every": cfg.eval_every != 0}
     bad = [k for k, on in unsupported.items() if on]
     if bad:
-        raise ConfigError(f"distillation (distill.teacher) does not support {', '.join(bad)} yet (one process or "
-                          f"DDP, full weights or LoRA, fp32/bf16): remove {' and '.join(bad)} from the config.")
+        raise ConfigError(f"distillation (distill.teacher) does not support {', '.join(bad)} yet (one process, "
+                          f"DDP or ZeRO-1/2, sequence parallelism, full weights or LoRA, fp32/bf16): remove "
+                          f"{' and '.join(bad)} from the config.")
     if cfg.sample.num_sampling_steps != d.student_timesteps:
         raise ConfigError(f"sample.num_sampling_steps={cfg.sample.num_sampling_steps} but the student is trained for "
                           f"distill.student_timesteps={d.student_timesteps} Euler steps: set "

@@ -134,7 +134,7 @@ def test_train_distill_resume_sample_and_refusals(tmp_path):
         ("train.py", "exp_name=other", "model.name=DiT-Mini/2"): "another model than this run",
         ("train.py", "exp_name=other", "sample.num_sampling_steps=4"): "distill.student_timesteps=2",
         ("train.py", "exp_name=other", "distill.teacher=/nonexistent"): "does not exist",
-        ("train.py", "exp_name=other", "zero_degree=1"): "does not support zero_degree",
+        ("train.py", "exp_name=other", "zero_degree=3", "lora.rank=0"): "zero_degree=3 (Gemini)",
         ("train.py", "exp_name=other", f"init_from={tmp_path}/teacher"): "start from the teacher's weights",
         ("train.py", "exp_name=resumed", "auto_resume=true", "distill.critic_updates=2"): "other distillation settings",
     }
