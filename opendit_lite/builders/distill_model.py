@@ -35,6 +35,7 @@ from ..checkpoint.layout import (
 )
 from ..checkpoint.weights import read_weights
 from ..config import ConfigError
+from ..models.blocks import find_blocks
 from ..models.lora import apply_lora, lora_target_names, merge_lora
 from .lora_checkpoint import load_merged
 
@@ -62,6 +63,12 @@ class DistillModule(nn.Module):
         else:
             self.teacher, self.student, self.critic = teacher, student, critic
             self.teacher.requires_grad_(False)
+
+    def get_fsdp_wrap_module_list(self):
+        """The repeated blocks (``models/blocks.find_blocks``), which activation checkpointing and block
+        swapping act on: the shared base's (LoRA), else the teacher's, student's and critic's in turn."""
+        networks = (self.base,) if self.lora else (self.teacher, self.student, self.critic)
+        return [block for network in networks for block in find_blocks(network)]
 
     def ema_averages(self, name: str) -> bool:
         """The run's EMA averages the student only (``ema/boosted.py``): the student is what samples and is

@@ -124,13 +124,13 @@ def validate_distill(cfg) -> None:
                           "of each backward (its chunks are reduced once every parameter's gradient arrived); use "
                           "zero_degree=1 or 2 (LowLevelZero leaves such parameters and their Adam state untouched) "
                           "or 0.")
-    unsupported = {"memory.blocks_to_swap": cfg.memory.blocks_to_swap != 0,
-                   "lora.base_precision": cfg.lora.base_precision != "none", "compile": cfg.compile,
+    unsupported = {"lora.base_precision": cfg.lora.base_precision != "none", "compile": cfg.compile,
                    "eval_every": cfg.eval_every != 0}
     bad = [k for k, on in unsupported.items() if on]
     if bad:
         raise ConfigError(f"distillation (distill.teacher) does not support {', '.join(bad)} yet (one process, "
-                          f"DDP or ZeRO-1/2, sequence parallelism, full weights or LoRA, fp32/bf16): remove "
+                          f"DDP or ZeRO-1/2, sequence parallelism, full weights or LoRA, block swapping with LoRA, "
+                          f"fp32/bf16): remove "
                           f"{' and '.join(bad)} from the config.")
     if cfg.sample.num_sampling_steps != d.student_timesteps:
         raise ConfigError(f"sample.num_sampling_steps={cfg.sample.num_sampling_steps} but the student is trained for "

@@ -167,3 +167,20 @@ def test_distill_sequence_parallel_equals_one_process():
         diff = max((grads[k] - v).abs().max().item() for k, v in ref_grads.items())
         print("sp", abs(loss - ref_loss), diff)
         assert abs(loss - ref_loss) < 1e-6 and diff < 1e-6, (loss, ref_loss, diff)
+
+
+def test_distill_with_block_swapping_equals_resident():
+    """The LoRA base's blocks swapped (memory.blocks_to_swap): fetched at each of a step's passes (backward
+    simulation, student, teacher, critic; forward then backward), the losses and gradients are exact."""
+    from opendit_lite.parallelization import parallelize
+
+    module = lora_module()
+    expected = _gradients(module, module, lambda loss: loss.backward(), range(BATCH))
+    swapped = lora_module()
+    report = parallelize(swapped, blocks_to_swap=1)
+    assert report.swap is not None and len(report.swap.swapped) == 1
+    got = _gradients(swapped, swapped, lambda loss: loss.backward(), range(BATCH))
+    for (loss, grads), (ref_loss, ref_grads) in zip(got, expected):
+        assert loss == ref_loss and grads.keys() == ref_grads.keys()
+        assert all(torch.equal(grads[k], v) for k, v in ref_grads.items())
+    assert report.swap.swapper.counts.stores == 0 and report.swap.swapper.counts.fetches > 4  # several passes
