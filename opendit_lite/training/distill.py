@@ -12,7 +12,7 @@ not-yet-stepped ones with an empty state (``plugins/zero.py``). The run's EMA av
 (``DistillModule.ema_averages``). Sequence parallelism (``sp_size``) converts the networks' attention and
 token split/gather markers inside the module; the ranks of a group draw alike (same samples).
 
-One step, for a batch of labels y (the data's images are not used: DMD2 without its GAN term needs none):
+One step, for a batch of labels y (the data's images are used by the GAN term only):
 
 * noise and the student's step k (drawn per optimizer step, the same on every rank) give its input
   x_k by backward simulation (its own Euler steps 0..k-1, no gradient), and its sample
@@ -20,10 +20,15 @@ One step, for a batch of labels y (the data's images are not used: DMD2 without 
 * critic step: the critic's flow-matching loss on x_0 (detached) at a random noise level;
 * student step: the distribution-matching loss of x_0 between the critic and the teacher guided with
   ``distill.guidance_scale`` (``diffusion/distribution_matching.py``), gradients through x_0 only.
+* with ``distill.gan_weight`` w > 0 (DMD2's GAN term), a head on the critic's middle block
+  (``GanHead``) judges noised samples at the same times: the critic step adds w x its non-saturating
+  loss on the batch's noised images ("real") vs the student's ("fake"), in the critic's one call; the
+  student step adds w x the generator's, through a critic pass whose parameters are held constant.
 
 The logged ``loss`` mixes the two kinds of step.
 """
 
+import contextlib
 import os
 
 import torch
@@ -33,6 +38,8 @@ from ..config import ConfigError
 from ..diffusion.distribution_matching import (
     backward_simulate,
     critic_loss,
+    discriminator_loss,
+    generator_gan_loss,
     generator_loss,
     predict_x0,
     sampler_times,
@@ -93,12 +100,46 @@ def distill_loss(model, objective: RectifiedFlow, cfg, x: torch.Tensor, model_kw
     t_k = torch.full((n,), times[k], device=x.device, dtype=torch.float32)          # [B]
     judge_noise = standard_normal_like(x, draws)
     judge_t = JUDGE_LOW + (JUDGE_HIGH - JUDGE_LOW) * draws.uniform((n,), x.device, torch.float32)  # [B]
+    gan = getattr(d, "gan_weight", 0.0)
+    s = judge_t.view(-1, *([1] * (x.dim() - 1)))                                     # [B, 1, 1, 1]
     if is_student_step(step, d.critic_updates):
         x0 = predict_x0(student, x_k, t_k, num_timesteps)                            # with gradient
-        return generator_loss(x0, guided_teacher, velocity(CRITIC), judge_t, judge_noise, num_timesteps)
+        loss = generator_loss(x0, guided_teacher, velocity(CRITIC), judge_t, judge_noise, num_timesteps)
+        if gan:
+            # The critic and its head judge the noised sample as constants: the gradient reaches the student
+            # through x0 only, and the critic's parameters get none on a student step. The unwrapped module
+            # runs it (a second call of a DDP wrapper before one backward would confuse its bookkeeping).
+            inner = model.unwrap() if hasattr(model, "unwrap") else model
+            with frozen(inner.critic_parameters()):
+                _, fake_logits = inner((1 - s) * x0 + s * judge_noise, judge_t * num_timesteps, role=CRITIC,
+                                       features=True, y=y, **keep(n))
+            loss = loss + gan * generator_gan_loss(fake_logits)
+        return loss
     with torch.no_grad():
         x0 = predict_x0(student, x_k, t_k, num_timesteps)
-    return critic_loss(x0, velocity(CRITIC), judge_t, judge_noise, num_timesteps)
+    if not gan:
+        return critic_loss(x0, velocity(CRITIC), judge_t, judge_noise, num_timesteps)
+    # The critic's flow matching on the student's noised samples and its head on those and on the batch's
+    # noised images (same times), in one call.
+    real_noise = standard_normal_like(x, draws)
+    fake_t, real_t = (1 - s) * x0 + s * judge_noise, (1 - s) * x + s * real_noise  # [B, C, H, W] each
+    out, logits = model(torch.cat([fake_t, real_t]), torch.cat([judge_t, judge_t]) * num_timesteps, role=CRITIC,
+                        features=True, y=torch.cat([y, y]), **keep(2 * n))
+    flow = ((out[:n, :channels] - (judge_noise - x0)) ** 2).mean()
+    return flow + gan * discriminator_loss(logits[n:], logits[:n])
+
+
+@contextlib.contextmanager
+def frozen(params):
+    """``params`` without ``requires_grad`` inside (a pass that treats them as constants)."""
+    flags = [p.requires_grad for p in params]
+    for p in params:
+        p.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for p, flag in zip(params, flags):
+            p.requires_grad_(flag)
 
 
 def validate_distill(cfg) -> None:
@@ -124,14 +165,18 @@ def validate_distill(cfg) -> None:
                           "of each backward (its chunks are reduced once every parameter's gradient arrived); use "
                           "zero_degree=1 or 2 (LowLevelZero leaves such parameters and their Adam state untouched) "
                           "or 0.")
+    if getattr(d, "gan_weight", 0) and cfg.sp_size > 1:
+        raise ConfigError(f"distill.gan_weight={d.gan_weight} with sp_size={cfg.sp_size}: the GAN head pools the "
+                          f"critic's middle-block tokens, which sequence parallelism splits over the ranks (each "
+                          f"would judge its own share, with padding); not supported yet: set distill.gan_weight=0 "
+                          f"or sp_size=1.")
     unsupported = {"lora.base_precision": cfg.lora.base_precision != "none", "compile": cfg.compile,
                    "eval_every": cfg.eval_every != 0}
     bad = [k for k, on in unsupported.items() if on]
     if bad:
         raise ConfigError(f"distillation (distill.teacher) does not support {', '.join(bad)} yet (one process, "
                           f"DDP or ZeRO-1/2, sequence parallelism, full weights or LoRA, block swapping with LoRA, "
-                          f"fp32/bf16): remove "
-                          f"{' and '.join(bad)} from the config.")
+                          f"fp32/bf16): remove {' and '.join(bad)} from the config.")
     if cfg.sample.num_sampling_steps != d.student_timesteps:
         raise ConfigError(f"sample.num_sampling_steps={cfg.sample.num_sampling_steps} but the student is trained for "
                           f"distill.student_timesteps={d.student_timesteps} Euler steps: set "

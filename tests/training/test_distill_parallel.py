@@ -2,28 +2,32 @@
 buckets only the parameters whose gradient hook fired, so the network a step leaves out gets no (zero)
 gradient and its Adam moments and step count stay put (checked on the optimizer's own state); a checkpoint
 taken before the student's first step resumes bit-identically; the sharded EMA averages the student only.
-Sequence parallelism at 2 ranks gives one process's losses and gradients for both kinds of step."""
+These runs have the GAN term on (distill.gan_weight; its head steps with the critic). Sequence parallelism at
+2 ranks gives one process's losses and gradients for both kinds of step, and so does block swapping."""
 
 import torch
 
-from opendit_lite.builders.distill_model import CRITIC, STUDENT, DistillModule, add_adapters
+from opendit_lite.builders.distill_model import CRITIC, STUDENT, DistillModule, GanHead, add_adapters
 from opendit_lite.diffusion import build_scheduler
 from opendit_lite.diffusion.sampling_utils import SampleGenerators
 from opendit_lite.training.distill import distill_loss
 from tests.distributed import run_distributed
-from tests.training.test_distill import _cfg, tiny_dit
+from tests.training.test_distill import tiny_dit
+from tests.training.test_distill_gan import cfg
 
 STEPS, BATCH, LR, DECAY = 3, 4, 1e-2, 0.5  # critic_updates=1: critic, student, critic
+GAN = 0.5  # distill.gan_weight where the GAN term is on (its head trains with the critic)
 
 
-def lora_module() -> DistillModule:
+def lora_module(gan: bool = True) -> DistillModule:
     base = tiny_dit()
     add_adapters(base, (STUDENT, CRITIC), rank=2, alpha=2.0, dropout=0.0, targets=None)
     with torch.no_grad():  # both adapters away from their no-op start, so that both pass gradients
         for name, p in base.named_parameters():
             if ".lora_B." in name:
                 p.normal_(0.0, 0.05)
-    return DistillModule(base)
+    torch.manual_seed(3)
+    return DistillModule(base, gan_head=GanHead(32) if gan else None)
 
 
 def batch():
@@ -31,9 +35,9 @@ def batch():
     return torch.randn(BATCH, 3, 8, 8, generator=g), torch.randint(0, 4, (BATCH,), generator=g)
 
 
-def loss_of(model, step: int, rows) -> torch.Tensor:
+def loss_of(model, step: int, rows, gan: float = GAN) -> torch.Tensor:
     x, y = batch()
-    return distill_loss(model, build_scheduler("rflow", num_timesteps=1000), _cfg(), x[rows], dict(y=y[rows]),
+    return distill_loss(model, build_scheduler("rflow", num_timesteps=1000), cfg(gan), x[rows], dict(y=y[rows]),
                         SampleGenerators(0, list(rows), stream=(step,)), step)
 
 
@@ -73,9 +77,9 @@ def _boosted_run(zero_degree: int, rows, first: int, folder: str):
         ema.load_state_dict(torch.load(f"{folder}/ema.pt"))
     masters = optimizer.get_working_to_master_map() if zero_degree else {}
 
-    def adam_steps(role):  # the Adam step counts of a network's parameters (0: no state yet)
+    def adam_steps(role):  # the Adam step counts of a network's parameters, the critic's head too (0: no state yet)
         states = [optimizer.optim.state.get(masters.get(id(p), p), {}) for n, p in module.named_parameters()
-                  if p.requires_grad and f".{role}." in n]
+                  if p.requires_grad and module.trains_critic(n) == (role == CRITIC)]
         return {int(state.get("step", 0)) for state in states}
 
     steps = []
@@ -122,18 +126,18 @@ def test_distill_with_ddp_and_zero_equals_one_process_and_resumes_exactly(tmp_pa
         assert diff < 5e-5 and ema_diff < 5e-5, (zero_degree, diff, ema_diff)
         # the EMA averages the student only (half of it per rank, plus padding); the critic is saved as it is
         assert got["ema_numel"] <= student // 2 + 64, (zero_degree, got["ema_numel"], student)
-        assert all(torch.equal(got["ema"][k], got["params"][k]) for k in params if f".{CRITIC}." in k)
+        assert all(torch.equal(got["ema"][k], got["params"][k]) for k in params if f".{STUDENT}." not in k)
         resumed = got["resumed"]  # saved after the first step, when the student had no optimizer state
         assert resumed["steps"] == got["steps"][1:], (zero_degree, resumed["steps"])
         for part in ("params", "ema"):
             assert all(torch.equal(resumed[part][k], v) for k, v in got[part].items()), (zero_degree, part)
 
 
-def _gradients(module, model, backward, rows) -> list:
+def _gradients(module, model, backward, rows, gan: float) -> list:
     """(loss, {name: gradient}) of a critic step (0) and a student step (1) from the same weights."""
     out = []
     for step in (0, 1):
-        loss = loss_of(model, step, rows)
+        loss = loss_of(model, step, rows, gan)
         backward(loss)
         out.append((loss.item(), {n: p.grad.clone() for n, p in module.named_parameters() if p.grad is not None}))
         for p in module.parameters():
@@ -150,16 +154,16 @@ def _sequence_parallel(rank, world_size, sp_mode):
     plugin = OpenDiTPlugin(zero_degree=0, sp_size=world_size, precision="fp32",
                            ddp_kwargs=dict(find_unused_parameters=True))
     booster = Booster(plugin=plugin)
-    module = lora_module()
+    module = lora_module(gan=False)
     report = parallelize(module, sp_group=plugin.sp_group, sp_mode=sp_mode)
     optimizer = plugin.build_optimizer([p for p in module.parameters() if p.requires_grad], lr=LR, fused=False)
     model, optimizer, *_ = booster.boost(module, optimizer)
-    return str(report), _gradients(module, model, lambda loss: booster.backward(loss, optimizer), range(BATCH))
+    return str(report), _gradients(module, model, lambda loss: booster.backward(loss, optimizer), range(BATCH), 0.0)
 
 
 def test_distill_sequence_parallel_equals_one_process():
-    module = lora_module()
-    expected = _gradients(module, module, lambda loss: loss.backward(), range(BATCH))
+    module = lora_module(gan=False)  # the GAN head's pooled tokens are not split (refused with sp_size > 1)
+    expected = _gradients(module, module, lambda loss: loss.backward(), range(BATCH), 0.0)
     report, got = run_distributed(_sequence_parallel, world_size=2, args=("ulysses",))[0]
     assert "UlyssesAttentionOp" in report, report
     for (loss, grads), (ref_loss, ref_grads) in zip(got, expected):
@@ -175,11 +179,11 @@ def test_distill_with_block_swapping_equals_resident():
     from opendit_lite.parallelization import parallelize
 
     module = lora_module()
-    expected = _gradients(module, module, lambda loss: loss.backward(), range(BATCH))
+    expected = _gradients(module, module, lambda loss: loss.backward(), range(BATCH), GAN)
     swapped = lora_module()
     report = parallelize(swapped, blocks_to_swap=1)
     assert report.swap is not None and len(report.swap.swapped) == 1
-    got = _gradients(swapped, swapped, lambda loss: loss.backward(), range(BATCH))
+    got = _gradients(swapped, swapped, lambda loss: loss.backward(), range(BATCH), GAN)
     for (loss, grads), (ref_loss, ref_grads) in zip(got, expected):
         assert loss == ref_loss and grads.keys() == ref_grads.keys()
         assert all(torch.equal(grads[k], v) for k, v in ref_grads.items())
