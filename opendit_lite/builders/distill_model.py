@@ -12,6 +12,10 @@ whose trainable parameters are the student's and the critic's. Two layouts:
   two adapters (and their optimizer states).
 
 Both start from the teacher (a LoRA adapter starts as a no-op), as DMD2 initialises student and critic.
+With ``distill.gan_weight`` > 0 the module also holds the critic's discriminator head (``gan_head.*``,
+``GanHead``), which reads the critic's middle block. The run's EMA averages the student only
+(``ema_averages``), and the module declares its networks' blocks (``get_fsdp_wrap_module_list``) for
+activation checkpointing and block swapping.
 The student is read back from any checkpoint of the run (``load_student``): its weights (EMA where kept),
 with its adapter merged into the base, into a freshly built model, which samples as any zoo model does.
 """

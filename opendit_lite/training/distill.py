@@ -216,7 +216,8 @@ def distill_trainer(image_spec: TrainerSpec) -> TrainerSpec:
         d = cfg.distill
         kind = f"LoRA rank {cfg.lora.rank} adapters student/critic" if cfg.lora.rank else "full-weight student/critic"
         return (f"{image_spec.describe(cfg)}; distilling {d.teacher} to {d.student_timesteps} steps ({kind}, "
-                f"teacher guidance {d.guidance_scale:g}, {d.critic_updates} critic updates per student update)")
+                f"teacher guidance {d.guidance_scale:g}, {d.critic_updates} critic updates per student update"
+                f"{f', GAN term weight {d.gan_weight:g}' if d.gan_weight else ''})")
 
     return dataclasses.replace(image_spec, distills=True, build_model=build, describe=describe,
                                validate=validate_distill, finish=export_student, evaluator=None,
