@@ -107,11 +107,12 @@ def distill_loss(model, objective: RectifiedFlow, cfg, x: torch.Tensor, model_kw
         loss = generator_loss(x0, guided_teacher, velocity(CRITIC), judge_t, judge_noise, num_timesteps)
         if gan:
             # The critic and its head judge the noised sample as constants: the gradient reaches the student
-            # through x0 only, and the critic's parameters get none on a student step. The unwrapped module
-            # runs it (a second call of a DDP wrapper before one backward would confuse its bookkeeping).
+            # through x0 only, and the critic's parameters get none on a student step. The boosted model runs
+            # it (its autocast / dtype cast); DDP then finds the used parameters from this call's output,
+            # whose graph reaches the student's through x0.
             inner = model.unwrap() if hasattr(model, "unwrap") else model
             with frozen(inner.critic_parameters()):
-                _, fake_logits = inner((1 - s) * x0 + s * judge_noise, judge_t * num_timesteps, role=CRITIC,
+                _, fake_logits = model((1 - s) * x0 + s * judge_noise, judge_t * num_timesteps, role=CRITIC,
                                        features=True, y=y, **keep(n))
             loss = loss + gan * generator_gan_loss(fake_logits)
         return loss
