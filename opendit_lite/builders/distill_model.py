@@ -136,6 +136,19 @@ class DistillModule(nn.Module):
             return out, self.gan_head(captured[0])                                  # [B, ...], [B]
         return self._run(x, t, role, **kwargs)
 
+    def rest(self, role: str) -> None:
+        """Make ``role``'s adapter the one the LoRA layers run when no call is in progress (a call switches to
+        its own role and back to this). The loss sets it to the role its step trains: a checkpointed block
+        recomputes its forward in backward, after the calls, and must run that role's adapter again. No-op
+        for full weights (separate networks)."""
+        if self.lora:
+            if self._layers is None:
+                self._layers = _lora_layers(self.base)
+            for m in self._layers:
+                m._disable_adapters = role == TEACHER
+                if role != TEACHER:
+                    m._active_adapter = [role]
+
     def _run(self, x: torch.Tensor, t: torch.Tensor, role: str, **kwargs) -> torch.Tensor:
         if self.lora:
             if self._layers is None:

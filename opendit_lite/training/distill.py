@@ -23,12 +23,12 @@ One step, for a batch of labels y (the data's images are used by the GAN term on
 * with ``distill.gan_weight`` w > 0 (DMD2's GAN term), a head on the critic's middle block
   (``GanHead``) judges noised samples at the same times: the critic step adds w x its non-saturating
   loss on the batch's noised images ("real") vs the student's ("fake"), in the critic's one call; the
-  student step adds w x the generator's, through a critic pass whose parameters are held constant.
+  student step adds w x the generator's, through a critic pass differentiated with respect to its input
+  only (the critic's parameters get no gradient).
 
 The logged ``loss`` mixes the two kinds of step.
 """
 
-import contextlib
 import os
 
 import torch
@@ -93,6 +93,9 @@ def distill_loss(model, objective: RectifiedFlow, cfg, x: torch.Tensor, model_kw
         return uncond + d.guidance_scale * (cond - uncond)
 
     student = velocity(STUDENT)
+    trains = STUDENT if is_student_step(step, d.critic_updates) else CRITIC
+    inner = model.unwrap() if hasattr(model, "unwrap") else model
+    inner.rest(trains)  # the adapter a block checkpointed in this step's graph recomputes with
     times = sampler_times(objective, d.student_timesteps)
     k = student_step_index(cfg.global_seed, step, d.student_timesteps)
     noise = standard_normal_like(x, draws)                                           # [B, C, H, W]
@@ -102,19 +105,26 @@ def distill_loss(model, objective: RectifiedFlow, cfg, x: torch.Tensor, model_kw
     judge_t = JUDGE_LOW + (JUDGE_HIGH - JUDGE_LOW) * draws.uniform((n,), x.device, torch.float32)  # [B]
     gan = getattr(d, "gan_weight", 0.0)
     s = judge_t.view(-1, *([1] * (x.dim() - 1)))                                     # [B, 1, 1, 1]
-    if is_student_step(step, d.critic_updates):
+    if trains == STUDENT:
         x0 = predict_x0(student, x_k, t_k, num_timesteps)                            # with gradient
         loss = generator_loss(x0, guided_teacher, velocity(CRITIC), judge_t, judge_noise, num_timesteps)
         if gan:
-            # The critic and its head judge the noised sample as constants: the gradient reaches the student
-            # through x0 only, and the critic's parameters get none on a student step. The boosted model runs
-            # it (its autocast / dtype cast); DDP then finds the used parameters from this call's output,
-            # whose graph reaches the student's through x0.
-            inner = model.unwrap() if hasattr(model, "unwrap") else model
-            with frozen(inner.critic_parameters()):
-                _, fake_logits = model((1 - s) * x0 + s * judge_noise, judge_t * num_timesteps, role=CRITIC,
-                                       features=True, y=y, **keep(n))
-            loss = loss + gan * generator_gan_loss(fake_logits)
+            # The critic and its head judge the noised sample as constants: their pass is differentiated
+            # apart, with respect to its input only (no parameter accumulates a gradient, no DDP or ZeRO hook
+            # fires, and a checkpointed block recomputes as it ran), and the student's loss gains a term
+            # whose gradient is that one, through x0, and whose value is the generator's GAN loss. It runs
+            # on the unwrapped module in its parameters' dtype (a DDP forward would re-plan the reduction).
+            noised = (1 - s) * x0 + s * judge_noise                                  # [B, C, H, W]
+            dtype = inner.critic_parameters()[0].dtype
+            z = noised.detach().to(dtype).requires_grad_(True)
+            inner.rest(CRITIC)  # its checkpointed blocks recompute in this autograd.grad
+            with torch.enable_grad():
+                _, fake_logits = inner(z, judge_t * num_timesteps, role=CRITIC, features=True, y=y, **keep(n))
+                gan_loss = generator_gan_loss(fake_logits.float())
+                (direction,) = torch.autograd.grad(gan_loss, z)
+            inner.rest(STUDENT)
+            term = (noised * direction.to(noised.dtype)).sum()
+            loss = loss + gan * (gan_loss.detach() + term - term.detach())
         return loss
     with torch.no_grad():
         x0 = predict_x0(student, x_k, t_k, num_timesteps)
@@ -128,19 +138,6 @@ def distill_loss(model, objective: RectifiedFlow, cfg, x: torch.Tensor, model_kw
                         features=True, y=torch.cat([y, y]), **keep(2 * n))
     flow = ((out[:n, :channels] - (judge_noise - x0)) ** 2).mean()
     return flow + gan * discriminator_loss(logits[n:], logits[:n])
-
-
-@contextlib.contextmanager
-def frozen(params):
-    """``params`` without ``requires_grad`` inside (a pass that treats them as constants)."""
-    flags = [p.requires_grad for p in params]
-    for p in params:
-        p.requires_grad_(False)
-    try:
-        yield
-    finally:
-        for p, flag in zip(params, flags):
-            p.requires_grad_(flag)
 
 
 def validate_distill(cfg) -> None:

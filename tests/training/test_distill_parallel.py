@@ -3,7 +3,8 @@ buckets only the parameters whose gradient hook fired, so the network a step lea
 gradient and its Adam moments and step count stay put (checked on the optimizer's own state); a checkpoint
 taken before the student's first step resumes bit-identically; the sharded EMA averages the student only.
 These runs have the GAN term on (distill.gan_weight; its head steps with the critic). Sequence parallelism at
-2 ranks gives one process's losses and gradients for both kinds of step, and so does block swapping."""
+2 ranks gives one process's losses and gradients for both kinds of step, and so do block swapping and
+activation checkpointing."""
 
 import torch
 
@@ -173,18 +174,20 @@ def test_distill_sequence_parallel_equals_one_process():
         assert abs(loss - ref_loss) < 1e-6 and diff < 1e-6, (loss, ref_loss, diff)
 
 
-def test_distill_with_block_swapping_equals_resident():
-    """The LoRA base's blocks swapped (memory.blocks_to_swap): fetched at each of a step's passes (backward
-    simulation, student, teacher, critic; forward then backward), the losses and gradients are exact."""
+def test_distill_with_block_swapping_and_checkpointing_equals_resident():
+    """The LoRA base's blocks swapped (memory.blocks_to_swap) and checkpointed (selective_ratio=0): fetched
+    at each of a step's passes (backward simulation, student, teacher, critic and its GAN head; forward then
+    backward or recomputation), the losses and gradients are exact."""
     from opendit_lite.parallelization import parallelize
 
-    module = lora_module()
-    expected = _gradients(module, module, lambda loss: loss.backward(), range(BATCH), GAN)
-    swapped = lora_module()
-    report = parallelize(swapped, blocks_to_swap=1)
-    assert report.swap is not None and len(report.swap.swapped) == 1
-    got = _gradients(swapped, swapped, lambda loss: loss.backward(), range(BATCH), GAN)
-    for (loss, grads), (ref_loss, ref_grads) in zip(got, expected):
-        assert loss == ref_loss and grads.keys() == ref_grads.keys()
-        assert all(torch.equal(grads[k], v) for k, v in ref_grads.items())
-    assert report.swap.swapper.counts.stores == 0 and report.swap.swapper.counts.fetches > 4  # several passes
+    for gan in (0.0, GAN):  # a recomputed block runs the adapter of the network its step trains
+        module = lora_module(gan=bool(gan))
+        expected = _gradients(module, module, lambda loss: loss.backward(), range(BATCH), gan)
+        swapped = lora_module(gan=bool(gan))
+        report = parallelize(swapped, blocks_to_swap=1, selective_ratio=0.0)
+        assert report.swap is not None and len(report.swap.swapped) == 1 and report.checkpointing is not None
+        got = _gradients(swapped, swapped, lambda loss: loss.backward(), range(BATCH), gan)
+        for (loss, grads), (ref_loss, ref_grads) in zip(got, expected):
+            assert loss == ref_loss and grads.keys() == ref_grads.keys()
+            assert all(torch.equal(grads[k], v) for k, v in ref_grads.items()), gan
+        assert report.swap.swapper.counts.stores == 0 and report.swap.swapper.counts.fetches > 4  # several passes
