@@ -163,6 +163,10 @@ class DistillConfig:
                                at_least=1)
     critic_updates: int = _f(4, "critic updates per student update (DMD2's two time-scale rule); each optimizer "
                                 "step updates one of the two networks", at_least=1)
+    gan_weight: float = _f(0.0, "DMD2's optional GAN term: a head on the critic's middle block tells the batch's "
+                                "noised images from the student's noised samples (trained with the critic), and the "
+                                "student's loss gains gan_weight x its non-saturating generator loss (the critic's "
+                                "gains gan_weight x the head's); 0: off", at_least=0)
 
 
 # sample.cache.kind: what each reuses is in docs/sampling.md.

@@ -193,7 +193,7 @@ def validate_pipeline_distill(cfg, validate_video) -> None:
                    "memory.blocks_to_swap": cfg.memory.blocks_to_swap != 0,
                    "fused_optimizer_ema": cfg.fused_optimizer_ema,
                    "lora.base_precision": cfg.lora.base_precision != "none", "compile": cfg.compile,
-                   "sample.every": cfg.sample.every != 0,
+                   "sample.every": cfg.sample.every != 0, "distill.gan_weight": getattr(d, "gan_weight", 0) > 0,
                    "export.lora=merged": cfg.export.lora == "merged"}
     bad = [k for k, on in unsupported.items() if on]
     if bad:
