@@ -62,8 +62,9 @@ class PipelineFolder:
 
     @property
     def conditioning(self) -> PipelineConditioning:
-        """What the folder's pipeline class feeds the transformer (the family's own pipeline or a variant)."""
-        return self.family.conditioning_of(self.pipeline_class)
+        """What the folder's pipeline class feeds the transformer it holds (the family's own pipeline or a
+        variant, for that transformer's layout: ``for_model``)."""
+        return self.family.conditioning_of(self.pipeline_class).for_model(self.transformer_config())
 
     def transformer_folder(self, expert: str = "transformer") -> str:
         return os.path.join(self.path, expert)
@@ -394,6 +395,13 @@ def check_conditioning_rows(folder: PipelineFolder, csv: str, image_paths: Seque
     if many:
         raise ConfigError(f"{csv}: {len(many)} row(s) name more conditioning images than the {most} {name} takes "
                           f"(rows: {_rows(many)}): keep at most {most} per row.")
+    if c.image_input == "first_last_frames":  # the clip's own frames, or a file for each of them
+        few = [row for row, paths in zip(where, image_paths) if 0 < len(paths) < most]
+        if few:
+            raise ConfigError(f"{csv}: {len(few)} row(s) name {most - 1 if most == 2 else 'fewer'} image(s) in the "
+                              f"'image' column (rows: {_rows(few)}), but {name} with this transformer starts and ends "
+                              f"each video on given frames: name both files, 'first.png|last.png', or none (the "
+                              f"clip's own first and last frames).")
     from PIL import Image, UnidentifiedImageError
 
     checked = set()  # a file named by several rows (repeats) is read once

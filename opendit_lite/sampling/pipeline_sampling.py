@@ -89,7 +89,8 @@ def sample_images(cfg, count: Optional[int]) -> Optional[List[List[str]]]:
                               f"pipeline and would ignore them: remove sample.images.")
         return None
     if not given:
-        what = "the first frame of each video" if c.image_input == "first_frame" else "the image each prompt edits"
+        what = {"first_frame": "the first frame of each video", "first_last_frames": "the first and the last frame "
+                "of each video, 'first.png|last.png'"}.get(c.image_input, "the image each prompt edits")
         raise ConfigError(f"the run trained {folder.pipeline_class}, which is conditioned on an image ({what}): give "
                           f"sample.images, one image file per prompt in the order of the prompts (several for one "
                           f"prompt separated by '|').")
@@ -99,9 +100,11 @@ def sample_images(cfg, count: Optional[int]) -> Optional[List[List[str]]]:
                           f"the order of the prompts.")
     most = max(1, c.max_images)
     for i, paths in enumerate(images):
-        if not paths or len(paths) > most:
+        exact = c.image_input == "first_last_frames"  # both frames given
+        if not paths or len(paths) > most or (exact and len(paths) != most):
+            takes = f"{most} ('first.png|last.png')" if exact else f"1{f' to {most}' if most > 1 else ''}"
             raise ConfigError(f"sample.images entry {i} names {len(paths)} images; {folder.pipeline_class} takes "
-                              f"1{f' to {most}' if most > 1 else ''} per prompt.")
+                              f"{takes} per prompt.")
         for path in paths:
             if not os.path.isfile(path):
                 raise ConfigError(f"sample.images entry {i}: {path!r} does not exist.")

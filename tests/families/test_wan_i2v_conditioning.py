@@ -287,7 +287,8 @@ def test_sampling_calls_the_image_to_video_pipeline_with_each_prompts_image(tiny
 def test_outside_its_pipeline_an_image_to_video_transformer_is_planned_but_not_trained():
     """The family route (model.path: no pipeline, no images) refuses to train Wan 2.1 I2V's transformer;
     the planner's meta-device forwards get its condition channels and CLIP states as zeros of their shapes.
-    An FLF2V transformer (first and last frame) is refused by the image-to-video conditioning."""
+    An FLF2V transformer (first and last frame) gets its own conditioning (for_model), and the one-image
+    conditioning refuses it."""
     from diffusers import WanTransformer3DModel
 
     from opendit_lite.errors import ConfigError
@@ -305,9 +306,15 @@ def test_outside_its_pipeline_an_image_to_video_transformer_is_planned_but_not_t
     conditioning = FAMILIES["wan"].conditioning_of("WanImageToVideoPipeline")  # FLF2V: first and last frame
     from types import SimpleNamespace
 
+    flf2v = dict(config, pos_embed_seq_len=34)
+    assert conditioning.for_model(config) is conditioning and conditioning.for_model(flf2v).max_images == 2
+    with torch.device("meta"):  # the planner's forward: both images' CLIP states, one row each
+        model = WanTransformer3DModel(**flf2v)
+        x = torch.zeros(1, 16, 2, 4, 4)
+        assert adapter.forward(model, flf2v, x, torch.ones(1), torch.zeros(1, 8, 32), None, None).shape == x.shape
     pipe = SimpleNamespace(config={}, image_encoder=None)  # refused when the run's constants are read, before a step
-    with pytest.raises(ConfigError, match="Wan 2.1 FLF2V's .* not supported yet"):
-        conditioning.constants(pipe, dict(config, pos_embed_seq_len=34), None)
+    with pytest.raises(ValueError, match="does not feed this transformer"):
+        conditioning.constants(pipe, flf2v, None)
     with pytest.raises(ConfigError, match="holds no image_encoder"):
         conditioning.constants(pipe, config, None)
 
