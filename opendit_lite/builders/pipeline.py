@@ -115,11 +115,15 @@ def run_pipeline_folder(cfg) -> PipelineFolder:
     return pipeline_folder(cfg.model.pipeline, pipeline_class=getattr(cfg.model, "pipeline_class", None))
 
 
-@functools.lru_cache(maxsize=8)
 def light_pipeline(path: str, pipeline_class: Optional[str] = None):
     """The pipeline of ``path`` (as ``pipeline_class``; None: its own class) with no text encoders, no
     transformers and its VAE on the meta device: its scale factors, ``__call__`` defaults and scheduler,
-    at the cost of reading configs."""
+    at the cost of reading configs; one per folder and class (the folder's own class named or not)."""
+    return _light_pipeline(path, pipeline_class or read_pipeline_index(path)["_class_name"])
+
+
+@functools.lru_cache(maxsize=8)
+def _light_pipeline(path: str, pipeline_class: str):
     return load_pipeline(path, text=False, meta_vae=True, pipeline_class=pipeline_class)
 
 

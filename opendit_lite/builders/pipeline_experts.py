@@ -26,7 +26,7 @@ def pipeline_boundary(pipeline: Optional[str]) -> Optional[float]:
     folder = pipeline_folder(pipeline)
     if "transformer_2" not in folder.experts:
         return None
-    return folder.conditioning.expert_boundary(light_pipeline(pipeline))
+    return folder.conditioning.expert_boundary(light_pipeline(pipeline, folder.pipeline_class))
 
 
 def resolve_expert(cfg) -> None:
