@@ -322,8 +322,7 @@ class PipelineEncoders:
             return latents, self.encode_text(captions)
         images = [[image.to(self.device) for image in sample] for sample in images]
         if c.null_text_per_image:
-            inputs = c.encode_text(self.pipe, list(captions), images)
-            null = c.encode_text(self.pipe, [c.null_prompt] * len(captions), images)
+            inputs, null = c.encode_text_and_null(self.pipe, list(captions), images)
             inputs.update({null_text_key(k): v for k, v in null.items()})
         else:
             inputs = self.encode_text(captions)

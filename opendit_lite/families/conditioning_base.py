@@ -49,7 +49,9 @@ conditioning images are and how they reach the transformer:
   unconditional text is encoded per sample with its images (stored as ``null_text_key(key)``);
 * ``loss_mask(model_config, constants, x)``: where the loss counts, when the pipeline keeps some
   latents as given (Wan 2.2 TI2V's first frame); tokens the transformer sees but the pipeline does not
-  denoise (the reference tokens of an edit model) are cut by ``prediction`` instead.
+  denoise (the reference tokens of an edit model) are cut by ``prediction`` instead;
+* ``planned_tokens(height, width)``: the tokens the images add to a sample (the reference's on the
+  sequence axis, the vision tokens in the text), which the memory planner counts with the target's.
 
 Nothing here imports diffusers at import time.
 """
@@ -139,6 +141,14 @@ class PipelineConditioning:
         (as ``encode_images``)."""
         raise NotImplementedError
 
+    def encode_text_and_null(self, pipe, prompts: Sequence[str], images) -> Tuple[Dict[str, torch.Tensor],
+                                                                                Dict[str, torch.Tensor]]:
+        """(``encode_text`` of the captions, of the null prompt) with each sample's ``images``, [B, ...] each: the
+        text and null text of a ``null_text_per_image`` conditioning. One whose two encodings share work (the
+        images' part of the prompt) overrides it."""
+        return (self.encode_text(pipe, list(prompts), images),
+                self.encode_text(pipe, [self.null_prompt] * len(prompts), images))
+
     # -- conditioning images -------------------------------------------------------------------
     def reference_size(self, pipe, height: int, width: int) -> Tuple[int, int]:
         """The (height, width) the pipeline resizes a ``height x width`` reference image to (edit models;
@@ -153,6 +163,14 @@ class PipelineConditioning:
         if self.image_input == "none":
             return {}
         raise NotImplementedError
+
+    def planned_tokens(self, height: int, width: int) -> Tuple[int, int]:
+        """(sequence tokens, text tokens) one sample of a ``height x width`` target (latent rows and columns)
+        brings beyond the target's own tokens and the caption's, for the memory planner, at the released
+        pipeline's sizes (no folder is read): an edit model's reference image packed on the sequence axis (one
+        reference, of the target's aspect ratio), the vision tokens a vision-language prompt holds. (0, 0):
+        nothing more."""
+        return 0, 0
 
     def call_images(self, images: Sequence[Any]) -> Dict[str, Any]:
         """One prompt's conditioning images (PIL images, as the user gives them) -> the keywords of the
