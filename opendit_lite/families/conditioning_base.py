@@ -32,9 +32,13 @@ conditioning images are and how they reach the transformer:
 
 * ``image_input``: what a data row's ``image`` column gives: ``"none"`` (a text-only pipeline; a
   conditioning image is refused), ``"first_frame"`` (image-to-video: the training clip's own first
-  frame as loaded, same resize and crop, unless the row's ``image`` names a file) or ``"reference"``
-  (edit: required, up to ``max_images`` per row, each resized as the pipeline resizes it:
-  ``reference_size``);
+  frame as loaded, same resize and crop, unless the row's ``image`` names a file),
+  ``"first_last_frames"`` (first-and-last-frame-to-video: the clip's own first and last frames, unless
+  the row names both files, ``first|last``) or ``"reference"`` (edit: required, up to ``max_images``
+  per row, each resized as the pipeline resizes it: ``reference_size``);
+* ``for_model(model_config)``: the conditioning a pipeline class uses for the transformer it holds,
+  where one class runs several layouts that take different images (``WanImageToVideoPipeline`` with
+  Wan 2.1 FLF2V's transformer: a first and a last frame); itself by default;
 * ``encode_images(pipe, images, clip_shape)``: each sample's conditioning images -> the per-sample
   inputs they give (``image_keys``: the condition latents and mask channels, CLIP image states, the
   packed reference latents), through the pipeline's own ``encode_image`` / ``prepare_latents`` /
@@ -92,7 +96,7 @@ def rows_where(drop: torch.Tensor, null: torch.Tensor, value: torch.Tensor) -> t
     return torch.where(keep, null.to(device=value.device, dtype=value.dtype).expand_as(value), value)
 
 
-IMAGE_INPUTS = ("none", "first_frame", "reference")
+IMAGE_INPUTS = ("none", "first_frame", "first_last_frames", "reference")
 NULL_PREFIX = "null."
 
 
@@ -117,6 +121,10 @@ class PipelineConditioning:
     null_text_per_image: bool = False    # the caption (and the unconditional text) is encoded with the images
     null_prompt: str = ""                # what the pipeline's unconditional branch encodes (its negative prompt)
     unguided_scale: float = 1.0          # the ``guidance_scale`` at which the pipeline runs no unconditional branch
+
+    def for_model(self, model_config: Mapping) -> "PipelineConditioning":
+        """The conditioning of this pipeline class for a transformer of ``model_config`` (module docstring)."""
+        return self
 
     # -- text ----------------------------------------------------------------------------------
     def max_sequence_length(self, pipe) -> int:

@@ -285,7 +285,10 @@ def plan_config(cfg, memory_gib: float, world_size: int, max_batch: int = 256, m
     if release is not None:  # a released model whose folder is not on this machine: its config's numbers
         cfg = copy.deepcopy(cfg)
         cfg.model.config, cfg.model.path, path = dict(release.config), None, cfg.model.path
-    model = adapted_model(cfg, model_of_config(cfg))
+    model = model_of_config(cfg)
+    if release is not None and release.experts == 2:  # Wan 2.2 A14B: both experts, as a run of its folder trains
+        model = NoiseExperts(model, model_of_config(cfg), boundary=0.0)
+    model = adapted_model(cfg, model)
     shape = model_shape_of_config(cfg, model, precision)
     buckets = latent_buckets(cfg)
     caption = cfg.text_encoder.max_length if config_family(cfg) == "video" else 0
@@ -335,7 +338,8 @@ def plan_config(cfg, memory_gib: float, world_size: int, max_batch: int = 256, m
     if release is not None:
         result.assumptions.append(f"model.path {path!r} is not on this machine: planned with the "
                                   f"released {release.repo} transformer config (its family's record, "
-                                  f"opendit_lite/families/)")
+                                  f"opendit_lite/families/)" + (f", {release.experts} experts of it (both trained)"
+                                                                if release.experts > 1 else ""))
     if conditioned:
         result.assumptions.append(conditioned)
     result.assumptions.append(f"weights: {weights.block_linear / 1e9:.2f}B frozen linear weights in the blocks, "
