@@ -32,9 +32,13 @@ conditioning images are and how they reach the transformer:
 
 * ``image_input``: what a data row's ``image`` column gives: ``"none"`` (a text-only pipeline; a
   conditioning image is refused), ``"first_frame"`` (image-to-video: the training clip's own first
-  frame as loaded, same resize and crop, unless the row's ``image`` names a file) or ``"reference"``
-  (edit: required, up to ``max_images`` per row, each resized as the pipeline resizes it:
-  ``reference_size``);
+  frame as loaded, same resize and crop, unless the row's ``image`` names a file),
+  ``"first_last_frames"`` (first-and-last-frame-to-video: the clip's own first and last frames, unless
+  the row names both files, ``first|last``) or ``"reference"`` (edit: required, up to ``max_images``
+  per row, each resized as the pipeline resizes it: ``reference_size``);
+* ``for_model(model_config)``: the conditioning a pipeline class uses for the transformer it holds,
+  where one class runs several layouts that take different images (``WanImageToVideoPipeline`` with
+  Wan 2.1 FLF2V's transformer: a first and a last frame); itself by default;
 * ``encode_images(pipe, images, clip_shape)``: each sample's conditioning images -> the per-sample
   inputs they give (``image_keys``: the condition latents and mask channels, CLIP image states, the
   packed reference latents), through the pipeline's own ``encode_image`` / ``prepare_latents`` /
@@ -93,7 +97,7 @@ def rows_where(drop: torch.Tensor, null: torch.Tensor, value: torch.Tensor) -> t
     return torch.where(keep, null.to(device=value.device, dtype=value.dtype).expand_as(value), value)
 
 
-IMAGE_INPUTS = ("none", "first_frame", "reference")
+IMAGE_INPUTS = ("none", "first_frame", "first_last_frames", "reference")
 NULL_PREFIX = "null."
 
 
@@ -122,6 +126,10 @@ class PipelineConditioning:
     # classifier-free guidance without a guidance input, whose files do not say so (Z-Image-Turbo's classes and
     # configs are the base model's): ``guidance_free``'s default where ``model.guidance_distilled`` is not set.
     distilled_releases: Tuple[str, ...] = ()
+
+    def for_model(self, model_config: Mapping) -> "PipelineConditioning":
+        """The conditioning of this pipeline class for a transformer of ``model_config`` (module docstring)."""
+        return self
 
     # -- text ----------------------------------------------------------------------------------
     def max_sequence_length(self, pipe) -> int:
@@ -207,6 +215,14 @@ class PipelineConditioning:
     def shift(self, pipe, x_shape: Sequence[int], model_config: Mapping) -> float:
         """The time shift (SNR shift for v-prediction) for latent clips of ``x_shape`` (B, C, T, h, w)."""
         raise NotImplementedError
+
+    def set_timesteps_kwargs(self, pipe, steps: int, x_shape: Sequence[int],
+                             model_config: Mapping) -> Optional[Dict[str, Any]]:
+        """The keyword arguments (besides ``num_inference_steps``) the pipeline's ``__call__`` gives its
+        scheduler's ``set_timesteps`` for ``steps`` steps on latent clips of ``x_shape`` (B, C, T, h, w):
+        its custom ``sigmas``, the dynamic shift's ``mu``. None: not declared (a distillation of the
+        pipeline, which samples its student with the scheduler, is refused)."""
+        return None
 
     def guided(self, model_config: Mapping) -> bool:
         """Whether the transformer embeds a guidance value (a guidance-distilled model)."""

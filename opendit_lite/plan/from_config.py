@@ -165,12 +165,20 @@ def memory_settings(cfg) -> Tuple[int, str, float]:
             getattr(memory, "gemini_offload_optim_frac", 0.0))
 
 
+def distilling(cfg) -> bool:
+    """Whether ``cfg`` is a few-step distillation (``distill.teacher`` set)."""
+    distill = getattr(cfg, "distill", None)
+    return bool(distill is not None and distill.teacher)
+
+
 def adapted_model(cfg, model: nn.Module) -> nn.Module:
-    """``model`` (meta device) with the config's LoRA adapters when it trains them."""
+    """``model`` (meta device) with the config's LoRA adapters when it trains them. A LoRA distillation
+    trains two adapters of rank r (student and critic) on the same layers: counted as one of rank 2r, which
+    holds as many parameters, gradients, optimizer states and EMA entries."""
     if cfg.lora.rank:
+        rank = cfg.lora.rank * (2 if distilling(cfg) else 1)
         with torch.device("meta"):  # the adapters too: nothing allocated, nothing initialised
-            apply_lora(model, rank=cfg.lora.rank, alpha=cfg.lora.alpha, dropout=cfg.lora.dropout,
-                       targets=cfg.lora.targets)
+            apply_lora(model, rank=rank, alpha=cfg.lora.alpha, dropout=cfg.lora.dropout, targets=cfg.lora.targets)
     return model
 
 
@@ -279,7 +287,10 @@ def plan_config(cfg, memory_gib: float, world_size: int, max_batch: int = 256, m
     if release is not None:  # a released model whose folder is not on this machine: its config's numbers
         cfg = copy.deepcopy(cfg)
         cfg.model.config, cfg.model.path, path = dict(release.config), None, cfg.model.path
-    model = adapted_model(cfg, model_of_config(cfg))
+    model = model_of_config(cfg)
+    if release is not None and release.experts == 2:  # Wan 2.2 A14B: both experts, as a run of its folder trains
+        model = NoiseExperts(model, model_of_config(cfg), boundary=0.0)
+    model = adapted_model(cfg, model)
     shape = model_shape_of_config(cfg, model, precision)
     buckets = latent_buckets(cfg)
     caption = cfg.text_encoder.max_length if config_family(cfg) == "video" else 0
@@ -296,6 +307,9 @@ def plan_config(cfg, memory_gib: float, world_size: int, max_batch: int = 256, m
                            f"{', '.join(f'{added[b.name][0]} tokens ({b.name})' for b in buckets)} on the sequence "
                            f"axis" + (f", and {vision} vision tokens in its caption" if vision else ""))
     weights = WeightShape.of(model)
+    if distilling(cfg) and not cfg.lora.rank:  # three copies: student and critic trained, the teacher frozen
+        weights = dataclasses.replace(weights, trainable=2 * weights.trainable,
+                                      outside=weights.outside + weights.trainable)
     largest = max(buckets, key=lambda b: sample_tokens(shape, b.frames, b.height, b.width, b.extra_tokens))
     costs = Costs(shape, weights, world_size, precision.element_bytes,
                   sample_tokens(shape, largest.frames, largest.height, largest.width, largest.extra_tokens),
@@ -310,6 +324,9 @@ def plan_config(cfg, memory_gib: float, world_size: int, max_batch: int = 256, m
     sp_sizes = [p for p in (1, 2, 4, 8, 16, 32) if world_size % p == 0
                 and (p == 1 or mode_candidates(heads, p, modes, auto(p).workload))]
     options = memory_options(weights, world_size)
+    pipeline_distill = distilling(cfg) and bool(getattr(cfg.model, "pipeline", None))
+    if pipeline_distill:  # what a pipeline's distillation runs with today (training/distill_pipeline.py)
+        options, sp_sizes = MemoryOptions(zero_degrees=(0,)), [1]
     arguments = dict(element_bytes=precision.element_bytes, caption_tokens=caption, reserve_gib=reserve_gib,
                      min_batch=min_batch, max_batch=max_batch, settings=settings, sp_sizes=sp_sizes, options=options,
                      states=costs.states, extra_cost=costs.extra_cost,
@@ -323,12 +340,23 @@ def plan_config(cfg, memory_gib: float, world_size: int, max_batch: int = 256, m
     if release is not None:
         result.assumptions.append(f"model.path {path!r} is not on this machine: planned with the "
                                   f"released {release.repo} transformer config (its family's record, "
-                                  f"opendit_lite/families/)")
+                                  f"opendit_lite/families/)" + (f", {release.experts} experts of it (both trained)"
+                                                                if release.experts > 1 else ""))
     if conditioned:
         result.assumptions.append(conditioned)
     result.assumptions.append(f"weights: {weights.block_linear / 1e9:.2f}B frozen linear weights in the blocks, "
                               f"{weights.trainable / 1e6:.1f}M trainable; step-time costs at batch 1 of "
                               f"{largest.name} on {costs.speed.describe()}")
+    if distilling(cfg):
+        networks = (f"the student's and the critic's adapters (rank {cfg.lora.rank} each) and their optimizer "
+                    f"states on one frozen base" if cfg.lora.rank else
+                    "three copies of the model (the teacher frozen; student and critic trained, with their "
+                    "optimizer states)")
+        result.assumptions.append(
+            f"distillation: {networks}; each step trains one of them, so one network's activations are saved (the "
+            f"teacher's two and the critic's judging forwards run without gradient)"
+            + ("; a pipeline's: one process or DDP without ZeRO, SP or block swapping (what it supports today)"
+               if pipeline_distill else ""))
     sp = result.setting.sp_size
     if sp > 1:
         result.sp_choice = resolve_auto(model, sp, auto(sp))
