@@ -30,9 +30,20 @@ class VideoModelConfig:
     pipeline: Optional[str] = _f(None, "a local diffusers pipeline folder (model_index.json; a released model as "
                                        "save_pretrained writes it): its transformer is trained, conditioned as the "
                                        "pipeline conditions it, with its VAE, text encoders and scheduler settings")
+    pipeline_class: Optional[str] = _f(None, "model.pipeline: the diffusers pipeline class to load the folder as, "
+                                             "when it is not the one its model_index.json names: the folder's "
+                                             "family's other pipeline (e.g. WanImageToVideoPipeline for the Wan 2.2 "
+                                             "TI2V-5B folder, a WanPipeline, to train its image-to-video); null: the "
+                                             "folder's own class")
     guidance: Optional[float] = _f(None, "model.pipeline of a guidance-distilled model (Flux dev, HunyuanVideo): the "
                                          "guidance value trained with; null: the pipeline's default guidance_scale",
                                    above=0)
+    guidance_distilled: Optional[bool] = _f(None, "model.pipeline of a model distilled from classifier-free guidance "
+                                                  "without a guidance input (Z-Image-Turbo): true samples it at the "
+                                                  "pipeline's scale without an unconditional branch and refuses "
+                                                  "sample.cfg_scale; false: it uses guidance; null: the family's "
+                                                  "default for the folder (a folder named like such a release, "
+                                                  "Z-Image-Turbo)")
     path: Optional[str] = _f(None, "diffusers class: local folder with its config.json and weights (from_pretrained, "
                                    "nothing downloaded)")
     config: Optional[dict] = _f(None, "diffusers class: constructor arguments of a random initialisation, e.g. "

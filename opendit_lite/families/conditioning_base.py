@@ -32,9 +32,13 @@ conditioning images are and how they reach the transformer:
 
 * ``image_input``: what a data row's ``image`` column gives: ``"none"`` (a text-only pipeline; a
   conditioning image is refused), ``"first_frame"`` (image-to-video: the training clip's own first
-  frame as loaded, same resize and crop, unless the row's ``image`` names a file) or ``"reference"``
-  (edit: required, up to ``max_images`` per row, each resized as the pipeline resizes it:
-  ``reference_size``);
+  frame as loaded, same resize and crop, unless the row's ``image`` names a file),
+  ``"first_last_frames"`` (first-and-last-frame-to-video: the clip's own first and last frames, unless
+  the row names both files, ``first|last``) or ``"reference"`` (edit: required, up to ``max_images``
+  per row, each resized as the pipeline resizes it: ``reference_size``);
+* ``for_model(model_config)``: the conditioning a pipeline class uses for the transformer it holds,
+  where one class runs several layouts that take different images (``WanImageToVideoPipeline`` with
+  Wan 2.1 FLF2V's transformer: a first and a last frame); itself by default;
 * ``encode_images(pipe, images, clip_shape)``: each sample's conditioning images -> the per-sample
   inputs they give (``image_keys``: the condition latents and mask channels, CLIP image states, the
   packed reference latents), through the pipeline's own ``encode_image`` / ``prepare_latents`` /
@@ -45,13 +49,16 @@ conditioning images are and how they reach the transformer:
   unconditional text is encoded per sample with its images (stored as ``null_text_key(key)``);
 * ``loss_mask(model_config, constants, x)``: where the loss counts, when the pipeline keeps some
   latents as given (Wan 2.2 TI2V's first frame); tokens the transformer sees but the pipeline does not
-  denoise (the reference tokens of an edit model) are cut by ``prediction`` instead.
+  denoise (the reference tokens of an edit model) are cut by ``prediction`` instead;
+* ``planned_tokens(height, width)``: the tokens the images add to a sample (the reference's on the
+  sequence axis, the vision tokens in the text), which the memory planner counts with the target's.
 
 Nothing here imports diffusers at import time.
 """
 
 import inspect
 import math
+import os
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 import torch
@@ -90,7 +97,7 @@ def rows_where(drop: torch.Tensor, null: torch.Tensor, value: torch.Tensor) -> t
     return torch.where(keep, null.to(device=value.device, dtype=value.dtype).expand_as(value), value)
 
 
-IMAGE_INPUTS = ("none", "first_frame", "reference")
+IMAGE_INPUTS = ("none", "first_frame", "first_last_frames", "reference")
 NULL_PREFIX = "null."
 
 
@@ -115,6 +122,14 @@ class PipelineConditioning:
     null_text_per_image: bool = False    # the caption (and the unconditional text) is encoded with the images
     null_prompt: str = ""                # what the pipeline's unconditional branch encodes (its negative prompt)
     unguided_scale: float = 1.0          # the ``guidance_scale`` at which the pipeline runs no unconditional branch
+    # Released folders (repository names, as ``huggingface-cli download`` writes them) of models distilled from
+    # classifier-free guidance without a guidance input, whose files do not say so (Z-Image-Turbo's classes and
+    # configs are the base model's): ``guidance_free``'s default where ``model.guidance_distilled`` is not set.
+    distilled_releases: Tuple[str, ...] = ()
+
+    def for_model(self, model_config: Mapping) -> "PipelineConditioning":
+        """The conditioning of this pipeline class for a transformer of ``model_config`` (module docstring)."""
+        return self
 
     # -- text ----------------------------------------------------------------------------------
     def max_sequence_length(self, pipe) -> int:
@@ -131,6 +146,14 @@ class PipelineConditioning:
         (as ``encode_images``)."""
         raise NotImplementedError
 
+    def encode_text_and_null(self, pipe, prompts: Sequence[str], images) -> Tuple[Dict[str, torch.Tensor],
+                                                                                Dict[str, torch.Tensor]]:
+        """(``encode_text`` of the captions, of the null prompt) with each sample's ``images``, [B, ...] each: the
+        text and null text of a ``null_text_per_image`` conditioning. One whose two encodings share work (the
+        images' part of the prompt) overrides it."""
+        return (self.encode_text(pipe, list(prompts), images),
+                self.encode_text(pipe, [self.null_prompt] * len(prompts), images))
+
     # -- conditioning images -------------------------------------------------------------------
     def reference_size(self, pipe, height: int, width: int) -> Tuple[int, int]:
         """The (height, width) the pipeline resizes a ``height x width`` reference image to (edit models;
@@ -145,6 +168,14 @@ class PipelineConditioning:
         if self.image_input == "none":
             return {}
         raise NotImplementedError
+
+    def planned_tokens(self, height: int, width: int) -> Tuple[int, int]:
+        """(sequence tokens, text tokens) one sample of a ``height x width`` target (latent rows and columns)
+        brings beyond the target's own tokens and the caption's, for the memory planner, at the released
+        pipeline's sizes (no folder is read): an edit model's reference image packed on the sequence axis (one
+        reference, of the target's aspect ratio), the vision tokens a vision-language prompt holds. (0, 0):
+        nothing more."""
+        return 0, 0
 
     def call_images(self, images: Sequence[Any]) -> Dict[str, Any]:
         """One prompt's conditioning images (PIL images, as the user gives them) -> the keywords of the
@@ -185,15 +216,32 @@ class PipelineConditioning:
         """The time shift (SNR shift for v-prediction) for latent clips of ``x_shape`` (B, C, T, h, w)."""
         raise NotImplementedError
 
+    def set_timesteps_kwargs(self, pipe, steps: int, x_shape: Sequence[int],
+                             model_config: Mapping) -> Optional[Dict[str, Any]]:
+        """The keyword arguments (besides ``num_inference_steps``) the pipeline's ``__call__`` gives its
+        scheduler's ``set_timesteps`` for ``steps`` steps on latent clips of ``x_shape`` (B, C, T, h, w):
+        its custom ``sigmas``, the dynamic shift's ``mu``. None: not declared (a distillation of the
+        pipeline, which samples its student with the scheduler, is refused)."""
+        return None
+
     def guided(self, model_config: Mapping) -> bool:
         """Whether the transformer embeds a guidance value (a guidance-distilled model)."""
         return False
 
-    def guidance_free(self, folder: str) -> str:
+    def guidance_free(self, folder: str, declared: Optional[bool] = None) -> str:
         """Why the model in the pipeline folder ``folder`` samples without classifier-free guidance (a
         few-step model distilled from it, whose pipeline class is the guided one's), or "" when it uses
-        the pipeline's guidance. Such a folder is sampled at ``unguided_scale`` and refuses another."""
-        return ""
+        the pipeline's guidance. Such a folder is sampled at ``unguided_scale`` and refuses another.
+        ``declared`` (``model.guidance_distilled``) decides when set; otherwise a folder named as one of
+        ``distilled_releases`` (a path component, ``_`` read as ``-``, any case) is one."""
+        if declared is not None:
+            return ("model.guidance_distilled is true: the model is distilled from classifier-free guidance and "
+                    f"samples at guidance_scale {self.unguided_scale:g} (no unconditional branch)") if declared else ""
+        parts = {p.lower().replace("_", "-") for p in os.path.normpath(os.path.abspath(folder)).split(os.sep)}
+        name = next((n for n in self.distilled_releases if n.lower() in parts), None)
+        return "" if name is None else (f"{name} is distilled from classifier-free guidance: it samples in a few "
+                                        f"steps at guidance_scale {self.unguided_scale:g} (no unconditional branch; "
+                                        f"model.guidance_distilled=false if this folder is not it)")
 
     def expert_boundary(self, pipe) -> Optional[float]:
         """The timestep at and above which a pipeline of two experts runs ``transformer``, below it

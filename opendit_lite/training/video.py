@@ -56,6 +56,10 @@ from .spec import TrainerSpec, TrainingData
 def validate_video_config(cfg) -> None:
     """Cross-section checks of the video schema (the loader checks each field on its own); a run from a
     pipeline folder first takes what the folder settles (``builders.pipeline.resolve_pipeline``)."""
+    if cfg.model.pipeline_class and not cfg.model.pipeline:
+        raise ConfigError(f"model.pipeline_class={cfg.model.pipeline_class} names the class to load model.pipeline's "
+                          f"folder as, but model.pipeline is not set: give the pipeline folder, or remove "
+                          f"model.pipeline_class.")
     if cfg.model.pipeline:
         resolve_pipeline(cfg)
     resolve_expert(cfg)  # Wan 2.2's two experts: model.expert filled, so the saved config says what trains
@@ -72,6 +76,9 @@ def validate_video_config(cfg) -> None:
     if not is_family(m.name) and m.guidance is not None:
         raise ConfigError(f"model.guidance sets a diffusers pipeline's guidance embedding; {m.name} has none: remove "
                           f"it.")
+    if not is_family(m.name) and m.guidance_distilled is not None:
+        raise ConfigError(f"model.guidance_distilled declares how a diffusers pipeline folder's model samples; "
+                          f"{m.name} is a model of the zoo: remove it.")
     if is_family(m.name) and not m.pipeline:
         check_family_without_pipeline(cfg)
     if cfg.data.type == "latents" and not m.pipeline:
@@ -101,6 +108,9 @@ def check_family_without_pipeline(cfg) -> None:
     if m.guidance is not None:
         raise ConfigError("model.guidance sets the guidance value a pipeline's transformer is trained with: it needs "
                           "model.pipeline.")
+    if m.guidance_distilled is not None:
+        raise ConfigError("model.guidance_distilled declares how a pipeline folder's model samples (through that "
+                          "pipeline): it needs model.pipeline.")
 
 
 def exports_diffusers(cfg) -> bool:
