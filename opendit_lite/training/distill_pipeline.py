@@ -64,7 +64,7 @@ from ..errors import CheckpointError, ConfigError
 from ..families.conditioning_base import PipelineConditioning
 from ..interop.diffusers_export import pipeline_loads_lora
 from ..interop.pretrained_files import LORA_WEIGHT_NAME
-from .distill import JUDGE_HIGH, JUDGE_LOW, is_student_step, student_step_index
+from .distill import JUDGE_HIGH, JUDGE_LOW, distill_loss_kinds, is_student_step, student_step_index
 from .pipeline_data import prepare_pipeline_data
 from .spec import TrainerSpec
 
@@ -394,7 +394,8 @@ def pipeline_distill_trainer(video_spec: TrainerSpec) -> TrainerSpec:
 
     return dataclasses.replace(video_spec, distills=True, build_model=build_pipeline_distill_module,
                                describe=describe, validate=validate, prepare_data=prepare_distill_data,
-                               finish=export_student, sampler=None, evaluator=None, loss=pipeline_distill_loss)
+                               finish=export_student, sampler=None, evaluator=None, loss=pipeline_distill_loss,
+                               loss_kinds=distill_loss_kinds)
 
 
 def video_script_trainer(cfg, video_spec: TrainerSpec) -> TrainerSpec:
