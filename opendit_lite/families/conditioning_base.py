@@ -47,6 +47,16 @@ conditioning images are and how they reach the transformer:
   latents as given (Wan 2.2 TI2V's first frame); tokens the transformer sees but the pipeline does not
   denoise (the reference tokens of an edit model) are cut by ``prediction`` instead.
 
+Sampling through the pipeline with classifier-free guidance (``sample.cfg_scale``, ``sample.cfg_parallel``):
+
+* ``guidance_call(scale, guided)``: the keywords of ``__call__`` that sample at that scale (most:
+  ``guidance_scale``; true CFG beside a guidance embedding: Qwen-Image's ``true_cfg_scale`` with its
+  negative prompt);
+* ``cfg_branches``: how ``__call__`` runs guidance's conditional and unconditional branches, so that
+  CFG-parallel ranks can each run one (``CFG_BRANCHES``): ``"batched"`` (one transformer call per step
+  on the two branches' rows stacked, B + B), ``"two_calls"`` (two calls per step on the same latents, the
+  first call's output only held until the second returns), None (not declared: CFG-parallel is refused).
+
 Nothing here imports diffusers at import time.
 """
 
@@ -91,6 +101,7 @@ def rows_where(drop: torch.Tensor, null: torch.Tensor, value: torch.Tensor) -> t
 
 
 IMAGE_INPUTS = ("none", "first_frame", "reference")
+CFG_BRANCHES = ("batched", "two_calls")
 NULL_PREFIX = "null."
 
 
@@ -115,6 +126,7 @@ class PipelineConditioning:
     null_text_per_image: bool = False    # the caption (and the unconditional text) is encoded with the images
     null_prompt: str = ""                # what the pipeline's unconditional branch encodes (its negative prompt)
     unguided_scale: float = 1.0          # the ``guidance_scale`` at which the pipeline runs no unconditional branch
+    cfg_branches: Optional[str] = None   # how ``__call__`` runs guidance's two branches: one of CFG_BRANCHES
 
     # -- text ----------------------------------------------------------------------------------
     def max_sequence_length(self, pipe) -> int:
@@ -194,6 +206,15 @@ class PipelineConditioning:
         few-step model distilled from it, whose pipeline class is the guided one's), or "" when it uses
         the pipeline's guidance. Such a folder is sampled at ``unguided_scale`` and refuses another."""
         return ""
+
+    def guidance_call(self, scale: float, guided: bool) -> Dict[str, Any]:
+        """The keywords of ``__call__`` that sample at guidance ``scale`` (``guided``: the transformer embeds
+        it, a guidance-distilled model)."""
+        return {"guidance_scale": scale}
+
+    def runs_unconditional(self, scale: float) -> bool:
+        """Whether ``__call__`` at classifier-free guidance ``scale`` runs the unconditional branch."""
+        return scale > self.unguided_scale
 
     def expert_boundary(self, pipe) -> Optional[float]:
         """The timestep at and above which a pipeline of two experts runs ``transformer``, below it

@@ -33,6 +33,7 @@ GUIDANCE_DISTILLED = ("Z-Image-Turbo",)
 class ZImageConditioning(ImageConditioning):
     text_keys = ("cap_feats", "cap_mask")
     unguided_scale = 0.0                                  # ZImagePipeline guides only when guidance_scale > 0
+    cfg_branches = "batched"       # one call on the prompts' and the negative prompts' rows, in lists of 2B
 
     def guidance_free(self, folder):
         parts = {p.lower().replace("_", "-") for p in os.path.normpath(os.path.abspath(folder)).split(os.sep)}
