@@ -15,11 +15,18 @@ but the one norm), or, where a family has no such tensor, ``None`` with the reas
 ``no_teacache``. ``head_block`` names the block class whose forward arguments the signal reads. A
 family whose blocks no cache can hook (diffusers' hooks cannot follow their streams) says why in
 ``no_cache``: every ``sample.cache.kind`` is then refused with that reason.
+
+A family whose block lists are not all one stream (Z-Image's refiners run the image tokens and the
+caption apart before its main layers run them joined) names the lists the block-level caches hook in
+``cache_block_lists`` (the others run at every step, as HunyuanVideo's token refiner does), and a block
+whose forward takes its tokens by another name than diffusers' ``hidden_states`` names it in
+``tokens_argument`` (the caches then read it by that name: Z-Image's ``x``, which diffusers' own registry
+entry for the block misses).
 """
 
 import inspect
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -37,6 +44,8 @@ class StepCacheSpec:
     teacache_signal: Optional[Signal]    # the first block's timestep-modulated input; None: no TeaCache
     no_teacache: str = ""                # why the family has no TeaCache signal (when teacache_signal is None)
     no_cache: str = ""                   # why no step cache hooks the family's blocks (every kind refused)
+    cache_block_lists: Tuple[str, ...] = ()  # the block lists the block-level caches hook (empty: block_lists)
+    tokens_argument: str = ""            # the blocks' forward argument holding the tokens, where not hidden_states
 
 
 def forward_arguments(block: nn.Module, args: tuple, kwargs: dict) -> Dict[str, Any]:
