@@ -16,6 +16,7 @@ import math
 import torch
 
 from ..adapter_base import FamilyAdapter, Recipe
+from .rotary_ids import rotary_ids
 
 # The guidance embedding's value in training (the guidance-distilled dev model): Flux2Pipeline's default.
 GUIDANCE = 4.0
@@ -53,12 +54,7 @@ class Flux2Adapter(FamilyAdapter):
 
     def forward(self, model, config, x, t, states, mask, pooled):
         B, C, T, H, W = x.shape
-        rows, cols = torch.meshgrid(torch.arange(H, device=x.device), torch.arange(W, device=x.device), indexing="ij")
-        zeros = torch.zeros_like(rows)
-        img_ids = torch.stack([zeros, rows, cols, zeros], dim=-1).reshape(1, -1, 4).expand(B, -1, -1)  # [B, N, 4]
-        positions = torch.arange(states.shape[1], device=x.device)
-        txt_ids = torch.stack([torch.zeros_like(positions)] * 3 + [positions], dim=-1)                  # [M, 4]
-        txt_ids = txt_ids.unsqueeze(0).expand(B, -1, -1)                                               # [B, M, 4]
+        txt_ids, img_ids = rotary_ids(B, states.shape[1], H, W, x.device)   # the pipeline's: [B, M, 4], [B, N, 4]
         guidance = torch.full_like(t, GUIDANCE) if config.get("guidance_embeds") else None
         tokens = x[:, :, 0].flatten(2).transpose(1, 2)                                               # [B, N, C]
         out = model(hidden_states=tokens, timestep=t / 1000, guidance=guidance, encoder_hidden_states=states,
