@@ -2,15 +2,16 @@
 (the shared 2-rank spawn), each rank's transformer computes one guidance branch of the tiny pipeline's own
 ``__call__`` and the latents it returns equal the pipeline called directly in the same process (fp32,
 1e-5; 2 steps: the first call of a new shape is computed by both ranks, the second step is split), for the
-three ways the families' pipelines run true CFG: Qwen-Image (two transformer calls per step,
-``true_cfg_scale`` with the empty negative prompt, the scale sample.py passes), HunyuanVideo 1.5 (its
-guider's two batches) and Z-Image (one call on the 2B rows of its per-sample lists).
+ways the families' pipelines run classifier-free guidance: two transformer calls per step (Qwen-Image's
+``true_cfg_scale`` with the empty negative prompt, the scale sample.py passes; HunyuanVideo 1.5's guider's
+two batches; Wan) and one call on 2B rows (Z-Image's per-sample lists; SD3, CogVideoX and LTX-Video).
 
 In one process: the run's checks refuse, with exit-code-2 errors that name why, a guidance-distilled model
 (FLUX.2), a guidance-distilled Turbo folder, no sample.cfg_scale and a scale without an unconditional
 branch; a pipeline that does not follow the pattern its family declares is refused at its call."""
 
 import warnings
+from unittest import mock
 
 import pytest
 import torch
@@ -23,7 +24,13 @@ PROMPTS = ["a red square", "a blue disc"]
 # tiny pipeline -> the keywords of its guided call (Qwen-Image: what pipeline_call_settings passes at scale 2)
 CASES = {"qwenimage": dict(height=32, width=32, true_cfg_scale=2.0, negative_prompt=""),
          "hunyuanvideo15": dict(height=32, width=32, num_frames=5),
-         "z_image": dict(height=32, width=32, guidance_scale=3.0)}
+         "z_image": dict(height=32, width=32, guidance_scale=3.0),
+         "wan": dict(height=32, width=32, num_frames=5, guidance_scale=5.0),
+         "sd3": dict(height=32, width=32, guidance_scale=5.0),
+         "cogvideox": dict(height=32, width=32, num_frames=9, guidance_scale=6.0),
+         "ltx": dict(height=32, width=32, num_frames=9, guidance_scale=3.0)}
+MODES = {"qwenimage": "two_calls", "hunyuanvideo15": "two_calls", "z_image": "batched", "wan": "two_calls",
+         "sd3": "batched", "cogvideox": "batched", "ltx": "batched"}
 # Qwen-Image's call without its unconditional branch: true CFG must change the latents (the other two show
 # their two branches by the rows each rank computes)
 UNGUIDED = dict(true_cfg_scale=1.0, negative_prompt=None)
@@ -76,13 +83,14 @@ def test_each_rank_runs_one_guidance_branch_of_the_pipeline_and_the_samples_are_
         for name, r in results.items():
             assert r["diff"] <= TOL, f"rank {rank}, {name}: {r}"
         assert results["qwenimage"]["guided"] > 1e-4, f"true CFG does not change the samples: {results}"
-    assert {n: r["mode"] for n, r in per_rank[0].items()} == {"qwenimage": "two_calls", "hunyuanvideo15": "two_calls",
-                                                              "z_image": "batched"}
+    assert {n: r["mode"] for n, r in per_rank[0].items()} == MODES
     # batched: each rank runs its 2 of the 4 rows at both steps; two calls: both ranks run the first step's
     # two calls (a new shape), then rank 0 the prompts' call and rank 1 the negative prompts'
-    assert per_rank[0]["z_image"]["rows"] == per_rank[1]["z_image"]["rows"] == [2, 2]
-    for name in ("qwenimage", "hunyuanvideo15"):
-        assert per_rank[0][name]["rows"] == [2, 2] and per_rank[1][name]["rows"] == [2, 2, 2], per_rank
+    for name, mode in MODES.items():
+        if mode == "batched":
+            assert per_rank[0][name]["rows"] == per_rank[1][name]["rows"] == [2, 2], (name, per_rank)
+        else:
+            assert per_rank[0][name]["rows"] == [2, 2] and per_rank[1][name]["rows"] == [2, 2, 2], (name, per_rank)
 
 
 def _refusal(folder, scale) -> str:
@@ -98,12 +106,14 @@ def _refusal(folder, scale) -> str:
 
 def test_a_pipeline_without_two_branches_to_split_is_refused(tiny_pipeline):
     from opendit_lite.builders.pipeline import pipeline_folder
+    from opendit_lite.families.wan.conditioning import WanConditioning
     from opendit_lite.sampling.pipeline_sampling import check_pipeline_cfg_parallel
 
     check_pipeline_cfg_parallel(pipeline_folder(tiny_pipeline("z_image")), 3.0)
     message = _refusal(tiny_pipeline("flux2"), 4.0)
     assert "embeds the guidance scale as an input" in message and "sample.cfg_parallel=false" in message, message
-    message = _refusal(tiny_pipeline("wan"), 5.0)  # a family that does not declare its branches
+    with mock.patch.object(WanConditioning, "cfg_branches", None):  # a family that does not declare its branches
+        message = _refusal(tiny_pipeline("wan"), 5.0)
     assert "does not declare how it runs guidance's two branches (its conditioning's cfg_branches)" in message
     message = _refusal(tiny_pipeline("z_image"), None)
     assert "give the scale they are combined at, sample.cfg_scale" in message, message
