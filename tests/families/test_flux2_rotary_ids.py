@@ -6,7 +6,7 @@ import torch
 from diffusers import Flux2Pipeline
 
 from opendit_lite.families import family_adapter
-from opendit_lite.families.flux2.rotary_ids import rotary_ids
+from opendit_lite.families.flux2.adapter import rotary_ids
 from tests import diffusers_families as families
 
 

@@ -11,17 +11,32 @@ token. Rotary ids have four axes (time, row, column, text position): (0, row, co
 tokens, (0, 0, 0, l) for the text's.
 """
 
+import functools
 import math
+from typing import Tuple
 
 import torch
 
 from ..adapter_base import FamilyAdapter, Recipe
-from .rotary_ids import rotary_ids
 
 # The guidance embedding's value in training (the guidance-distilled dev model): Flux2Pipeline's default.
 GUIDANCE = 4.0
 # The step count the shift is fitted for (Flux2Pipeline's default num_inference_steps).
 SAMPLING_STEPS = 50
+
+
+@functools.lru_cache(maxsize=16)
+def rotary_ids(batch: int, text_tokens: int, height: int, width: int,
+               device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(txt_ids [B, M, 4], img_ids [B, h*w, 4]) on ``device``: ``Flux2Pipeline``'s own ``_prepare_text_ids``
+    ((0, 0, 0, l) per text token) and ``_prepare_latent_ids`` ((0, row, column, 0) per latent pixel), what
+    its ``__call__`` passes. They build them on the CPU (a Python loop per sample, then a host-to-device
+    copy), so they are built once per batch shape and device; callers do not write to them (shared)."""
+    from diffusers import Flux2Pipeline
+
+    txt_ids = Flux2Pipeline._prepare_text_ids(torch.empty(batch, text_tokens, 0))          # [B, M, 4]
+    img_ids = Flux2Pipeline._prepare_latent_ids(torch.empty(batch, 0, height, width))     # [B, hw, 4]
+    return txt_ids.to(device), img_ids.to(device)
 
 
 def empirical_shift(tokens: int, steps: int = SAMPLING_STEPS) -> float:

@@ -20,7 +20,7 @@ import torch
 
 from ...errors import ConfigError
 from ..conditioning_base import ImageConditioning, call_default
-from .rotary_ids import rotary_ids
+from .adapter import rotary_ids
 
 
 class Flux2Conditioning(ImageConditioning):
