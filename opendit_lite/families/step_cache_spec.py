@@ -18,10 +18,11 @@ family whose blocks no cache can hook (diffusers' hooks cannot follow their stre
 
 A family whose block lists are not all one stream (Z-Image's refiners run the image tokens and the
 caption apart before its main layers run them joined) names the lists the block-level caches hook in
-``cache_block_lists`` (the others run at every step, as HunyuanVideo's token refiner does), and a block
-whose forward takes its tokens by another name than diffusers' ``hidden_states`` names it in
-``tokens_argument`` (the caches then read it by that name: Z-Image's ``x``, which diffusers' own registry
-entry for the block misses).
+``cache_block_lists`` (the others run at every step, as HunyuanVideo's token refiner does). Where
+diffusers' ``TransformerBlockRegistry`` has no entry for the family's block class (HunyuanVideo 1.5's)
+or a wrong one (Z-Image's reads ``hidden_states``, its block takes ``x``), ``block_streams`` names the
+block's forward arguments holding its tokens and, for a two-stream block, its text (returned in that
+order), as the zoo's blocks declare ``cache_streams``; the caches register the block class so.
 """
 
 import inspect
@@ -45,7 +46,7 @@ class StepCacheSpec:
     no_teacache: str = ""                # why the family has no TeaCache signal (when teacache_signal is None)
     no_cache: str = ""                   # why no step cache hooks the family's blocks (every kind refused)
     cache_block_lists: Tuple[str, ...] = ()  # the block lists the block-level caches hook (empty: block_lists)
-    tokens_argument: str = ""            # the blocks' forward argument holding the tokens, where not hidden_states
+    block_streams: Tuple[str, ...] = ()  # the blocks' (tokens, text) arguments, returned so: where diffusers' misses
 
 
 def forward_arguments(block: nn.Module, args: tuple, kwargs: dict) -> Dict[str, Any]:

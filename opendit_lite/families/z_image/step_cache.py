@@ -3,7 +3,7 @@ tokens through ``noise_refiner``, the caption through ``context_refiner``, then 
 ``layers``. The block-level caches (First-Block-Cache, MagCache, TeaCache) hook ``layers`` alone, the one
 stack its tokens run through as one stream (``cache_block_lists``: diffusers' own hooks pick the same
 list); the refiners (two blocks each in the release, against 30 layers) run at every step. The blocks
-take their tokens as ``x`` (``tokens_argument``), where diffusers' registry entry for
+take their tokens as ``x`` and return them alone (``block_streams``), where diffusers' registry entry for
 ``ZImageTransformerBlock`` reads ``hidden_states``.
 
 TeaCache's signal is what the first main layer feeds its attention: ``attention_norm1`` of the joint
@@ -21,4 +21,4 @@ def modulated_input(block, args, kwargs):
 
 
 STEP_CACHE = StepCacheSpec(family="z_image", head_block="ZImageTransformerBlock", teacache_signal=modulated_input,
-                           cache_block_lists=("layers",), tokens_argument="x")
+                           cache_block_lists=("layers",), block_streams=("x",))

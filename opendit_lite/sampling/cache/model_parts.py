@@ -75,29 +75,28 @@ def block_metadata(cls: type) -> Optional[TransformerBlockMetadata]:
 def cache_blocks(model: nn.Module) -> List[nn.Module]:
     """The blocks the block-level caches hook as one stack, in forward order: a diffusers family's
     ``cache_block_lists`` when its step-cache piece declares them (the lists its tokens run through as
-    one stream), else the model's blocks (``find_blocks``). A family whose blocks take their tokens by
-    another name (``tokens_argument``) has its block class registered for diffusers' hooks under that name."""
+    one stream), else the model's blocks (``find_blocks``). A family that declares its blocks' streams
+    (``block_streams``) has its block class registered for diffusers' hooks so."""
     family = family_of(model)
     spec = family.step_cache if family is not None else None
     blocks = [b for name in spec.cache_block_lists for b in model.get_submodule(name)] \
         if spec is not None and spec.cache_block_lists else find_blocks(model)
-    if spec is not None and spec.tokens_argument:
+    if spec is not None and spec.block_streams:
         for cls in {type(b) for b in blocks}:
-            _register_tokens_argument(cls, spec.tokens_argument)
+            _register_streams(cls, spec.block_streams)
     return blocks
 
 
-def _register_tokens_argument(cls: type, tokens: str) -> None:
-    """``cls``'s registry entry, reading the tokens from the forward argument ``tokens`` (diffusers' entry
-    for it, if any, keeps its return indices)."""
+def _register_streams(cls: type, streams: Tuple[str, ...]) -> None:
+    """``cls``'s registry entry from its declared streams (tokens, [text]): the forward arguments the hooks
+    read, returned in that order; replaces diffusers' entry, if any."""
+    tokens, *text = streams
+    names = {"hidden_states": tokens, **({"encoder_hidden_states": text[0]} if text else {})}
     found = _registered(cls)
-    if isinstance(found, DeclaredBlockMetadata) and found.argument_names.get("hidden_states") == tokens:
+    if isinstance(found, DeclaredBlockMetadata) and found.argument_names == names:
         return
-    metadata = DeclaredBlockMetadata(
-        return_hidden_states_index=found.return_hidden_states_index if found is not None else 0,
-        return_encoder_hidden_states_index=found.return_encoder_hidden_states_index if found is not None else None,
-        argument_names={"hidden_states": tokens})
-    TransformerBlockRegistry.register(model_class=cls, metadata=metadata)
+    TransformerBlockRegistry.register(model_class=cls, metadata=DeclaredBlockMetadata(
+        return_hidden_states_index=0, return_encoder_hidden_states_index=1 if text else None, argument_names=names))
 
 
 def check_blocks(model: nn.Module, blocks: List[nn.Module], kind: str) -> None:
