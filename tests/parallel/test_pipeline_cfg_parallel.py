@@ -53,7 +53,6 @@ def _world2(rank, world_size):
     from opendit_lite.sampling.pipeline_cfg_parallel import PipelineBranches, split_branches
 
     warnings.filterwarnings("ignore")
-    torch.set_grad_enabled(False)
     out = {}
     for name, call in CASES.items():
         pipe = build_tiny_pipeline(name)
