@@ -54,9 +54,10 @@ def main(argv) -> str:
     """Train as the command line says; returns the final checkpoint's path (exit code 2 on a config error)."""
     cfg = parse_cli(argv, __doc__, schema=VideoTrainConfig)
     with heavy_imports():
+        from opendit_lite.training.distill_pipeline import video_script_trainer
         from opendit_lite.training.trainer import train_from_config
         from opendit_lite.training.video import VIDEO_TRAINER
-    return train_from_config(VIDEO_TRAINER, cfg)
+    return train_from_config(video_script_trainer(cfg, VIDEO_TRAINER), cfg)
 
 
 if __name__ == "__main__":

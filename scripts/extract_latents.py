@@ -150,6 +150,8 @@ def _pipeline_config(args):
     else:
         overrides = [f"model.pipeline={args.pipeline}", "data.type=csv", f"data.path={args.csv}",
                      f"data.frame_interval={args.frame_interval}"]
+        if args.pipeline_class:
+            overrides.append(f"model.pipeline_class={args.pipeline_class}")
         if args.height != args.width:  # one rectangular size: a bucket of it
             overrides.append(f"data.buckets=[{{frames: {args.num_frames}, height: {args.height}, width: {args.width}, "
                              f"batch_size: 1}}]")
@@ -197,14 +199,14 @@ def extract_pipeline(args, cfg) -> int:
         PipelineEncoders,
         check_conditioning_rows,
         conditioning_images,
-        pipeline_folder,
+        run_pipeline_folder,
     )
     from opendit_lite.data.latent_shards import LatentShardWriter
     from opendit_lite.data.video_csv import media_dataset
     from opendit_lite.data.video_latents import PIPELINE_FORMAT
     from opendit_lite.encoders.pipeline_folder import pipeline_fingerprint
 
-    folder = pipeline_folder(cfg.model.pipeline)
+    folder = run_pipeline_folder(cfg)
     conditioned = folder.conditioning.image_input != "none"
     try:
         csv = media_dataset(cfg.data.type, cfg.data.path, cfg.data.num_frames or 1, cfg.data.frame_interval,
@@ -244,7 +246,8 @@ def extract_pipeline(args, cfg) -> int:
         if rank == 0:
             write_shard_meta(args.output, parts, sizes, encoders.null_text(), {
                 "format": PIPELINE_FORMAT, "family": folder.family.name, "transformer": folder.family.class_name,
-                "pipeline": os.path.abspath(folder.path), "fingerprint": pipeline_fingerprint(folder.path),
+                "pipeline": os.path.abspath(folder.path), "pipeline_class": folder.pipeline_class,
+                "fingerprint": pipeline_fingerprint(folder.path),
                 "text_tokens": cfg.text_encoder.max_length, "posterior": "mean"})
             skipped = sum(size is None for size in sizes)
             print(f"wrote {int(count.item())} {folder.family.name} clips from {folder.pipeline_class} at "
@@ -461,6 +464,9 @@ def main(argv=None):
     family.add_argument("--csv", help="CSV with 'path' and 'text' columns (videos or images)")
     family.add_argument("--pipeline", help="local diffusers pipeline folder (model_index.json): its VAE and text "
                                            "encoders, as a run with model.pipeline trains")
+    family.add_argument("--pipeline-class", help="with --pipeline: the pipeline class to load the folder as (as "
+                                                 "model.pipeline_class: WanImageToVideoPipeline for the Wan 2.2 "
+                                                 "TI2V-5B folder's image-to-video); default: the folder's own")
     family.add_argument("--pipeline-path", help="a folder laid out as a pipeline's (vae/, text encoder, tokenizer); "
                                                 "a whole pipeline folder is extracted as --pipeline")
     family.add_argument("--text-encoder-path", help="local text encoder folder (default: from --pipeline-path)")
@@ -477,6 +483,9 @@ def main(argv=None):
     if args.convert:
         return convert_to_shards(args)
     whole = args.pipeline_path and os.path.isfile(os.path.join(args.pipeline_path, "model_index.json"))
+    if args.pipeline_class and not (args.pipeline or whole):
+        raise ConfigError("--pipeline-class loads a --pipeline folder as another of its family's pipelines; give "
+                          "--pipeline (with --config, set model.pipeline_class in the config instead).")
     if args.pipeline or whole:
         if args.pipeline and args.pipeline_path:
             raise ConfigError("give the pipeline once: --pipeline or --pipeline-path, not both.")

@@ -12,6 +12,10 @@ whose trainable parameters are the student's and the critic's. Two layouts:
   two adapters (and their optimizer states).
 
 Both start from the teacher (a LoRA adapter starts as a no-op), as DMD2 initialises student and critic.
+With ``distill.gan_weight`` > 0 the module also holds the critic's discriminator head (``gan_head.*``,
+``GanHead``), which reads the critic's middle block. The run's EMA averages the student only
+(``ema_averages``), and the module declares its networks' blocks (``get_fsdp_wrap_module_list``) for
+activation checkpointing and block swapping.
 The student is read back from any checkpoint of the run (``load_student``): its weights (EMA where kept),
 with its adapter merged into the base, into a freshly built model, which samples as any zoo model does.
 """
@@ -35,6 +39,7 @@ from ..checkpoint.layout import (
 )
 from ..checkpoint.weights import read_weights
 from ..config import ConfigError
+from ..models.blocks import find_blocks
 from ..models.lora import apply_lora, lora_target_names, merge_lora
 from .lora_checkpoint import load_merged
 
@@ -46,12 +51,42 @@ GEOMETRY_KEYS = ("name", "input_size", "in_channels", "num_classes", "learn_sigm
                  "timestep_spacing")
 
 
+class GanHead(nn.Module):
+    """DMD2's discriminator head on the critic's intermediate features: the tokens of one block's output
+    [B, ..., D] normalised, averaged, then an MLP to one logit per sample [B] ("real" > 0). It trains with
+    the critic (its parameters are the critic's in the optimizer's steps)."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.norm = nn.LayerNorm(width)
+        self.mlp = nn.Sequential(nn.Linear(width, width), nn.SiLU(), nn.Linear(width, 1))
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        pooled = self.norm(features).flatten(1, -2).mean(dim=1)                     # [B, D]
+        return self.mlp(pooled).squeeze(-1)                                          # [B]
+
+
+def block_width(block: nn.Module) -> int:
+    """The width of a residual block's output (its input's): the input width of its first linear layer."""
+    linear = next((m for m in block.modules() if isinstance(m, nn.Linear)), None)
+    if linear is None:
+        raise ConfigError(f"distill.gan_weight > 0 puts a head on a middle block's output, but the block "
+                          f"{type(block).__name__} has no linear layer to read its width from: set "
+                          f"distill.gan_weight=0.")
+    return linear.in_features
+
+
 class DistillModule(nn.Module):
     """Teacher, student and critic as one module; ``forward(x, t, role=..., **kwargs)`` runs ``role``'s
     network. ``teacher``: the model with the teacher's weights; full-weight runs also pass ``student``
-    and ``critic`` (copies), LoRA runs ``adapters=True`` (the teacher's model already carries both)."""
+    and ``critic`` (copies), LoRA runs ``adapters=True`` (the teacher's model already carries both).
+    ``gan_head`` (``distill.gan_weight > 0``): the critic's discriminator head; ``forward(..., role=CRITIC,
+    features=True)`` then also returns its logits [B] on the output of the critic's middle block."""
 
-    def __init__(self, teacher: nn.Module, student: Optional[nn.Module] = None, critic: Optional[nn.Module] = None):
+    fp32_inputs = ("t",)  # the models' timesteps: a ZeRO wrapper's bf16 cast keeps them (plugins/fp32_inputs.py)
+
+    def __init__(self, teacher: nn.Module, student: Optional[nn.Module] = None, critic: Optional[nn.Module] = None,
+                 gan_head: Optional[GanHead] = None):
         super().__init__()
         self.lora = student is None
         if self.lora:
@@ -60,8 +95,61 @@ class DistillModule(nn.Module):
         else:
             self.teacher, self.student, self.critic = teacher, student, critic
             self.teacher.requires_grad_(False)
+        if gan_head is not None:
+            self.gan_head = gan_head
 
-    def forward(self, x: torch.Tensor, t: torch.Tensor, role: str, **kwargs) -> torch.Tensor:
+    def critic_network(self) -> nn.Module:
+        """The model the critic runs in: the shared base (LoRA) or the critic's copy."""
+        return self.base if self.lora else self.critic
+
+    def critic_parameters(self):
+        """The trainable parameters a critic step updates: the critic's (weights or adapter) and its head's."""
+        return [p for name, p in self.named_parameters() if p.requires_grad and self.trains_critic(name)]
+
+    def trains_critic(self, name: str) -> bool:
+        return name.startswith(("critic.", "gan_head.")) if not self.lora else (
+            f".{CRITIC}." in name or name.startswith("gan_head."))
+
+    def get_fsdp_wrap_module_list(self):
+        """The repeated blocks (``models/blocks.find_blocks``), which activation checkpointing and block
+        swapping act on: the shared base's (LoRA), else the teacher's, student's and critic's in turn."""
+        networks = (self.base,) if self.lora else (self.teacher, self.student, self.critic)
+        return [block for network in networks for block in find_blocks(network)]
+
+    def ema_averages(self, name: str) -> bool:
+        """The run's EMA averages the student only (``ema/boosted.py``): the student is what samples and is
+        exported; the critic is only ever used as it is now."""
+        return name.startswith(f"{STUDENT}.") if not self.lora else f".{STUDENT}." in name
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor, role: str, features: bool = False, **kwargs):
+        if features:  # the critic's output and its head's logits on its middle block's output
+            if role != CRITIC or not hasattr(self, "gan_head"):
+                raise ValueError("features=True is the critic's GAN head: role='critic' with a gan_head")
+            blocks = find_blocks(self.critic_network())  # found per call: wrappers may have replaced them
+            captured = []
+            hook = blocks[len(blocks) // 2].register_forward_hook(
+                lambda module, args, out: captured.append(out[0] if isinstance(out, tuple) else out))
+            try:
+                out = self._run(x, t, role, **kwargs)
+            finally:
+                hook.remove()
+            return out, self.gan_head(captured[0])                                  # [B, ...], [B]
+        return self._run(x, t, role, **kwargs)
+
+    def rest(self, role: str) -> None:
+        """Make ``role``'s adapter the one the LoRA layers run when no call is in progress (a call switches to
+        its own role and back to this). The loss sets it to the role its step trains: a checkpointed block
+        recomputes its forward in backward, after the calls, and must run that role's adapter again. No-op
+        for full weights (separate networks)."""
+        if self.lora:
+            if self._layers is None:
+                self._layers = _lora_layers(self.base)
+            for m in self._layers:
+                m._disable_adapters = role == TEACHER
+                if role != TEACHER:
+                    m._active_adapter = [role]
+
+    def _run(self, x: torch.Tensor, t: torch.Tensor, role: str, **kwargs) -> torch.Tensor:
         if self.lora:
             if self._layers is None:
                 self._layers = _lora_layers(self.base)
@@ -169,8 +257,9 @@ def check_resumed_distillation(cfg) -> None:
         raise ConfigError(f"the run resumes {ckpt!r}, which is not a distillation run's checkpoint (no "
                           f"distill.teacher in its config): resume a distillation checkpoint, or start afresh in "
                           f"another exp_name (the teacher's weights seed a new distillation).")
+    saved = {"gan_weight": 0.0, **saved}  # checkpoints from before the GAN term had none
     changed = [f"distill.{k}: checkpoint {saved[k]!r}, config {getattr(cfg.distill, k)!r}"
-               for k in ("student_timesteps", "guidance_scale", "critic_updates")
+               for k in ("student_timesteps", "guidance_scale", "critic_updates", "gan_weight")
                if k in saved and saved[k] != getattr(cfg.distill, k)]
     if changed:
         raise ConfigError(f"the run resumes {ckpt!r} with other distillation settings ({'; '.join(changed)}): a "
@@ -190,13 +279,19 @@ def build_distill_module(build_model, cfg) -> DistillModule:
     def teacher_model() -> nn.Module:
         return load_merged(build_model(cfg), ckpt, use_ema=True, lora=saved.get("lora"))
 
+    def head(model: nn.Module) -> Optional[GanHead]:
+        if not getattr(cfg.distill, "gan_weight", 0):
+            return None
+        blocks = find_blocks(model)
+        return GanHead(block_width(blocks[len(blocks) // 2]))
+
     if cfg.lora.rank:
         base = teacher_model()
         add_adapters(base, (STUDENT, CRITIC), rank=cfg.lora.rank, alpha=cfg.lora.alpha, dropout=cfg.lora.dropout,
                      targets=cfg.lora.targets)
-        return DistillModule(base)
+        return DistillModule(base, gan_head=head(base))
     teacher = teacher_model()  # read once; student and critic start as copies of it
-    return DistillModule(teacher, copy.deepcopy(teacher), copy.deepcopy(teacher))
+    return DistillModule(teacher, copy.deepcopy(teacher), copy.deepcopy(teacher), gan_head=head(teacher))
 
 
 def student_state(state: Dict[str, torch.Tensor], lora: Optional[Dict]) -> Dict[str, torch.Tensor]:

@@ -27,6 +27,7 @@ class LatentBucket:
     frames: int
     height: int
     width: int
+    extra_tokens: int = 0    # tokens a sample adds on the sequence axis beyond its latents' (an edit's reference)
 
 
 def config_downsample(cfg) -> int:

@@ -46,21 +46,25 @@ from ..families.pipeline_denoiser import PipelineDenoiser
 @dataclass(frozen=True)
 class PipelineFolder:
     """What a pipeline folder holds: its model index, family, transformer class and experts
-    (``transformer``, and Wan 2.2 A14B's ``transformer_2``)."""
+    (``transformer``, and Wan 2.2 A14B's ``transformer_2``), and the pipeline class it is loaded as:
+    the index's, or one of its family's other pipelines (``model.pipeline_class``)."""
 
     path: str
     index: Dict[str, Any]
     family: Family
     experts: Tuple[str, ...]
+    loaded_as: Optional[str] = None  # model.pipeline_class; None: the index's class
 
     @property
     def pipeline_class(self) -> str:
-        return self.index["_class_name"]
+        """The pipeline class the run loads, trains and samples the folder as."""
+        return self.loaded_as or self.index["_class_name"]
 
     @property
     def conditioning(self) -> PipelineConditioning:
-        """What the folder's pipeline class feeds the transformer (the family's own pipeline or a variant)."""
-        return self.family.conditioning_of(self.pipeline_class)
+        """What the folder's pipeline class feeds the transformer it holds (the family's own pipeline or a
+        variant, for that transformer's layout: ``for_model``)."""
+        return self.family.conditioning_of(self.pipeline_class).for_model(self.transformer_config())
 
     def transformer_folder(self, expert: str = "transformer") -> str:
         return os.path.join(self.path, expert)
@@ -70,8 +74,11 @@ class PipelineFolder:
             return json.load(f)
 
 
-def pipeline_folder(path: str, what: str = "'model.pipeline'") -> PipelineFolder:
-    """The pipeline folder ``path``, checked (``read_pipeline_index``) and matched to its family."""
+def pipeline_folder(path: str, what: str = "'model.pipeline'", pipeline_class: Optional[str] = None) -> PipelineFolder:
+    """The pipeline folder ``path``, checked (``read_pipeline_index``) and matched to its family;
+    ``pipeline_class`` (``model.pipeline_class``): the class to load it as, one of that family's
+    pipelines (``Family.pipelines``: the released TI2V-5B folder is a WanPipeline whose image-to-video
+    is WanImageToVideoPipeline), anything else a ConfigError naming them."""
     index = read_pipeline_index(path, what)
     try:
         with open(os.path.join(path, "transformer", "config.json")) as f:
@@ -93,14 +100,31 @@ def pipeline_folder(path: str, what: str = "'model.pipeline'") -> PipelineFolder
         raise ConfigError(f"{what} {path!r} is a {index['_class_name']} whose transformer/ holds a {transformer}, "
                           f"not the {family.class_name} that pipeline runs.")
     experts = tuple(name for name in TRANSFORMERS if name in components(index))
-    return PipelineFolder(path, index, family, experts)
+    allowed = [v.pipeline for v in family.pipelines]
+    if pipeline_class is not None and pipeline_class not in allowed:
+        raise ConfigError(f"model.pipeline_class={pipeline_class} cannot load {path!r}, a {index['_class_name']} of "
+                          f"the {family.name} family ({family.class_name}): it loads as one of that family's "
+                          f"pipelines, {', '.join(allowed)}; set model.pipeline_class to one of them, or remove it "
+                          f"(the folder's own class).")
+    return PipelineFolder(path, index, family, experts,
+                          None if pipeline_class == index["_class_name"] else pipeline_class)
+
+
+def run_pipeline_folder(cfg) -> PipelineFolder:
+    """The pipeline folder of a run's config: ``model.pipeline`` loaded as ``model.pipeline_class``."""
+    return pipeline_folder(cfg.model.pipeline, pipeline_class=getattr(cfg.model, "pipeline_class", None))
+
+
+def light_pipeline(path: str, pipeline_class: Optional[str] = None):
+    """The pipeline of ``path`` (as ``pipeline_class``; None: its own class) with no text encoders, no
+    transformers and its VAE on the meta device: its scale factors, ``__call__`` defaults and scheduler,
+    at the cost of reading configs; one per folder and class (the folder's own class named or not)."""
+    return _light_pipeline(path, pipeline_class or read_pipeline_index(path)["_class_name"])
 
 
 @functools.lru_cache(maxsize=8)
-def light_pipeline(path: str):
-    """The pipeline of ``path`` with no text encoders, no transformers and its VAE on the meta device:
-    its scale factors, ``__call__`` defaults and scheduler, at the cost of reading configs."""
-    return load_pipeline(path, text=False, meta_vae=True)
+def _light_pipeline(path: str, pipeline_class: str):
+    return load_pipeline(path, text=False, meta_vae=True, pipeline_class=pipeline_class)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -111,7 +135,7 @@ def resolve_pipeline(cfg) -> PipelineFolder:
     """Check ``model.pipeline`` against the rest of the config and fill what it settles, in place
     (module docstring); returns the folder."""
     m, t, d = cfg.model, cfg.text_encoder, cfg.data
-    folder = pipeline_folder(m.pipeline)
+    folder = run_pipeline_folder(cfg)
     family, conditioning = folder.family, folder.conditioning
     if m.name not in (None, family.class_name):
         raise ConfigError(f"'model.pipeline' {m.pipeline!r} is a {folder.pipeline_class} of the {family.name} family "
@@ -120,7 +144,7 @@ def resolve_pipeline(cfg) -> PipelineFolder:
     if m.path or m.config:
         raise ConfigError("'model.pipeline' gives the transformer (its transformer/ folder): remove model.path and "
                           "model.config.")
-    pipe = light_pipeline(m.pipeline)
+    pipe = light_pipeline(folder.path, folder.pipeline_class)
     tokens = conditioning.text_tokens(pipe)
     if t.kind not in (None, "pipeline") or t.path:
         raise ConfigError(f"'model.pipeline' encodes captions with the pipeline's own text encoders, as "
@@ -224,6 +248,12 @@ def _check_latents(cfg, folder: PipelineFolder, pipe) -> None:
                           f"(fingerprint {meta.get('fingerprint')}), whose VAE, text encoders or settings differ from "
                           f"'model.pipeline' {folder.path!r} (fingerprint {fingerprint}): extract them again with "
                           f"--pipeline {folder.path}, or train that pipeline.")
+    extracted_as = meta.get("pipeline_class")  # absent in latents extracted before it was recorded
+    if extracted_as not in (None, folder.pipeline_class):
+        raise ConfigError(f"the latents in {d.path!r} were extracted for {extracted_as}, but the run trains the folder "
+                          f"as {folder.pipeline_class} (model.pipeline_class), which conditions the transformer on "
+                          f"other inputs: extract them again with --pipeline-class {folder.pipeline_class} (or the "
+                          f"run's --config), or set model.pipeline_class={extracted_as}.")
     sizes = sorted({tuple(s) for s in meta.get("pixel_sizes", [])})
     asked = [(d.num_frames, d.image_size, d.image_size)] + [
         (b.get("frames", 1), b.get("height"), b.get("width")) for b in d.buckets or []]
@@ -251,17 +281,17 @@ def _check_latents(cfg, folder: PipelineFolder, pipe) -> None:
 def pipeline_recipe(cfg, x_shape: Sequence[int]) -> Recipe:
     """The family's objective and time distribution with the shift the pipeline's scheduler samples
     latent clips of ``x_shape`` (B, C, T, h, w) with."""
-    folder = pipeline_folder(cfg.model.pipeline)
+    folder = run_pipeline_folder(cfg)
     family, config = folder.family, folder.transformer_config()
     published = family.adapter.recipe(config, tokens=0)
-    shift = folder.conditioning.shift(light_pipeline(cfg.model.pipeline), tuple(x_shape), config)
+    shift = folder.conditioning.shift(light_pipeline(folder.path, folder.pipeline_class), tuple(x_shape), config)
     return Recipe(published.objective, published.timestep_sampling, shift)
 
 
 def latent_clip_shape(cfg, frames: int, height: int, width: int) -> Tuple[int, int, int, int]:
     """(C, T, h, w) of the latents of a ``frames x height x width`` pixel clip."""
-    folder = pipeline_folder(cfg.model.pipeline)
-    family, pipe = folder.family, light_pipeline(cfg.model.pipeline)
+    folder = run_pipeline_folder(cfg)
+    family, pipe = folder.family, light_pipeline(folder.path, folder.pipeline_class)
     ratio = folder.conditioning.pixel_ratio(pipe)
     channels = family.adapter.latent_channels(folder.transformer_config())
     return channels, folder.conditioning.latent_frames(pipe, frames), height // ratio, width // ratio
@@ -273,7 +303,8 @@ class PipelineEncoders:
 
     def __init__(self, folder: PipelineFolder, device, text_dtype: Optional[torch.dtype] = None):
         self.folder, self.family, self.conditioning = folder, folder.family, folder.conditioning
-        self.pipe = load_pipeline(folder.path, device=device, text_dtype=text_dtype)
+        self.pipe = load_pipeline(folder.path, device=device, text_dtype=text_dtype,
+                                  pipeline_class=folder.pipeline_class)
         self.device = torch.device(device)
 
     @torch.no_grad()
@@ -291,8 +322,7 @@ class PipelineEncoders:
             return latents, self.encode_text(captions)
         images = [[image.to(self.device) for image in sample] for sample in images]
         if c.null_text_per_image:
-            inputs = c.encode_text(self.pipe, list(captions), images)
-            null = c.encode_text(self.pipe, [c.null_prompt] * len(captions), images)
+            inputs, null = c.encode_text_and_null(self.pipe, list(captions), images)
             inputs.update({null_text_key(k): v for k, v in null.items()})
         else:
             inputs = self.encode_text(captions)
@@ -318,7 +348,8 @@ def conditioning_images(folder: PipelineFolder):
     c = folder.conditioning
     if c.image_input == "none":
         return None
-    size = functools.partial(c.reference_size, light_pipeline(folder.path)) if c.image_input == "reference" else None
+    size = functools.partial(c.reference_size, light_pipeline(folder.path, folder.pipeline_class)) \
+        if c.image_input == "reference" else None
     return ConditioningImages(c.image_input, max(1, c.max_images), size)
 
 
@@ -367,6 +398,13 @@ def check_conditioning_rows(folder: PipelineFolder, csv: str, image_paths: Seque
     if many:
         raise ConfigError(f"{csv}: {len(many)} row(s) name more conditioning images than the {most} {name} takes "
                           f"(rows: {_rows(many)}): keep at most {most} per row.")
+    if c.image_input == "first_last_frames":  # the clip's own frames, or a file for each of them
+        few = [row for row, paths in zip(where, image_paths) if 0 < len(paths) < most]
+        if few:
+            raise ConfigError(f"{csv}: {len(few)} row(s) name {most - 1 if most == 2 else 'fewer'} image(s) in the "
+                              f"'image' column (rows: {_rows(few)}), but {name} with this transformer starts and ends "
+                              f"each video on given frames: name both files, 'first.png|last.png', or none (the "
+                              f"clip's own first and last frames).")
     from PIL import Image, UnidentifiedImageError
 
     checked = set()  # a file named by several rows (repeats) is read once
@@ -391,9 +429,10 @@ def pipeline_denoiser(cfg, model: nn.Module, null_text: Mapping[str, torch.Tenso
                       call: Optional[nn.Module] = None) -> PipelineDenoiser:
     """``model`` (the pipeline's transformer) called with the inputs its pipeline gives it; ``call`` is
     what to call instead of it (the booster's wrapper)."""
-    folder = pipeline_folder(cfg.model.pipeline)
+    folder = run_pipeline_folder(cfg)
     family = folder.family
-    constants = folder.conditioning.constants(light_pipeline(cfg.model.pipeline), model.config, cfg.model.guidance)
+    constants = folder.conditioning.constants(light_pipeline(folder.path, folder.pipeline_class), model.config,
+                                              cfg.model.guidance)
     device = next(model.parameters()).device
     null = {k: v.to(device) for k, v in null_text.items()}
     return PipelineDenoiser(folder.conditioning, family.adapter, call if call is not None else model,

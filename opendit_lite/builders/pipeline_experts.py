@@ -15,7 +15,7 @@ import torch.nn as nn
 
 from ..errors import ConfigError
 from ..models.experts import NoiseExperts, expert_components, expert_time_range
-from .pipeline import light_pipeline, pipeline_folder
+from .pipeline import light_pipeline, pipeline_folder, run_pipeline_folder
 
 
 def pipeline_boundary(pipeline: Optional[str]) -> Optional[float]:
@@ -26,7 +26,7 @@ def pipeline_boundary(pipeline: Optional[str]) -> Optional[float]:
     folder = pipeline_folder(pipeline)
     if "transformer_2" not in folder.experts:
         return None
-    return folder.conditioning.expert_boundary(light_pipeline(pipeline))
+    return folder.conditioning.expert_boundary(light_pipeline(pipeline, folder.pipeline_class))
 
 
 def resolve_expert(cfg) -> None:
@@ -63,6 +63,6 @@ def build_experts(cfg, load: Callable[[str], nn.Module]) -> Optional[nn.Module]:
     ``load(folder)``; None for any other run (one transformer, built the usual way)."""
     if getattr(cfg.model, "expert", None) != "both":
         return None
-    folder = pipeline_folder(cfg.model.pipeline)
+    folder = run_pipeline_folder(cfg)
     high, low = (load(folder.transformer_folder(name)) for name in expert_components("both"))
     return NoiseExperts(high, low, boundary=pipeline_boundary(cfg.model.pipeline))

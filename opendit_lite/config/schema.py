@@ -152,8 +152,9 @@ class DistillConfig:
 
     teacher: Optional[str] = _f(None, "the teacher: a trained run folder (its newest checkpoint) or a checkpoint "
                                       "folder, of the same model as model.*, rectified flow; its EMA weights are "
-                                      "the frozen teacher and the start of student and critic; null: no "
-                                      "distillation (plain training)")
+                                      "the frozen teacher and the start of student and critic; for a model.pipeline "
+                                      "run, that pipeline folder (its transformer, with LoRA student and critic); "
+                                      "null: no distillation (plain training)")
     student_timesteps: int = _f(4, "the student's sampling steps N: it is trained at the N times the Euler sampler "
                                    "with sample.num_sampling_steps=N evaluates, and samples with exactly N",
                                 at_least=1, at_most=1000)
@@ -162,6 +163,10 @@ class DistillConfig:
                                at_least=1)
     critic_updates: int = _f(4, "critic updates per student update (DMD2's two time-scale rule); each optimizer "
                                 "step updates one of the two networks", at_least=1)
+    gan_weight: float = _f(0.0, "DMD2's optional GAN term: a head on the critic's middle block tells the batch's "
+                                "noised images from the student's noised samples (trained with the critic), and the "
+                                "student's loss gains gan_weight x its non-saturating generator loss (the critic's "
+                                "gains gan_weight x the head's); 0: off", at_least=0)
 
 
 # sample.cache.kind: what each reuses is in docs/sampling.md.

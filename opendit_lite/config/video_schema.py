@@ -30,6 +30,11 @@ class VideoModelConfig:
     pipeline: Optional[str] = _f(None, "a local diffusers pipeline folder (model_index.json; a released model as "
                                        "save_pretrained writes it): its transformer is trained, conditioned as the "
                                        "pipeline conditions it, with its VAE, text encoders and scheduler settings")
+    pipeline_class: Optional[str] = _f(None, "model.pipeline: the diffusers pipeline class to load the folder as, "
+                                             "when it is not the one its model_index.json names: the folder's "
+                                             "family's other pipeline (e.g. WanImageToVideoPipeline for the Wan 2.2 "
+                                             "TI2V-5B folder, a WanPipeline, to train its image-to-video); null: the "
+                                             "folder's own class")
     guidance: Optional[float] = _f(None, "model.pipeline of a guidance-distilled model (Flux dev, HunyuanVideo): the "
                                          "guidance value trained with; null: the pipeline's default guidance_scale",
                                    above=0)

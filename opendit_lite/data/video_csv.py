@@ -14,7 +14,8 @@ reads row i as a T-frame clip resized to cover H x W and centre-cropped to it.
 Image-conditioned pipelines (image-to-video, edit) read an optional ``image`` column: one file, or
 several separated by ``|`` (relative paths from the CSV's folder). ``ConditioningImages`` says how a
 dataset reads them: ``first_frame`` (image-to-video: the clip's own first frame as loaded, same resize
-and crop, unless the row names a file, which is then resized and cropped as the clip is) or
+and crop, unless the row names a file, which is then resized and cropped as the clip is),
+``first_last_frames`` (its first and last frames so, or the two files ``first|last`` a row names) or
 ``reference`` (edit: required, each resized to the size its pipeline resizes it to). Items are then
 ``(clip, caption, images)``, ``images`` a list of [3, H, W] in [-1, 1]; ``collate_conditioned`` batches
 them (the images as one list per sample: references of one batch may differ in size).
@@ -194,9 +195,10 @@ def resize_center_crop(frames: torch.Tensor, size: int, width: Optional[int] = N
 
 @dataclass(frozen=True)
 class ConditioningImages:
-    """How a dataset reads its rows' conditioning images: ``mode`` "first_frame" (image-to-video) or
-    "reference" (edit: required, at most ``max_images`` per row, each resized to
-    ``reference_size(height, width)``, the size its pipeline resizes it to)."""
+    """How a dataset reads its rows' conditioning images: ``mode`` "first_frame" (image-to-video),
+    "first_last_frames" (the clip's first and last frames, or both files the row names) or "reference"
+    (edit: required, at most ``max_images`` per row, each resized to ``reference_size(height, width)``,
+    the size its pipeline resizes it to)."""
 
     mode: str
     max_images: int = 1
@@ -287,6 +289,10 @@ class VideoCSVDataset(Dataset):
             if not paths:
                 return [clip[:, 0]]                                                    # [3, H, W]
             return [resize_center_crop(load_image(paths[0]), *clip.shape[-2:])[:, 0]]
+        if self.images.mode == "first_last_frames":
+            if not paths:
+                return [clip[:, 0], clip[:, -1]]                                       # 2 x [3, H, W]
+            return [resize_center_crop(load_image(path), *clip.shape[-2:])[:, 0] for path in paths]
         references = []
         for path in paths:
             image = load_image(path)                                                    # [1, H, W, 3]

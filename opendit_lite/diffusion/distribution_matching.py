@@ -21,11 +21,15 @@ models called with ``t x num_timesteps``, so ``x_0 = x_t - t v`` at any time.
   Its gradient with respect to the sample is that difference: ``0.5 ||x - sg(x - g)||^2``.
 * **The critic's loss** (``critic_loss``) is the flow-matching loss on the student's samples, detached:
   the critic follows the student's distribution (DMD2 updates it several times per student update).
+* **The optional GAN term** (DMD2's): a head on the critic's intermediate features tells noised real
+  data from the student's noised samples (``discriminator_loss``, with the critic's); the student is
+  pushed towards "real" (``generator_gan_loss``). Both non-saturating.
 """
 
 from typing import Callable, List, Optional, Sequence
 
 import torch
+import torch.nn.functional as F
 
 from .likelihood import mean_flat
 from .rectified_flow import RectifiedFlow
@@ -97,3 +101,14 @@ def judge_times(batch: int, generator: Optional[torch.Generator], device, low: f
     ends, where both denoisers agree or see nothing)."""
     u = torch.rand(batch, generator=generator, device=device if generator is None else generator.device)
     return (low + (high - low) * u).to(device)
+
+
+def discriminator_loss(real_logits: torch.Tensor, fake_logits: torch.Tensor) -> torch.Tensor:
+    """DMD2's GAN term for the critic's head (non-saturating): logits [B] of noised real data towards
+    "real", of the student's noised samples towards "fake"."""
+    return F.softplus(-real_logits).mean() + F.softplus(fake_logits).mean()
+
+
+def generator_gan_loss(fake_logits: torch.Tensor) -> torch.Tensor:
+    """DMD2's GAN term for the student (non-saturating): its noised samples' logits [B] towards "real"."""
+    return F.softplus(-fake_logits).mean()

@@ -13,7 +13,7 @@ the fp32 master weights are sharded over), which ``OpenDiTPlugin`` provides; its
     full = ema.state_dict(only_rank_0=True)               # a collective
 """
 
-from typing import Optional, Protocol
+from typing import Callable, Optional, Protocol
 
 import torch.distributed as dist
 from colossalai.interface import ModelWrapper, OptimizerWrapper
@@ -41,9 +41,18 @@ def fused_ema_optimizer(optimizer: Optional[OptimizerWrapper]) -> Optional[AdamW
     return inner if isinstance(inner, AdamWEMA) else None
 
 
+def averaged_parameters(module) -> Callable[[str], bool]:
+    """Which trainable parameters of ``module`` the EMA averages, by name: those its ``ema_averages(name)``
+    accepts where it declares one (distillation: the student's, not the critic's), else all. The others
+    are saved with the EMA as they are, like frozen parameters."""
+    declared = getattr(module, "ema_averages", None)
+    return declared if declared is not None else (lambda name: True)
+
+
 def create_sharded_ema(model: ModelWrapper, optimizer: Optional[OptimizerWrapper],
                        sharding: EMASharding) -> ShardedEMA:
-    """The sharded fp32 EMA of the boosted ``model``, equal to its current weights. ZeRO and Gemini
+    """The sharded fp32 EMA of the boosted ``model`` (its trainable parameters that ``averaged_parameters``
+    names), equal to its current weights. ZeRO and Gemini
     read their fp32 master shards from ``optimizer``; an ``AdamWEMA`` inside it is handed the EMA so
     that its step advances it."""
     if not isinstance(model, ModelWrapper):
@@ -53,14 +62,18 @@ def create_sharded_ema(model: ModelWrapper, optimizer: Optional[OptimizerWrapper
         raise ValueError("the ZeRO EMA follows the optimizer's master weights; boost the model with its optimizer "
                          "first")
     module = model.unwrap()
+    averaged = averaged_parameters(module)
     if degree == 0:
-        params = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        params = [(n, p) for n, p in module.named_parameters() if p.requires_grad and averaged(n)]
         layout = flat_layout(params, dist.get_world_size(), dist.get_rank())
         group = dist.group.WORLD
     elif degree in (1, 2):
         masters = optimizer.get_working_to_master_map()
-        params = [(n, p) for n, p in module.named_parameters() if id(p) in masters]
+        params = [(n, p) for n, p in module.named_parameters() if id(p) in masters and averaged(n)]
         layout = zero_layout(params, optimizer, dist.get_world_size(group))
+    elif hasattr(module, "ema_averages"):
+        raise ValueError("Gemini's EMA follows its fp32 chunks whole; a module that averages only some of its "
+                         "trainable parameters (ema_averages) needs zero_degree 0, 1 or 2")
     else:
         layout = gemini_layout(model, dist.get_world_size(group), dist.get_rank(group))
     ema = ShardedEMA(layout, group, module)

@@ -107,13 +107,15 @@ def _load_component(folder: str, name: str, library: str, class_name: str, devic
 
 
 def load_pipeline(folder: str, device="cpu", text_dtype: Optional[torch.dtype] = None, text: bool = True,
-                  meta_vae: bool = False, skip: Sequence[str] = TRANSFORMERS):
+                  meta_vae: bool = False, skip: Sequence[str] = TRANSFORMERS, pipeline_class: Optional[str] = None):
     """The pipeline of ``folder`` (``read_pipeline_index`` checks it) with its components but ``skip``
     (the transformers) loaded, frozen, on ``device``: the text encoders in ``text_dtype`` (None: as
     saved), or left out with their tokenizers when not ``text``; the VAE on the meta device when
-    ``meta_vae`` (the pipeline's scale factors, no weights)."""
+    ``meta_vae`` (the pipeline's scale factors, no weights). ``pipeline_class``: the class to build it
+    as (None: the index's), given the folder's components and settings that class takes (its optional
+    components the folder lacks left None)."""
     index = read_pipeline_index(folder)
-    pipeline_cls = component_class("diffusers", index["_class_name"])
+    pipeline_cls = component_class("diffusers", pipeline_class or index["_class_name"])
     params = inspect.signature(pipeline_cls.__init__).parameters
     kwargs: Dict[str, Any] = {}
     for name, (library, class_name) in components(index).items():

@@ -32,9 +32,13 @@ conditioning images are and how they reach the transformer:
 
 * ``image_input``: what a data row's ``image`` column gives: ``"none"`` (a text-only pipeline; a
   conditioning image is refused), ``"first_frame"`` (image-to-video: the training clip's own first
-  frame as loaded, same resize and crop, unless the row's ``image`` names a file) or ``"reference"``
-  (edit: required, up to ``max_images`` per row, each resized as the pipeline resizes it:
-  ``reference_size``);
+  frame as loaded, same resize and crop, unless the row's ``image`` names a file),
+  ``"first_last_frames"`` (first-and-last-frame-to-video: the clip's own first and last frames, unless
+  the row names both files, ``first|last``) or ``"reference"`` (edit: required, up to ``max_images``
+  per row, each resized as the pipeline resizes it: ``reference_size``);
+* ``for_model(model_config)``: the conditioning a pipeline class uses for the transformer it holds,
+  where one class runs several layouts that take different images (``WanImageToVideoPipeline`` with
+  Wan 2.1 FLF2V's transformer: a first and a last frame); itself by default;
 * ``encode_images(pipe, images, clip_shape)``: each sample's conditioning images -> the per-sample
   inputs they give (``image_keys``: the condition latents and mask channels, CLIP image states, the
   packed reference latents), through the pipeline's own ``encode_image`` / ``prepare_latents`` /
@@ -45,7 +49,9 @@ conditioning images are and how they reach the transformer:
   unconditional text is encoded per sample with its images (stored as ``null_text_key(key)``);
 * ``loss_mask(model_config, constants, x)``: where the loss counts, when the pipeline keeps some
   latents as given (Wan 2.2 TI2V's first frame); tokens the transformer sees but the pipeline does not
-  denoise (the reference tokens of an edit model) are cut by ``prediction`` instead.
+  denoise (the reference tokens of an edit model) are cut by ``prediction`` instead;
+* ``planned_tokens(height, width)``: the tokens the images add to a sample (the reference's on the
+  sequence axis, the vision tokens in the text), which the memory planner counts with the target's.
 
 Sampling through the pipeline with classifier-free guidance (``sample.cfg_scale``, ``sample.cfg_parallel``):
 
@@ -100,7 +106,7 @@ def rows_where(drop: torch.Tensor, null: torch.Tensor, value: torch.Tensor) -> t
     return torch.where(keep, null.to(device=value.device, dtype=value.dtype).expand_as(value), value)
 
 
-IMAGE_INPUTS = ("none", "first_frame", "reference")
+IMAGE_INPUTS = ("none", "first_frame", "first_last_frames", "reference")
 CFG_BRANCHES = ("batched", "two_calls")
 NULL_PREFIX = "null."
 
@@ -128,6 +134,10 @@ class PipelineConditioning:
     unguided_scale: float = 1.0          # the ``guidance_scale`` at which the pipeline runs no unconditional branch
     cfg_branches: Optional[str] = None   # how ``__call__`` runs guidance's two branches: one of CFG_BRANCHES
 
+    def for_model(self, model_config: Mapping) -> "PipelineConditioning":
+        """The conditioning of this pipeline class for a transformer of ``model_config`` (module docstring)."""
+        return self
+
     # -- text ----------------------------------------------------------------------------------
     def max_sequence_length(self, pipe) -> int:
         """The caption tokens ``__call__`` encodes by default."""
@@ -143,6 +153,14 @@ class PipelineConditioning:
         (as ``encode_images``)."""
         raise NotImplementedError
 
+    def encode_text_and_null(self, pipe, prompts: Sequence[str], images) -> Tuple[Dict[str, torch.Tensor],
+                                                                                Dict[str, torch.Tensor]]:
+        """(``encode_text`` of the captions, of the null prompt) with each sample's ``images``, [B, ...] each: the
+        text and null text of a ``null_text_per_image`` conditioning. One whose two encodings share work (the
+        images' part of the prompt) overrides it."""
+        return (self.encode_text(pipe, list(prompts), images),
+                self.encode_text(pipe, [self.null_prompt] * len(prompts), images))
+
     # -- conditioning images -------------------------------------------------------------------
     def reference_size(self, pipe, height: int, width: int) -> Tuple[int, int]:
         """The (height, width) the pipeline resizes a ``height x width`` reference image to (edit models;
@@ -157,6 +175,14 @@ class PipelineConditioning:
         if self.image_input == "none":
             return {}
         raise NotImplementedError
+
+    def planned_tokens(self, height: int, width: int) -> Tuple[int, int]:
+        """(sequence tokens, text tokens) one sample of a ``height x width`` target (latent rows and columns)
+        brings beyond the target's own tokens and the caption's, for the memory planner, at the released
+        pipeline's sizes (no folder is read): an edit model's reference image packed on the sequence axis (one
+        reference, of the target's aspect ratio), the vision tokens a vision-language prompt holds. (0, 0):
+        nothing more."""
+        return 0, 0
 
     def call_images(self, images: Sequence[Any]) -> Dict[str, Any]:
         """One prompt's conditioning images (PIL images, as the user gives them) -> the keywords of the
@@ -196,6 +222,14 @@ class PipelineConditioning:
     def shift(self, pipe, x_shape: Sequence[int], model_config: Mapping) -> float:
         """The time shift (SNR shift for v-prediction) for latent clips of ``x_shape`` (B, C, T, h, w)."""
         raise NotImplementedError
+
+    def set_timesteps_kwargs(self, pipe, steps: int, x_shape: Sequence[int],
+                             model_config: Mapping) -> Optional[Dict[str, Any]]:
+        """The keyword arguments (besides ``num_inference_steps``) the pipeline's ``__call__`` gives its
+        scheduler's ``set_timesteps`` for ``steps`` steps on latent clips of ``x_shape`` (B, C, T, h, w):
+        its custom ``sigmas``, the dynamic shift's ``mu``. None: not declared (a distillation of the
+        pipeline, which samples its student with the scheduler, is refused)."""
+        return None
 
     def guided(self, model_config: Mapping) -> bool:
         """Whether the transformer embeds a guidance value (a guidance-distilled model)."""

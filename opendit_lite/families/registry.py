@@ -71,6 +71,8 @@ class Release:
 
     repo: str                                   # "Wan-AI/Wan2.1-T2V-14B-Diffusers"
     config: dict = field(hash=False)            # transformer/config.json, without its "_class_name" keys
+    pipeline: str = ""                          # its model_index.json's pipeline class when not the family's
+    experts: int = 1                            # transformers of this config (Wan 2.2 A14B: 2, transformer_2/)
 
     @property
     def name(self) -> str:

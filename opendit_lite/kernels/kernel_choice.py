@@ -16,7 +16,8 @@ caches it: in this process, and in the JSON file named by ``OPENDIT_KERNEL_CHOIC
   dtypes and arguments without shapes: the compiled torch path where it won at every shape measured
   eagerly, else the kernel (logged as not measured when nothing was). Running one step eagerly first
   measures every signature the model meets (``measured_eagerly``:
-  ``torch.compiler.set_stance("force_eager")``).
+  ``torch.compiler.set_stance("force_eager")``); a compiled training run does so at its first step
+  (``first_step_context``).
 * Off CUDA nothing changes: the Triton interpreter (``TRITON_INTERPRET=1``, the CPU tests) always
   runs the kernel, and CPU timings are never taken. A call first met inside a CUDA graph capture
   takes the kernel unmeasured (nothing can be timed there).
@@ -292,6 +293,16 @@ def choose_kernel(op: str, triton_fn: Callable, torch_fn: Callable, args: Sequen
     served = triton_fn if choice.provider == "triton" else compiled_reference(torch_fn)  # what was measured
     _SERVED[call] = served
     return served
+
+
+def first_step_context(compiled: bool, device: torch.device):
+    """What a training run's first step runs under: a compiled run on CUDA whose kernels are chosen by
+    measuring (the default ``OPENDIT_KERNEL_CHOICE``) runs it eagerly (``measured_eagerly``), so every norm
+    signature the model meets is timed before the compiled graphs are built and read the choices; anything
+    else runs as it is (nothing is timed off CUDA, and eager runs measure at their first calls anyway)."""
+    if compiled and device.type == "cuda" and dispatch_mode() == "measure":
+        return measured_eagerly()
+    return contextlib.nullcontext()
 
 
 @contextlib.contextmanager

@@ -6,6 +6,8 @@ and the choice in ``planner.py``."""
 
 import copy
 import dataclasses
+import json
+import os
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -22,7 +24,7 @@ from ..builders.geometry import (
 )
 from ..builders.pipeline_experts import resolve_expert
 from ..config import ConfigError
-from ..families import FamilyDenoiser
+from ..families import FamilyDenoiser, Release, conditioning_of_pipeline
 from ..memory.low_precision import BASE_PRECISIONS
 from ..models.blocks import find_blocks
 from ..models.experts import NoiseExperts
@@ -161,12 +163,20 @@ def memory_settings(cfg) -> Tuple[int, str, float]:
             getattr(memory, "gemini_offload_optim_frac", 0.0))
 
 
+def distilling(cfg) -> bool:
+    """Whether ``cfg`` is a few-step distillation (``distill.teacher`` set)."""
+    distill = getattr(cfg, "distill", None)
+    return bool(distill is not None and distill.teacher)
+
+
 def adapted_model(cfg, model: nn.Module) -> nn.Module:
-    """``model`` (meta device) with the config's LoRA adapters when it trains them."""
+    """``model`` (meta device) with the config's LoRA adapters when it trains them. A LoRA distillation
+    trains two adapters of rank r (student and critic) on the same layers: counted as one of rank 2r, which
+    holds as many parameters, gradients, optimizer states and EMA entries."""
     if cfg.lora.rank:
+        rank = cfg.lora.rank * (2 if distilling(cfg) else 1)
         with torch.device("meta"):  # the adapters too: nothing allocated, nothing initialised
-            apply_lora(model, rank=cfg.lora.rank, alpha=cfg.lora.alpha, dropout=cfg.lora.dropout,
-                       targets=cfg.lora.targets)
+            apply_lora(model, rank=rank, alpha=cfg.lora.alpha, dropout=cfg.lora.dropout, targets=cfg.lora.targets)
     return model
 
 
@@ -187,7 +197,7 @@ class Costs:
     def per_sample(self, s: Setting) -> Dict[str, float]:
         """Activation GiB per sample of each bucket under ``s``."""
         return {b.name: activation_bytes(self.shape, b.frames, b.height, b.width, 1, self.element_bytes, s.sp_size,
-                                         s.selective_ratio, s.offload, self.caption_tokens) / GiB
+                                         s.selective_ratio, s.offload, self.caption_tokens, b.extra_tokens) / GiB
                 for b in self.buckets}
 
     def states(self, s: Setting) -> float:
@@ -207,7 +217,8 @@ class Costs:
     def host_per_sample(self, s: Setting, bucket: LatentBucket) -> float:
         """Host bytes per rank of one sample's offloaded activations (``ac_offload``)."""
         return offloaded_activation_bytes(self.shape, bucket.frames, bucket.height, bucket.width, 1,
-                                          self.element_bytes, s.sp_size, s.selective_ratio, s.offload)
+                                          self.element_bytes, s.sp_size, s.selective_ratio, s.offload,
+                                          bucket.extra_tokens)
 
     def seconds(self, s: Setting) -> Dict[str, float]:
         """Compute seconds of one sample's step at batch 1, and what each weight-memory setting adds."""
@@ -263,25 +274,44 @@ def plan_config(cfg, memory_gib: float, world_size: int, max_batch: int = 256, m
     which some mode runs (ulysses, dsp, usp, ring); the plan's ``sp_choice`` is the mode ``sp_mode: auto``
     takes at its sp_size and why (the same decision a run makes: ``builders.geometry.sp_auto_inputs``).
     When nothing fits, the ConfigError names the smallest device that would (``smallest_card``)."""
+    pipeline_class = None
     if getattr(cfg.model, "pipeline", None):  # what the pipeline folder settles: caption tokens, clip sizes
         from ..builders.pipeline import resolve_pipeline
 
         cfg = copy.deepcopy(cfg)
-        resolve_pipeline(cfg)
+        pipeline_class = resolve_pipeline(cfg).pipeline_class
     precision = precision or plan_precision(cfg)
     release = released_config(cfg.model.path, cfg.model.name) if config_family(cfg) == "video" else None
     if release is not None:  # a released model whose folder is not on this machine: its config's numbers
         cfg = copy.deepcopy(cfg)
         cfg.model.config, cfg.model.path, path = dict(release.config), None, cfg.model.path
-    model = adapted_model(cfg, model_of_config(cfg))
+    model = model_of_config(cfg)
+    if release is not None and release.experts == 2:  # Wan 2.2 A14B: both experts, as a run of its folder trains
+        model = NoiseExperts(model, model_of_config(cfg), boundary=0.0)
+    model = adapted_model(cfg, model)
     shape = model_shape_of_config(cfg, model, precision)
     buckets = latent_buckets(cfg)
-    weights = WeightShape.of(model)
-    largest = max(buckets, key=lambda b: sample_tokens(shape, b.frames, b.height, b.width))
     caption = cfg.text_encoder.max_length if config_family(cfg) == "video" else 0
+    pipeline_class = pipeline_class or planned_pipeline(cfg, release)
+    conditioning = conditioning_of_pipeline(pipeline_class) if pipeline_class else None
+    conditioned = ""
+    if conditioning is not None:  # what its images add to each sample: reference tokens, vision tokens in the text
+        added = {b.name: conditioning.planned_tokens(b.height, b.width) for b in buckets}
+        buckets = [dataclasses.replace(b, extra_tokens=added[b.name][0]) for b in buckets]
+        vision = max(text for _, text in added.values())
+        caption += vision
+        if any(any(a) for a in added.values()):
+            conditioned = (f"each sample's reference image as {pipeline_class} sizes it: "
+                           f"{', '.join(f'{added[b.name][0]} tokens ({b.name})' for b in buckets)} on the sequence "
+                           f"axis" + (f", and {vision} vision tokens in its caption" if vision else ""))
+    weights = WeightShape.of(model)
+    if distilling(cfg) and not cfg.lora.rank:  # three copies: student and critic trained, the teacher frozen
+        weights = dataclasses.replace(weights, trainable=2 * weights.trainable,
+                                      outside=weights.outside + weights.trainable)
+    largest = max(buckets, key=lambda b: sample_tokens(shape, b.frames, b.height, b.width, b.extra_tokens))
     costs = Costs(shape, weights, world_size, precision.element_bytes,
-                  sample_tokens(shape, largest.frames, largest.height, largest.width), speed or Speed(),
-                  tuple(buckets), caption, cfg.ema.enable)
+                  sample_tokens(shape, largest.frames, largest.height, largest.width, largest.extra_tokens),
+                  speed or Speed(), tuple(buckets), caption, cfg.ema.enable)
     settings = [Setting(cfg.zero_degree, cfg.sp_size, cfg.selective_ratio, cfg.ac_offload, *memory_settings(cfg))
                 ] if fixed else None
 
@@ -292,6 +322,9 @@ def plan_config(cfg, memory_gib: float, world_size: int, max_batch: int = 256, m
     sp_sizes = [p for p in (1, 2, 4, 8, 16, 32) if world_size % p == 0
                 and (p == 1 or mode_candidates(heads, p, modes, auto(p).workload))]
     options = memory_options(weights, world_size)
+    pipeline_distill = distilling(cfg) and bool(getattr(cfg.model, "pipeline", None))
+    if pipeline_distill:  # what a pipeline's distillation runs with today (training/distill_pipeline.py)
+        options, sp_sizes = MemoryOptions(zero_degrees=(0,)), [1]
     arguments = dict(element_bytes=precision.element_bytes, caption_tokens=caption, reserve_gib=reserve_gib,
                      min_batch=min_batch, max_batch=max_batch, settings=settings, sp_sizes=sp_sizes, options=options,
                      states=costs.states, extra_cost=costs.extra_cost,
@@ -305,10 +338,23 @@ def plan_config(cfg, memory_gib: float, world_size: int, max_batch: int = 256, m
     if release is not None:
         result.assumptions.append(f"model.path {path!r} is not on this machine: planned with the "
                                   f"released {release.repo} transformer config (its family's record, "
-                                  f"opendit_lite/families/)")
+                                  f"opendit_lite/families/)" + (f", {release.experts} experts of it (both trained)"
+                                                                if release.experts > 1 else ""))
+    if conditioned:
+        result.assumptions.append(conditioned)
     result.assumptions.append(f"weights: {weights.block_linear / 1e9:.2f}B frozen linear weights in the blocks, "
                               f"{weights.trainable / 1e6:.1f}M trainable; step-time costs at batch 1 of "
                               f"{largest.name} on {costs.speed.describe()}")
+    if distilling(cfg):
+        networks = (f"the student's and the critic's adapters (rank {cfg.lora.rank} each) and their optimizer "
+                    f"states on one frozen base" if cfg.lora.rank else
+                    "three copies of the model (the teacher frozen; student and critic trained, with their "
+                    "optimizer states)")
+        result.assumptions.append(
+            f"distillation: {networks}; each step trains one of them, so one network's activations are saved (the "
+            f"teacher's two and the critic's judging forwards run without gradient)"
+            + ("; a pipeline's: one process or DDP without ZeRO, SP or block swapping (what it supports today)"
+               if pipeline_distill else ""))
     sp = result.setting.sp_size
     if sp > 1:
         result.sp_choice = resolve_auto(model, sp, auto(sp))
@@ -318,6 +364,20 @@ def plan_config(cfg, memory_gib: float, world_size: int, max_batch: int = 256, m
         result.assumptions.append(f"image latents of data.image_size / {config_downsample(cfg)} (no meta.json in "
                                   f"data.path to read their size from); model.input_size=[H,W] plans another size")
     return result, buckets, shape
+
+
+def planned_pipeline(cfg, release: Optional[Release]) -> Optional[str]:
+    """The pipeline class whose conditioning a plan without ``model.pipeline`` counts: the release's that
+    ``model.path`` names (its record's ``pipeline``), or the ``model_index.json`` of the pipeline folder that
+    holds the ``model.path`` transformer; None when neither says."""
+    if release is not None:
+        return release.pipeline or None
+    path = getattr(cfg.model, "path", None)
+    index = os.path.join(os.path.dirname(os.path.normpath(path)), "model_index.json") if path else ""
+    if not os.path.isfile(index):
+        return None
+    with open(index) as f:
+        return json.load(f).get("_class_name")
 
 
 def plan_bucket_batches(cfg, buckets: Sequence, world_size: int, precision: Precision, log=None) -> list:

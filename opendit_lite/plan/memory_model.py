@@ -132,19 +132,20 @@ class ModelShape:
                    len(model.blocks), model.num_heads, patch, factory(block.mlp.fc1.out_features / hidden))
 
 
-def sample_tokens(shape: ModelShape, frames: int, height: int, width: int) -> int:
-    """Video tokens of one latent sample of (frames, height, width)."""
+def sample_tokens(shape: ModelShape, frames: int, height: int, width: int, extra_tokens: int = 0) -> int:
+    """Video tokens of one latent sample of (frames, height, width), and ``extra_tokens`` more on the same
+    sequence axis (an edit model's reference image)."""
     pt, ph, pw = shape.patch_size
-    return -(-frames // pt) * (height // ph) * (width // pw)
+    return -(-frames // pt) * (height // ph) * (width // pw) + extra_tokens
 
 
 def activation_bytes(shape: ModelShape, frames: int, height: int, width: int, batch: int, element_bytes: int,
                      sp_size: int = 1, selective_ratio: float = 1.0, offload: bool = False,
-                     caption_tokens: int = 0) -> float:
+                     caption_tokens: int = 0, extra_tokens: int = 0) -> float:
     """Bytes of activations saved for backward by one rank's micro-batch of latent clips
-    (frames, height, width), at the peak (end of forward; a checkpointed model's peak adds one
-    recomputed block)."""
-    tokens = batch * -(-sample_tokens(shape, frames, height, width) // sp_size)       # local video tokens
+    (frames, height, width) with ``extra_tokens`` more per sample on the sequence axis, at the peak (end of
+    forward; a checkpointed model's peak adds one recomputed block)."""
+    tokens = batch * -(-sample_tokens(shape, frames, height, width, extra_tokens) // sp_size)  # local video tokens
     latent_frames = batch * -(-frames // shape.patch_size[0])
     p = shape.profile
     full = (p.token_widths * tokens + p.caption_widths_per_frame * caption_tokens * latent_frames
@@ -159,12 +160,12 @@ def activation_bytes(shape: ModelShape, frames: int, height: int, width: int, ba
 
 def offloaded_activation_bytes(shape: ModelShape, frames: int, height: int, width: int, batch: int,
                                element_bytes: int, sp_size: int = 1, selective_ratio: float = 1.0,
-                               offload: bool = False) -> float:
+                               offload: bool = False, extra_tokens: int = 0) -> float:
     """Host bytes of the checkpointed blocks' inputs that offload moves there (what ``activation_bytes``
     leaves out of the device's count under ``offload``): one width per token per checkpointed block."""
     if not offload:
         return 0.0
-    tokens = batch * -(-sample_tokens(shape, frames, height, width) // sp_size)
+    tokens = batch * -(-sample_tokens(shape, frames, height, width, extra_tokens) // sp_size)
     checkpointed = shape.depth - round(shape.depth * selective_ratio)
     return checkpointed * tokens * shape.hidden_size * element_bytes
 

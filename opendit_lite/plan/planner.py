@@ -31,7 +31,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..builders.geometry import LatentBucket
 from ..parallel.modes import ModeChoice
-from .memory_model import GiB, ModelShape, activation_bytes, step_bytes
+from .memory_model import GiB, ModelShape, activation_bytes, sample_tokens, step_bytes
 
 RATIOS = (1.0, 0.75, 0.5, 0.25, 0.0)   # selective_ratio candidates (fraction of blocks NOT checkpointed)
 
@@ -133,8 +133,7 @@ class Plan:
                  f"{'predicted GiB':>14}"]
         for b in buckets:
             per = self.activation_gib_per_sample[b.name]
-            tokens = -(-(-(-b.frames // shape.patch_size[0]) * (b.height // shape.patch_size[1])
-                         * (b.width // shape.patch_size[2])) // s.sp_size)
+            tokens = -(-sample_tokens(shape, b.frames, b.height, b.width, b.extra_tokens) // s.sp_size)
             batch = self.batches[b.name]
             lines.append(f"{b.name:<20} {f'{b.frames}x{b.height}x{b.width}':>14} {tokens:>12} {per:>11.3f} "
                          f"{batch:>6} {self.states_gib + per * batch:>14.2f}")
@@ -180,7 +179,8 @@ def bucket_batch(shape: ModelShape, bucket: LatentBucket, setting: Setting, usab
     """(largest batch that fits ``usable`` bytes, activation bytes per sample) for one bucket; ``states``:
     the bytes of weights, gradients, optimizer and EMA per device (None: a full fine-tune's ZeRO formulas)."""
     per_sample = activation_bytes(shape, bucket.frames, bucket.height, bucket.width, 1, element_bytes,
-                                  setting.sp_size, setting.selective_ratio, setting.offload, caption_tokens)
+                                  setting.sp_size, setting.selective_ratio, setting.offload, caption_tokens,
+                                  bucket.extra_tokens)
     if states is None:
         states = step_bytes(shape, setting.zero_degree, world_size)
     return max(0, min(max_batch, int((usable - states) // per_sample))), per_sample

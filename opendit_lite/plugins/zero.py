@@ -40,7 +40,26 @@ from .fp32_inputs import kept_arguments, with_arguments
 from .sync import broadcast_module_states
 
 
-class ReplicatedZeroOptimizer(LowLevelZeroOptimizer):
+class ZeroOptimizer(LowLevelZeroOptimizer):
+    """LowLevelZero whose sharded optimizer checkpoint also saves parameters that have no optimizer state
+    yet. Colossal-AI's ``state_dict_shard`` looks up every parameter's state and fails on one that has
+    never been stepped: a parameter without a gradient is left out of a step (its Adam state does not
+    advance), which distillation does on purpose (each step trains the student or the critic). Such a
+    parameter is saved with an empty state, which AdamW reads as "not stepped yet" when loaded."""
+
+    def state_dict_shard(self, *args, **kwargs):
+        stateless = [p for group in self.optim.param_groups for p in group["params"] if p not in self.optim.state]
+        for p in stateless:
+            self.optim.state[p] = {}
+        try:
+            yield from super().state_dict_shard(*args, **kwargs)
+        finally:
+            for p in stateless:
+                if not self.optim.state.get(p, True):  # still empty: not stepped meanwhile
+                    del self.optim.state[p]
+
+
+class ReplicatedZeroOptimizer(ZeroOptimizer):
     """LowLevelZero sharded over ``dp_process_group`` and replicated over ``replica_group``.
 
     The cross-replica average runs once per optimizer step (not per backward), so gradient
@@ -185,7 +204,7 @@ def apply_low_level_zero(
         overlap_communication=overlap_communication, backward_context=model._hook_context, **zero_kwargs,
     )
     if replica_group is None:
-        optimizer = LowLevelZeroOptimizer(optimizer, **kwargs)
+        optimizer = ZeroOptimizer(optimizer, **kwargs)
     else:
         optimizer = ReplicatedZeroOptimizer(optimizer, replica_group, **kwargs)
     # Colossal-AI's checkpoint IO refreshes the master shards after loading weights through this.

@@ -7,7 +7,8 @@ sample is what the user gets by calling the pipeline with the run's export loade
   run's adapters are written as the run's export writes them (``interop.family_checkpoint``, the
   pipeline class's own ``save_lora_weights``) into a temporary folder and loaded with the pipeline's
   ``load_lora_weights`` (Wan 2.2's low-noise expert's with ``load_into_transformer_2``; a pipeline
-  without it, HunyuanVideo 1.5's, with its transformer's ``load_lora_adapter``); a full
+  without it, HunyuanVideo 1.5's, with its transformer's ``load_lora_adapter``; a pipeline distillation's
+  student adapter, at its step count without guidance: ``check_student_sampling``); a full
   fine-tune's transformer(s) take the checkpoint's weights. Every transformer the pipeline runs is
   then parallelized for sampling (``parallelize_from_config``: sequence parallelism over the
   sampling mesh's group, kernels, ``sample.compile``).
@@ -28,8 +29,14 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 import torch
 
 from ..builders.parallelize import parallelize_from_config
-from ..builders.pipeline import check_clip_size, light_pipeline, pipeline_folder
+from ..builders.pipeline import check_clip_size, light_pipeline, run_pipeline_folder
 from ..builders.pipeline_experts import pipeline_boundary, trained_components
+from ..builders.student_lora import (
+    is_pipeline_distillation,
+    student_guidance,
+    student_lora_state,
+    write_student_adapter,
+)
 from ..checkpoint.layout import saved_config
 from ..checkpoint.weights import load_weights
 from ..config import ConfigError
@@ -57,13 +64,13 @@ def check_pipeline_sampling(cfg, given_pipeline, given_text_encoder) -> None:
     own = [key for key, value in (("sample.sampler", cfg.sample.sampler), ("vae.path", cfg.vae.path),
                                   ("text_encoder.path", given_text_encoder)) if value]
     if own:
-        raise ConfigError(f"a run from model.pipeline samples through its {pipeline_folder(trained).pipeline_class}, "
+        raise ConfigError(f"a run from model.pipeline samples through its {run_pipeline_folder(cfg).pipeline_class}, "
                           f"with that pipeline's own scheduler, VAE and text encoders: remove {', '.join(own)}.")
     if resolve_cache(cfg.sample.cache)["kind"] != "none":
-        raise ConfigError(f"a run from model.pipeline samples through its {pipeline_folder(trained).pipeline_class}, "
+        raise ConfigError(f"a run from model.pipeline samples through its {run_pipeline_folder(cfg).pipeline_class}, "
                           f"whose call runs every step itself; sample.cache applies to this library's own sampler "
                           f"only: remove it (sequence parallelism, sp_size, and sample.cfg_parallel do apply).")
-    folder = pipeline_folder(trained)
+    folder = run_pipeline_folder(cfg)
     distilled = folder.conditioning.guidance_free(folder.path)
     unguided = folder.conditioning.unguided_scale
     if distilled and cfg.sample.cfg_scale not in (None, unguided):
@@ -105,11 +112,28 @@ def check_pipeline_cfg_parallel(folder, cfg_scale: Optional[float]) -> None:
                           f"Set sample.cfg_parallel=false, or a cfg_scale above {c.unguided_scale:g}.")
 
 
+def check_student_sampling(cfg, saved: dict) -> None:
+    """A pipeline distillation's checkpoint samples its student as the pipeline runs it: at the student's
+    step count, without classifier-free guidance (``sample.cfg_scale`` set to the pipeline's off value, or
+    a guidance-embedded transformer's trained value: ``student_guidance``)."""
+    d, s = saved["distill"], cfg.sample
+    steps, guidance = d["student_timesteps"], student_guidance(cfg)
+    if s.num_sampling_steps != steps:
+        raise ConfigError(f"this checkpoint's student was distilled to {steps} steps of its pipeline's scheduler "
+                          f"(distill.student_timesteps), but sample.num_sampling_steps={s.num_sampling_steps}: it "
+                          f"is trained only at the times of {steps} steps; set sample.num_sampling_steps={steps}.")
+    if s.cfg_scale not in (None, guidance):
+        raise ConfigError(f"sample.cfg_scale={s.cfg_scale:g}: the student learned the teacher's guided samples "
+                          f"(distill.guidance_scale={d.get('guidance_scale')}) and samples without classifier-free "
+                          f"guidance; remove sample.cfg_scale (it samples at {guidance:g}).")
+    s.cfg_scale = guidance
+
+
 def sample_images(cfg, count: Optional[int]) -> Optional[List[List[str]]]:
     """``sample.images`` as one list of files per prompt (None: a text-only pipeline), checked against the
     run's pipeline: required for an image-conditioned one, refused for a text-only one, one entry per
     prompt (``count``; None: not checked yet), at most the images the pipeline takes, existing files."""
-    folder = pipeline_folder(cfg.model.pipeline)
+    folder = run_pipeline_folder(cfg)
     c, given = folder.conditioning, cfg.sample.images
     if c.image_input == "none":
         if given:
@@ -117,7 +141,8 @@ def sample_images(cfg, count: Optional[int]) -> Optional[List[List[str]]]:
                               f"pipeline and would ignore them: remove sample.images.")
         return None
     if not given:
-        what = "the first frame of each video" if c.image_input == "first_frame" else "the image each prompt edits"
+        what = {"first_frame": "the first frame of each video", "first_last_frames": "the first and the last frame "
+                "of each video, 'first.png|last.png'"}.get(c.image_input, "the image each prompt edits")
         raise ConfigError(f"the run trained {folder.pipeline_class}, which is conditioned on an image ({what}): give "
                           f"sample.images, one image file per prompt in the order of the prompts (several for one "
                           f"prompt separated by '|').")
@@ -127,9 +152,11 @@ def sample_images(cfg, count: Optional[int]) -> Optional[List[List[str]]]:
                           f"the order of the prompts.")
     most = max(1, c.max_images)
     for i, paths in enumerate(images):
-        if not paths or len(paths) > most:
+        exact = c.image_input == "first_last_frames"  # both frames given
+        if not paths or len(paths) > most or (exact and len(paths) != most):
+            takes = f"{most} ('first.png|last.png')" if exact else f"1{f' to {most}' if most > 1 else ''}"
             raise ConfigError(f"sample.images entry {i} names {len(paths)} images; {folder.pipeline_class} takes "
-                              f"1{f' to {most}' if most > 1 else ''} per prompt.")
+                              f"{takes} per prompt.")
         for path in paths:
             if not os.path.isfile(path):
                 raise ConfigError(f"sample.images entry {i}: {path!r} does not exist.")
@@ -153,15 +180,18 @@ def _open_images(paths: List[str]) -> list:
 def load_trained_pipeline(cfg, ckpt: str, ranks: SamplingRanks):
     """``cfg.model.pipeline``'s pipeline on ``ranks.device`` with ``ckpt``'s trained weights
     (``sample.use_ema``), its transformers parallelized for sampling (module docstring)."""
-    folder = pipeline_folder(cfg.model.pipeline)
-    pipe = load_pipeline(folder.path, device=ranks.device, skip=())
+    folder = run_pipeline_folder(cfg)
+    pipe = load_pipeline(folder.path, device=ranks.device, skip=(), pipeline_class=folder.pipeline_class)
     if folder.family.encoding.one_clip_at_a_time:  # its VAE fails on a batch (HunyuanVideo 1.5's): one clip at a time
         pipe.vae.enable_slicing()
     saved = saved_config(ckpt)
     lora, trained = saved.get("lora"), trained_components(cfg)
     if lora and lora.get("rank"):
         with tempfile.TemporaryDirectory(prefix="opendit_lora_") as tmp:
-            write_export(saved["model"], lora, ckpt, tmp, use_ema=cfg.sample.use_ema, lora_mode="adapter")
+            if is_pipeline_distillation(saved):  # the student's adapter (the critic's is not sampled)
+                write_student_adapter(saved["model"], lora, ckpt, tmp, use_ema=cfg.sample.use_ema)
+            else:
+                write_export(saved["model"], lora, ckpt, tmp, use_ema=cfg.sample.use_ema, lora_mode="adapter")
             for component in trained:
                 if component == "transformer" and not pipeline_loads_lora(folder.pipeline_class):
                     pipe.transformer.load_lora_adapter(tmp, weight_name=LORA_WEIGHT_NAME)
@@ -169,6 +199,8 @@ def load_trained_pipeline(cfg, ckpt: str, ranks: SamplingRanks):
                     pipe.load_lora_weights(tmp)
                 else:
                     pipe.load_lora_weights(os.path.join(tmp, component), load_into_transformer_2=True)
+    elif is_pipeline_distillation(saved):  # a full-weight student
+        pipe.transformer.load_state_dict(student_lora_state(ckpt, 0, use_ema=cfg.sample.use_ema))
     elif len(trained) == 2:  # Wan 2.2's two experts, one module in the checkpoint
         load_weights(NoiseExperts(pipe.transformer, pipe.transformer_2, pipeline_boundary(folder.path)), ckpt,
                      use_ema=cfg.sample.use_ema)
@@ -193,14 +225,14 @@ def pipeline_call_settings(cfg) -> Dict[str, Any]:
     (``guidance_free``, Z-Image-Turbo) the scale that runs no unconditional branch; otherwise the
     pipeline's own default guidance; and what the conditioning adds to render that size (``call_size``:
     Flux Kontext's ``max_area``)."""
-    folder = pipeline_folder(cfg.model.pipeline)
+    folder = run_pipeline_folder(cfg)
     family, s, d = folder.family, cfg.sample, cfg.data
     image_only = family.adapter.image_only
     if image_only and s.num_frames not in (None, 1):
         raise ConfigError(f"{family.class_name} is an image model: remove sample.num_frames (it samples images).")
     frames = None if image_only else (s.num_frames or d.num_frames)
     height, width = s.height or d.image_size, s.width or d.image_size
-    check_clip_size(folder, light_pipeline(folder.path), frames, height, width,
+    check_clip_size(folder, light_pipeline(folder.path, folder.pipeline_class), frames, height, width,
                     "sample.num_frames/height/width ask for")
     settings: Dict[str, Any] = dict(num_inference_steps=s.num_sampling_steps)
     settings.update({k: v for k, v in (("num_frames", frames), ("height", height), ("width", width)) if v})
@@ -223,7 +255,7 @@ def pipeline_batches(pipe, cfg, prompts: List[str], ranks: SamplingRanks) -> Ite
     images = sample_images(cfg, len(prompts))
     branches = pipeline_branches(cfg, ranks)
     if images is not None:  # one call per prompt with its images: image-conditioned pipelines batch them unevenly
-        conditioning = pipeline_folder(cfg.model.pipeline).conditioning
+        conditioning = run_pipeline_folder(cfg).conditioning
         for indices in ranks.batches(len(prompts), 1):
             generators = SampleGenerators(cfg.sample.seed, indices).generators
             i = indices[0]
@@ -246,7 +278,7 @@ def pipeline_branches(cfg, ranks: SamplingRanks) -> Optional[PipelineBranches]:
     (its family's ``cfg_branches``); else None."""
     if ranks.cfg_size == 1:
         return None
-    mode = pipeline_folder(cfg.model.pipeline).conditioning.cfg_branches
+    mode = run_pipeline_folder(cfg).conditioning.cfg_branches
     return PipelineBranches(mode, ranks.cfg_group, ranks.cfg_rank)
 
 

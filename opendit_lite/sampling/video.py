@@ -11,6 +11,7 @@ import torch
 import torch.nn as nn
 
 from ..builders.diffusers_model import family_denoiser, is_family
+from ..builders.student_lora import is_pipeline_distillation
 from ..builders.video import (
     CaptionEncoder,
     build_video_model,
@@ -26,7 +27,7 @@ from ..families import FamilyDenoiser, family_of
 from .denoiser import adopt_trained_sections, find_sample_checkpoint, load_denoiser
 from .fast import PLAIN, FastSampling, fast_sampling
 from .outputs import default_output, write_images, write_videos
-from .pipeline_sampling import check_pipeline_sampling, load_trained_pipeline, pipeline_batches
+from .pipeline_sampling import check_pipeline_sampling, check_student_sampling, load_trained_pipeline, pipeline_batches
 from .sampler import check_sampler, denoise
 from .sharding import SamplingRanks, gather_on_main, sampling_ranks
 
@@ -48,6 +49,8 @@ def find_video_checkpoint(cfg) -> str:
     path, pipeline = cfg.text_encoder.path, cfg.model.pipeline
     adopt_trained_sections(cfg, saved, ("model", "diffusion", "text_encoder"))
     if cfg.model.pipeline:  # sampled through its pipeline (sampling/pipeline_sampling.py)
+        if is_pipeline_distillation(saved):
+            check_student_sampling(cfg, saved)
         check_pipeline_sampling(cfg, pipeline, path)
         return ckpt
     if pipeline:

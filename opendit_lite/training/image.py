@@ -72,4 +72,6 @@ def image_script_trainer(cfg) -> TrainerSpec:
     if not family.adapter.image_only:
         raise ConfigError(f"'model.pipeline' {pipeline!r} is a {family.class_name} pipeline, a video model: train it "
                           f"with train_video.py (the same config); train.py trains the image pipelines (Flux, SD3).")
-    return VIDEO_TRAINER
+    from .distill_pipeline import video_script_trainer
+
+    return video_script_trainer(cfg, VIDEO_TRAINER)

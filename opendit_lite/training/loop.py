@@ -16,6 +16,7 @@ from colossalai.booster import Booster
 from ..config import ConfigError, to_dict
 from ..ema import ema_decay, ema_warmup_on, update_sharded_ema
 from ..errors import RunInterrupted
+from ..kernels.kernel_choice import first_step_context
 from ..plugins import OpenDiTPlugin
 from ..precision import check_fp8_supported, resolve_precision
 from .cuda_graphs import check_cuda_graphs
@@ -107,18 +108,23 @@ def run_steps(state: TrainState, cfg, booster: Booster, log: MetricsLogger,
     log.start(state.step, cfg.max_steps)
     model.train()
     stopped = False
+    stepped = False  # whether this process has run a step (a compiled run's first one measures the kernels)
     try:  # the progress bar and metrics files are closed whichever way the run ends
         with StopRequest() as stop:  # Ctrl-C / SIGTERM: stop at the next agreed step boundary, after saving
             while state.step < cfg.max_steps:
                 step_loss = torch.zeros((), device=device)
-                for i in range(cfg.grad_accum_steps):
-                    last = i == cfg.grad_accum_steps - 1
-                    if state.flops_per_step is None and state.step == 0 and not cfg.compile:  # not inside compile
-                        loss, flops = counted_flops(lambda: micro_step(last))
-                        state.flops_per_step = flops * cfg.grad_accum_steps
-                    else:
-                        loss = micro_step(last)
-                    step_loss += loss / cfg.grad_accum_steps
+                # A compiled run's first step in this process runs eagerly on CUDA: it times the fused kernels
+                # against torch.compile before the graphs are built (kernels/kernel_choice.py).
+                with first_step_context(cfg.compile and not stepped, device):
+                    for i in range(cfg.grad_accum_steps):
+                        last = i == cfg.grad_accum_steps - 1
+                        if state.flops_per_step is None and state.step == 0 and not cfg.compile:  # not inside compile
+                            loss, flops = counted_flops(lambda: micro_step(last))
+                            state.flops_per_step = flops * cfg.grad_accum_steps
+                        else:
+                            loss = micro_step(last)
+                        step_loss += loss / cfg.grad_accum_steps
+                stepped = True
                 if guard.policy == "skip_step" and guard.should_skip(state.step + 1, step_loss):
                     optimizer.zero_grad()
                     log.write(f"non-finite loss: skipped the update of step {state.step + 1} ({guard.skipped} so far)")

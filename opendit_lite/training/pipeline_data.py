@@ -18,8 +18,8 @@ from ..builders.pipeline import (
     latent_clip_shape,
     pipeline_csv_dataset,
     pipeline_denoiser,
-    pipeline_folder,
     pipeline_recipe,
+    run_pipeline_folder,
 )
 from ..builders.pipeline_experts import expert_objective_range
 from ..builders.video import bucket_loss_weights, video_buckets
@@ -64,7 +64,7 @@ def _check_latent_buckets(dataset: PipelineLatentDataset, buckets) -> None:
 
 
 def prepare_pipeline_data(cfg, device, sp_group=None) -> TrainingData:
-    folder = pipeline_folder(cfg.model.pipeline)
+    folder = run_pipeline_folder(cfg)
     family, m, d = folder.family, cfg.model, cfg.data
     config = folder.transformer_config()
     buckets = video_buckets(cfg)

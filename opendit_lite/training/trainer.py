@@ -162,9 +162,10 @@ def train_from_config(spec: TrainerSpec, cfg) -> str:
     errors into exit codes): check the settings across sections before any process group starts,
     train, and tear the process group down; returns the final checkpoint's path."""
     if distilling(cfg) and not spec.distills:
-        raise ConfigError(f"'distill.teacher' is set, but the {spec.name} trainer does not distill yet (train.py "
-                          f"distills the zoo's image models; the video models and the diffusers pipelines "
-                          f"are not supported yet): remove distill.teacher.")
+        raise ConfigError(f"'distill.teacher' is set, but the {spec.name} trainer does not distill {cfg.model.name} "
+                          f"yet (train.py distills the zoo's image models, train_video.py and train.py a "
+                          f"model.pipeline run; the video zoo's models are not supported yet): remove "
+                          f"distill.teacher.")
     if spec.validate is not None:
         spec.validate(cfg)
     if cfg.sp_size > 1 and cfg.model.name in MODELS and registered_class(cfg.model.name) is not None:

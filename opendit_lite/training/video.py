@@ -56,6 +56,10 @@ from .spec import TrainerSpec, TrainingData
 def validate_video_config(cfg) -> None:
     """Cross-section checks of the video schema (the loader checks each field on its own); a run from a
     pipeline folder first takes what the folder settles (``builders.pipeline.resolve_pipeline``)."""
+    if cfg.model.pipeline_class and not cfg.model.pipeline:
+        raise ConfigError(f"model.pipeline_class={cfg.model.pipeline_class} names the class to load model.pipeline's "
+                          f"folder as, but model.pipeline is not set: give the pipeline folder, or remove "
+                          f"model.pipeline_class.")
     if cfg.model.pipeline:
         resolve_pipeline(cfg)
     resolve_expert(cfg)  # Wan 2.2's two experts: model.expert filled, so the saved config says what trains

@@ -133,12 +133,15 @@ def _as_picture(image: torch.Tensor):
     return PIL.Image.fromarray(pixels)
 
 
-@pytest.mark.parametrize("name", ["wan_i2v", "wan22_i2v", "wan_ti2v_i2v"])
+@pytest.mark.parametrize("name", ["wan_i2v", "wan22_i2v", "wan_ti2v_as_i2v"])
 def test_a_training_step_from_a_csv_feeds_what_the_pipeline_feeds(name, tiny_pipeline, clips, tmp_path):
     """Through the trainer's data (prepare_video_data: the clip's first frame, PipelineEncoders, the
     denoiser with caption dropout) and objective: every keyword equals the pipeline's call on that frame,
-    both branches, every step (A14B: the expert of each step); TI2V's loss leaves the given frame out."""
-    from diffusers import DiffusionPipeline
+    both branches, every step (A14B: the expert of each step); TI2V's loss leaves the given frame out.
+    ``wan_ti2v_as_i2v``: the TI2V-5B folder as released (a WanPipeline) trained with
+    ``model.pipeline_class: WanImageToVideoPipeline``, against ``WanImageToVideoPipeline.from_pretrained``
+    of that folder (as a user samples its image-to-video)."""
+    from diffusers import DiffusionPipeline, WanImageToVideoPipeline
 
     from opendit_lite.builders.video import build_video_model
     from opendit_lite.data.video_csv import collate_conditioned
@@ -149,8 +152,11 @@ def test_a_training_step_from_a_csv_feeds_what_the_pipeline_feeds(name, tiny_pip
     from tests.families.pipeline_capture import noise_at as _noise_at
     from tests.pipeline_runs import pipeline_config
 
-    folder, call = tiny_pipeline(name), TINY_CALLS[name]
-    cfg = pipeline_config(folder, clips, call, str(tmp_path), "model.class_dropout_prob=0.5")
+    as_i2v = name == "wan_ti2v_as_i2v"
+    folder, call = (tiny_pipeline("wan_ti2v"), TINY_CALLS["wan_ti2v"]) if as_i2v else (tiny_pipeline(name),
+                                                                                      TINY_CALLS[name])
+    extra = ["model.pipeline_class=WanImageToVideoPipeline"] if as_i2v else []
+    cfg = pipeline_config(folder, clips, call, str(tmp_path), "model.class_dropout_prob=0.5", *extra)
     data = prepare_video_data(cfg, torch.device("cpu"))
     _, batch = collate_conditioned([(0, data.dataset[0])])
     x0, inputs = data.model_inputs(batch)                                  # [1, C, T, h, w], text and image inputs
@@ -158,7 +164,7 @@ def test_a_training_step_from_a_csv_feeds_what_the_pipeline_feeds(name, tiny_pip
     experts = dict(model.experts()) if isinstance(model, NoiseExperts) else {"transformer": model}
     denoiser = data.denoiser(model, model)
     clean_prompts_without_ftfy()
-    pipe = DiffusionPipeline.from_pretrained(folder, local_files_only=True)
+    pipe = (WanImageToVideoPipeline if as_i2v else DiffusionPipeline).from_pretrained(folder, local_files_only=True)
     noise = torch.randn(x0.shape, generator=torch.Generator().manual_seed(1))
     calls = capture(pipe, CAPTION, noise=noise, image=_as_picture(batch[2][0][0]), **call)
     objective = data.objective(tuple(x0.shape))
@@ -202,9 +208,9 @@ def test_a_training_step_from_a_csv_feeds_what_the_pipeline_feeds(name, tiny_pip
     noise = torch.randn_like(x0)
     t = objective.sample_time(1, device=x0.device)
     error = (denoiser(objective.add_noise(x0, noise, t), t * 1000, **inputs) - (noise - x0)) ** 2
-    kept = error[:, :, 1:] if name == "wan_ti2v_i2v" else error
+    kept = error[:, :, 1:] if as_i2v else error
     torch.testing.assert_close(loss, kept.mean(), rtol=1e-6, atol=0)
-    assert (name == "wan_ti2v_i2v") == (denoiser.loss_mask(x0) is not None)
+    assert as_i2v == (denoiser.loss_mask(x0) is not None)
 
 
 @pytest.mark.parametrize("name", ["wan_i2v", "wan22_i2v"])
@@ -281,7 +287,8 @@ def test_sampling_calls_the_image_to_video_pipeline_with_each_prompts_image(tiny
 def test_outside_its_pipeline_an_image_to_video_transformer_is_planned_but_not_trained():
     """The family route (model.path: no pipeline, no images) refuses to train Wan 2.1 I2V's transformer;
     the planner's meta-device forwards get its condition channels and CLIP states as zeros of their shapes.
-    An FLF2V transformer (first and last frame) is refused by the image-to-video conditioning."""
+    An FLF2V transformer (first and last frame) gets its own conditioning (for_model), and the one-image
+    conditioning refuses it."""
     from diffusers import WanTransformer3DModel
 
     from opendit_lite.errors import ConfigError
@@ -299,8 +306,67 @@ def test_outside_its_pipeline_an_image_to_video_transformer_is_planned_but_not_t
     conditioning = FAMILIES["wan"].conditioning_of("WanImageToVideoPipeline")  # FLF2V: first and last frame
     from types import SimpleNamespace
 
+    flf2v = dict(config, pos_embed_seq_len=34)
+    assert conditioning.for_model(config) is conditioning and conditioning.for_model(flf2v).max_images == 2
+    with torch.device("meta"):  # the planner's forward: both images' CLIP states, one row each
+        model = WanTransformer3DModel(**flf2v)
+        x = torch.zeros(1, 16, 2, 4, 4)
+        assert adapter.forward(model, flf2v, x, torch.ones(1), torch.zeros(1, 8, 32), None, None).shape == x.shape
     pipe = SimpleNamespace(config={}, image_encoder=None)  # refused when the run's constants are read, before a step
-    with pytest.raises(ConfigError, match="Wan 2.1 FLF2V's .* not supported yet"):
-        conditioning.constants(pipe, dict(config, pos_embed_seq_len=34), None)
+    with pytest.raises(ValueError, match="does not feed this transformer"):
+        conditioning.constants(pipe, flf2v, None)
     with pytest.raises(ConfigError, match="holds no image_encoder"):
         conditioning.constants(pipe, config, None)
+
+
+def test_a_folder_loads_as_another_of_its_familys_pipelines_and_nothing_else(tiny_pipeline, tmp_path, capsys):
+    """``model.pipeline_class``: the released TI2V-5B folder (a WanPipeline) loads as WanImageToVideoPipeline
+    (its settings kept: expand_timesteps), that class's conditioning trains it; a class of no pipeline of
+    the folder's family is refused with exit 2 naming the classes it takes, as is the key without
+    model.pipeline and latents extracted for the folder's other class."""
+    import json
+
+    from opendit_lite.builders.pipeline import light_pipeline, pipeline_folder
+    from opendit_lite.config import load_config
+    from opendit_lite.config.video_schema import VideoTrainConfig
+    from opendit_lite.data.video_latents import PIPELINE_FORMAT
+    from opendit_lite.encoders.pipeline_folder import pipeline_fingerprint
+    from opendit_lite.errors import ConfigError
+    from opendit_lite.training.video import validate_video_config
+    from tests.pipeline_runs import extract_script
+
+    folder = tiny_pipeline("wan_ti2v")
+    own, as_i2v = pipeline_folder(folder), pipeline_folder(folder, pipeline_class="WanImageToVideoPipeline")
+    assert (own.pipeline_class, as_i2v.pipeline_class) == ("WanPipeline", "WanImageToVideoPipeline")
+    assert as_i2v.conditioning is FAMILIES["wan"].conditioning_of("WanImageToVideoPipeline")
+    assert pipeline_folder(folder, pipeline_class="WanPipeline") == own
+    pipe = light_pipeline(folder, "WanImageToVideoPipeline")
+    assert type(pipe).__name__ == "WanImageToVideoPipeline" and pipe.config.expand_timesteps
+    with pytest.raises(ConfigError, match="one of that family's pipelines, WanPipeline, WanImageToVideoPipeline"):
+        pipeline_folder(folder, pipeline_class="FluxKontextPipeline")
+    with pytest.raises(ConfigError, match="model.pipeline is not set"):
+        validate_video_config(load_config(None, ["model.pipeline_class=WanImageToVideoPipeline"],
+                                          schema=VideoTrainConfig))
+    from opendit_lite.sampling.pipeline_sampling import sample_images
+
+    sampled = load_config(None, [f"model.pipeline={folder}", "model.pipeline_class=WanImageToVideoPipeline"],
+                          schema=VideoTrainConfig)
+    with pytest.raises(ConfigError, match="trained WanImageToVideoPipeline, which is conditioned on an image"):
+        sample_images(sampled, 1)  # sampling loads the folder as the class the run trained
+    latents = tmp_path / "latents"  # extracted from the folder as itself (text-to-video: no image inputs)
+    latents.mkdir()
+    (latents / "meta.json").write_text(json.dumps({"format": PIPELINE_FORMAT, "fingerprint": pipeline_fingerprint(
+        folder), "pipeline_class": "WanPipeline", "pixel_sizes": [[5, 32, 32]]}))
+    cfg = load_config(None, [f"model.pipeline={folder}", "model.pipeline_class=WanImageToVideoPipeline",
+                             "data.type=latents", f"data.path={latents}"], schema=VideoTrainConfig)
+    with pytest.raises(ConfigError, match="extracted for WanPipeline, but the run trains the folder as "
+                                          "WanImageToVideoPipeline"):
+        validate_video_config(cfg)
+    csv = tmp_path / "clips.csv"
+    csv.write_text("path,text\n")
+    for argv in (["--pipeline-class", "WanImageToVideoPipeline", "--family", "wan"],
+                 ["--pipeline", folder, "--pipeline-class", "QwenImageEditPipeline", "--csv", str(csv)]):
+        with pytest.raises(SystemExit) as exit_info:
+            extract_script().main(["--output", str(tmp_path / "out"), *argv])
+        assert exit_info.value.code == 2
+    assert "WanPipeline, WanImageToVideoPipeline" in capsys.readouterr().err

@@ -1,8 +1,9 @@
 """Sequence parallelism of Wan's image-to-video transformers at 2 ranks equals one process, fp32, on the
 inputs ``families/wan/conditioning_i2v.py`` builds: Wan 2.1 I2V (36 channels: the condition latents and
 mask channels enter the patch embedding with the noisy latents, so they split with the tokens; CLIP
-image states reach every rank's cross-attention whole) and Wan 2.2 TI2V-5B (the given first frame in
-place, per-token timesteps split with the tokens). Ulysses, ring and USP (I2V; TI2V Ulysses) at 15 tokens
+image states reach every rank's cross-attention whole), Wan 2.1 FLF2V (both images' CLIP states, a row
+each, with the transformer's position embedding over the pair) and Wan 2.2 TI2V-5B (the given first frame
+in place, per-token timesteps split with the tokens). Ulysses, ring and USP (I2V; FLF2V and TI2V Ulysses) at 15 tokens
 (uneven at sp 2); the gathered
 output, every parameter's world-mean gradient and the parameters after one SGD step are compared as in
 ``test_diffusers_families.py`` (relative, 1e-4)."""
@@ -20,7 +21,9 @@ from tests.parallel.test_diffusers_families import TOL, _errors, _target
 
 # Wan 2.1 I2V at test size: 16 noisy + 20 condition channels, CLIP states 16 wide (17 tokens).
 I2V = dict(fam.WAN, in_channels=36, out_channels=16, image_dim=16, added_kv_proj_dim=24)
+FLF2V = dict(I2V, pos_embed_seq_len=34)  # two images' 17 CLIP tokens
 TI2V = dict(fam.WAN, in_channels=8, out_channels=8)
+CONFIGS = {"i2v": I2V, "flf2v": FLF2V, "ti2v": TI2V}
 GRID = (1, 6, 10)  # 15 tokens of 2x2 patches
 
 
@@ -37,15 +40,16 @@ def _inputs(layout: str, seed: int) -> dict:
     from opendit_lite.families import FAMILIES
 
     g = torch.Generator().manual_seed(seed)
-    conditioning = FAMILIES["wan"].conditioning_of("WanImageToVideoPipeline")
-    config = I2V if layout == "i2v" else TI2V
+    config = CONFIGS[layout]
+    conditioning = FAMILIES["wan"].conditioning_of("WanImageToVideoPipeline").for_model(config)
     channels = config["out_channels"]
     x = torch.randn(2, channels, *GRID, generator=g)
     t = torch.rand(2, generator=g) * 1000
     text = {"encoder_hidden_states": torch.randn(2, 12, config["text_dim"], generator=g)}
-    if layout == "i2v":
+    if layout in ("i2v", "flf2v"):
+        images = (2,) if layout == "flf2v" else ()  # FLF2V: each sample's first and last image
         text.update(condition=torch.randn(2, 20, *GRID, generator=g),
-                    encoder_hidden_states_image=torch.randn(2, 17, 16, generator=g))
+                    encoder_hidden_states_image=torch.randn(2, *images, 17, 16, generator=g))
     else:
         text.update(condition=torch.randn(2, channels, 1, *GRID[1:], generator=g))
     constants = {"expand_timesteps": layout == "ti2v"}
@@ -57,7 +61,7 @@ def _compare(layout: str, mode: str = "ulysses", lr: float = 10.0) -> dict:
     ``test_diffusers_families.compare``: the ranks' gradients summed, over the world size)."""
     from opendit_lite.parallelization import parallelize
 
-    config = I2V if layout == "i2v" else TI2V
+    config = CONFIGS[layout]
     serial = _build(config)
     before = {n: p.detach().clone() for n, p in serial.named_parameters()}
     ref_out = serial(**_inputs(layout, 10))[0]
@@ -83,12 +87,12 @@ def _compare(layout: str, mode: str = "ulysses", lr: float = 10.0) -> dict:
 def _world2(rank, world_size):
     warnings.filterwarnings("ignore")
     return {"i2v": _compare("i2v"), "ti2v": _compare("ti2v"), "i2v ring": _compare("i2v", "ring"),
-            "i2v usp": _compare("i2v", "usp")}
+            "i2v usp": _compare("i2v", "usp"), "flf2v": _compare("flf2v")}
 
 
 def test_image_to_video_at_sp2_equals_one_process():
     per_rank = spawn_results("wan image-to-video", 2)
-    for layout in ("i2v", "ti2v", "i2v ring", "i2v usp"):
+    for layout in ("i2v", "ti2v", "i2v ring", "i2v usp", "flf2v"):
         worst = {k: max(r[layout][k] for r in per_rank) for k in ("out", "grad", "step")}
         print(f"\n{layout}: " + ", ".join(f"{k} {v:.2g}" for k, v in worst.items()))
         assert per_rank[0][layout]["missing"] == [], per_rank[0][layout]["missing"]

@@ -27,10 +27,12 @@ def _run_plan(capsys, *argv):
 PIPELINE_CONFIGS = {"configs/flux_lora.yaml": "flux", "configs/wan_lora.yaml": "wan",
                     "configs/qwen_image_lora.yaml": "qwenimage",
                     "configs/qwen_image_edit_lora.yaml": "qwenimage_edit_plus",
-                    "configs/wan_i2v_lora.yaml": "wan_i2v", "configs/wan_ti2v_lora.yaml": "wan_ti2v_i2v",
+                    "configs/wan_i2v_lora.yaml": "wan_i2v", "configs/wan_ti2v_lora.yaml": "wan_ti2v",
+                    "configs/wan_i2v_a14b_lora.yaml": "wan22_i2v",
                     "configs/z_image_lora.yaml": "z_image", "configs/flux_kontext_lora.yaml": "flux_kontext",
                     "configs/flux2_lora.yaml": "flux2",
-                    "configs/hunyuan_video15_lora.yaml": "hunyuanvideo15"}
+                    "configs/hunyuan_video15_lora.yaml": "hunyuanvideo15",
+                    "configs/wan_distill_lora.yaml": "wan"}
 
 # Configs of a family the planner cannot count yet (tests/plan/test_hunyuan_video15_plan.py): refused.
 UNPLANNABLE = {"configs/hunyuan_video15_lora.yaml": "cannot plan this model yet"}

@@ -168,3 +168,36 @@ def test_the_wan_image_to_video_commands_of_the_page(tmp_path, capsys):
     written = sorted(os.listdir(os.path.join(run_dir, "samples", checkpoint)))
     assert written[0].startswith("00_a_dog_running.") and written[1] == "contact_sheet.png", written
     assert "through WanImageToVideoPipeline" in capsys.readouterr().out
+
+
+def test_the_qwen_image_edit_commands_of_the_page(tmp_path, capsys, monkeypatch):
+    """The page's edit block: the tiny QwenImageEditPipeline, an edit CSV (result, instruction, reference), a LoRA
+    run with configs/qwen_image_edit_lora.yaml, sample.py with the reference each prompt edits, and the LoRA loaded
+    into the pipeline without a key warning. The pipeline resizes references to about 1024 x 1024 pixels (65,536
+    tokens on the tiny folder's VAE): diffusers' area rule is shrunk to 48 x 48 for the run, the sampling and the
+    page's ``python -c`` alike (all in this process), as the page says."""
+    import diffusers.pipelines.qwenimage.pipeline_qwenimage_edit as edit
+
+    from tests.video_scripts.test_lora_export import LoadLog
+
+    original = edit.calculate_dimensions
+    monkeypatch.setattr(edit, "calculate_dimensions", lambda area, ratio: original(48 * 48, ratio))
+    folder = checkout(tmp_path)
+    commands = page_commands("Qwen-Image-Edit, in five commands")
+    assert len(commands) == 5, commands
+    data = os.path.join(str(tmp_path), "data")
+    write_image(os.path.join(data, "blue_car.png"), 40, 48)
+    write_image(os.path.join(data, "car.png"), 40, 56, seed=1)
+    for line in commands[:-1]:
+        run_page_line(line, tmp_path, folder)
+    with LoadLog() as log:
+        run_page_line(commands[-1], tmp_path, folder)
+    assert not log.key_warnings(), log.text()
+    run_dir = os.path.join(folder, "outputs", "qwen_image_edit_lora")
+    assert all(np.isfinite(losses(run_dir))) and len(losses(run_dir)) > 0
+    assert sorted(os.listdir(os.path.join(run_dir, "diffusers"))) == ["comfyui_lora.safetensors", LORA]
+    (checkpoint,) = os.listdir(os.path.join(run_dir, "samples"))
+    written = sorted(os.listdir(os.path.join(run_dir, "samples", checkpoint)))
+    assert written == ["00_make_the_car_blue.png", "contact_sheet.png"], written
+    assert os.path.isfile(os.path.join(folder, "blue_car.png"))
+    assert "through QwenImageEditPipeline" in capsys.readouterr().out

@@ -111,7 +111,8 @@ def test_train_distill_resume_sample_and_refusals(tmp_path):
                    "warmup_steps=0", "ckpt_every=0")
     assert teacher.returncode == 0, teacher.stderr[-3000:]
     distill = ["--config", "configs/demo_distill.yaml", *small, f"distill.teacher={tmp_path}/teacher", "lora.rank=2",
-               "distill.student_timesteps=2", "sample.num_sampling_steps=2", "distill.critic_updates=1"]
+               "distill.student_timesteps=2", "sample.num_sampling_steps=2", "distill.critic_updates=1",
+               "distill.gan_weight=0.5"]  # the GAN term on: its head is checkpointed and resumed too
     straight = _run("train.py", *distill, "exp_name=straight", "max_steps=4", "ckpt_every=0")
     assert straight.returncode == 0, straight.stderr[-3000:]
     for max_steps in (2, 4):  # interrupted after 2 steps, resumed to 4
@@ -122,6 +123,7 @@ def test_train_distill_resume_sample_and_refusals(tmp_path):
         b = load_file(f"{tmp_path}/resumed/checkpoints/resumed_step4/{part}")
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), part
     assert any(".lora_B.student." in k and a[k].abs().max() > 0 for k in a)  # the student trained
+    assert any(k.startswith("gan_head.") for k in a)
     assert os.path.isfile(f"{tmp_path}/straight/student.safetensors")
 
     grid = _run("sample.py", *distill, "exp_name=resumed", "sample.samples_per_class=1")
@@ -134,7 +136,8 @@ def test_train_distill_resume_sample_and_refusals(tmp_path):
         ("train.py", "exp_name=other", "model.name=DiT-Mini/2"): "another model than this run",
         ("train.py", "exp_name=other", "sample.num_sampling_steps=4"): "distill.student_timesteps=2",
         ("train.py", "exp_name=other", "distill.teacher=/nonexistent"): "does not exist",
-        ("train.py", "exp_name=other", "zero_degree=1"): "does not support zero_degree",
+        ("train.py", "exp_name=other", "zero_degree=3", "lora.rank=0"): "zero_degree=3 (Gemini)",
+        ("train.py", "exp_name=other", "sp_size=2"): "distill.gan_weight=0.5 with sp_size=2",
         ("train.py", "exp_name=other", f"init_from={tmp_path}/teacher"): "start from the teacher's weights",
         ("train.py", "exp_name=resumed", "auto_resume=true", "distill.critic_updates=2"): "other distillation settings",
     }

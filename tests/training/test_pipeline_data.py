@@ -130,3 +130,48 @@ def test_the_latents_route_stores_an_image_to_video_run_s_image_inputs(tiny_pipe
         y, stored = latent_data.model_inputs(default_collate([latent_data.dataset[i]]))
         assert "encoder_hidden_states_image" in inputs and len(inputs) > 2
         assert torch.equal(x, y) and _equal(inputs, stored), f"row {i}"
+
+
+@pytest.mark.parametrize("name", ["flux_kontext", "qwenimage_edit"])
+def test_the_latents_route_stores_an_edit_run_s_references(name, tiny_pipeline, tmp_path, monkeypatch):
+    """FLUX.1 Kontext and Qwen-Image-Edit: the reference inputs extracted once (the packed reference latents and
+    their ids / patch grids; Qwen-Edit's caption and per-sample null text encoded with the reference) equal those
+    the CSV route encodes from the rows' ``image`` column, with the latents and the text. The pipelines' reference
+    sizes (about a megapixel) are shrunk in their modules, read alike by both routes, as in their own tests."""
+    import diffusers.pipelines.qwenimage.pipeline_qwenimage_edit as edit
+    from diffusers import DiffusionPipeline
+    from diffusers.pipelines.flux import pipeline_flux_kontext
+
+    from opendit_lite.families import conditioning_of_pipeline
+    from opendit_lite.families.conditioning_base import PipelineConditioning, null_text_key
+
+    original = edit.calculate_dimensions
+    monkeypatch.setattr(edit, "calculate_dimensions", lambda area, ratio: original(48 * 48, ratio))
+    monkeypatch.setattr(pipeline_flux_kontext, "PREFERRED_KONTEXT_RESOLUTIONS", [(24, 40), (30, 30), (42, 22)])
+    folder, call = tiny_pipeline(name), TINY_CALLS[name]
+    media = tmp_path / "media"
+    media.mkdir()
+    rows = [f"{write_image(media / f'{i}.png', 32, 32, seed=i)},{caption},"
+            f"{write_image(media / f'r{i}.png', 50, 30, seed=9 + i)}" for i, caption in enumerate(CAPTIONS[:1])]
+    csv = media / "edits.csv"
+    csv.write_text("path,text,image\n" + "".join(f"{row}\n" for row in rows))
+    out = str(tmp_path / "latents")
+    extract_script().main(["--pipeline", folder, "--csv", str(csv), "--num-frames", "1", "--height", "32", "--width",
+                           "32", "--batch-size", "1", "--num-workers", "0", "--output", out])
+    csv_data = prepare_video_data(pipeline_config(folder, str(csv), call, str(tmp_path / "runs")), torch.device("cpu"))
+    latent_data = prepare_video_data(_latents_config(folder, out, str(tmp_path / "runs")), torch.device("cpu"))
+    pipe = DiffusionPipeline.from_pretrained(folder, local_files_only=True)
+    conditioning = conditioning_of_pipeline(type(pipe).__name__)
+    for i in range(1):  # one row: the rows' order is the Wan image-to-video test's
+        clip, caption, images = csv_data.dataset[i]
+        x, inputs = csv_data.model_inputs((clip[None], [caption], [images]))
+        y, stored = latent_data.model_inputs(default_collate([latent_data.dataset[i]]))
+        keys = set(conditioning.image_keys) | {null_text_key(k) for k in conditioning.text_keys
+                                               if conditioning.null_text_per_image}
+        assert keys <= set(stored) and len(keys) >= 2, sorted(stored)
+        assert torch.equal(x, y) and _equal(inputs, stored), f"row {i}"
+    if conditioning.null_text_per_image:  # the shared encoding of caption and null text: the protocol's two calls
+        with torch.no_grad():
+            shared = conditioning.encode_text_and_null(pipe, [caption], [images])
+            apart = PipelineConditioning.encode_text_and_null(conditioning, pipe, [caption], [images])
+        assert all(_equal(a, b) for a, b in zip(shared, apart))

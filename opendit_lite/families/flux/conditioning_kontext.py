@@ -32,6 +32,7 @@ from .conditioning import FluxConditioning
 
 REFERENCE_LATENTS = "reference_latents"   # [B, N_ref, 4C] the packed reference latents
 REFERENCE_IDS = "reference_ids"           # [B, N_ref, 3] their rotary ids (first coordinate 1)
+RELEASED_PIXELS_PER_TOKEN = 16            # FLUX.1 Kontext dev's VAE (8x fewer rows), then its 2x2 packing
 
 
 def preferred_resolutions():
@@ -39,6 +40,13 @@ def preferred_resolutions():
     from diffusers.pipelines.flux import pipeline_flux_kontext
 
     return pipeline_flux_kontext.PREFERRED_KONTEXT_RESOLUTIONS
+
+
+def preferred_size(aspect_ratio: float, multiple_of: int) -> Tuple[int, int]:
+    """(height, width): the preferred resolution closest to ``aspect_ratio`` (width / height), floored to
+    ``multiple_of``, as ``__call__`` picks it."""
+    _, width, height = min((abs(aspect_ratio - w / h), w, h) for w, h in preferred_resolutions())
+    return height // multiple_of * multiple_of, width // multiple_of * multiple_of
 
 
 class FluxKontextConditioning(FluxConditioning):
@@ -52,9 +60,13 @@ class FluxKontextConditioning(FluxConditioning):
         if not height or not width:
             raise ConfigError(f"a reference image is smaller than {multiple_of} pixels on a side, the least "
                               f"FluxKontextPipeline resizes from; give a larger image.")
-        aspect_ratio = width / height
-        _, width, height = min((abs(aspect_ratio - w / h), w, h) for w, h in preferred_resolutions())
-        return height // multiple_of * multiple_of, width // multiple_of * multiple_of
+        return preferred_size(width / height, multiple_of)
+
+    def planned_tokens(self, height: int, width: int) -> Tuple[int, int]:
+        """The reference's packed tokens on the sequence axis: its preferred resolution (about a megapixel) at the
+        target's aspect ratio, in the release's 16-pixel tokens; the caption is Flux's."""
+        rows, columns = preferred_size(width / height, RELEASED_PIXELS_PER_TOKEN)
+        return (rows // RELEASED_PIXELS_PER_TOKEN) * (columns // RELEASED_PIXELS_PER_TOKEN), 0
 
     def call_size(self, height: int, width: int) -> Dict[str, int]:
         """``max_area`` = height x width: ``__call__`` then renders the asked ``height x width`` (its size for

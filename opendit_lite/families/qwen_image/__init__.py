@@ -41,8 +41,9 @@ FAMILY = register_family(Family(
     encoding=ENCODING,
     step_cache=STEP_CACHE,
     aliases=("qwenimage",),
-    releases=tuple(Release(repo, dict(RELEASED)) for repo in ("Qwen/Qwen-Image", "Qwen/Qwen-Image-Edit",
-                                                                "Qwen/Qwen-Image-Edit-2509")),
+    releases=tuple(Release(repo, dict(RELEASED), pipeline) for repo, pipeline in (
+        ("Qwen/Qwen-Image", ""), ("Qwen/Qwen-Image-Edit", "QwenImageEditPipeline"),
+        ("Qwen/Qwen-Image-Edit-2509", "QwenImageEditPlusPipeline"))),
     conditioning=CONDITIONING,
     # the last block's text outputs (its attention's text output, text feed-forward): no later block reads them
     unused_parameters=last_block_parameters("transformer_blocks", ("attn.to_add_out.", "txt_mlp.")),

@@ -34,6 +34,21 @@ from .conditioning import MASK, STATES, QwenImageConditioning, padded_text
 REFERENCE = "reference_latents"          # [B, sum of the references' tokens, 4C]
 REFERENCE_GRID = "reference_grid"       # [B, n_images, 2]: each reference's patch rows, columns
 CAPTION_TOKENS = 512                    # the caption bound (the pipelines' max_sequence_length default)
+RELEASED_PIXELS_PER_TOKEN = 16          # the released Qwen-Image VAE (8x fewer rows), then 2x2 patches
+# The released processor's image sizes (Qwen2.5-VL's preprocessor_config.json, which the edit releases carry):
+# 14-pixel patches merged 2 x 2 into one token, sides rounded to 28, between 3136 and 12845056 pixels.
+RELEASED_VISION = dict(factor=28, min_pixels=3136, max_pixels=12845056)
+VISION_MARKERS = 2                      # <|vision_start|> and <|vision_end|> around each image's tokens
+
+
+def vision_tokens(height: int, width: int) -> int:
+    """The text tokens a ``height x width`` picture takes in the released Qwen2.5-VL prompt (the processor's own
+    ``smart_resize``, then one token per 28 x 28 pixels), with its markers."""
+    from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize
+
+    rows, columns = smart_resize(height, width, **RELEASED_VISION)
+    factor = RELEASED_VISION["factor"]
+    return (rows // factor) * (columns // factor) + VISION_MARKERS
 
 
 def to_picture(image: torch.Tensor):
@@ -69,24 +84,55 @@ class QwenImageEditConditioning(QwenImageConditioning):
         """The pictures ``encode_prompt`` takes for one sample (Edit: the reference itself)."""
         return pictures[0]
 
+    def prompt_size(self, height: int, width: int):
+        """The (height, width) of the vision-language prompt's picture of a ``height x width`` reference (Edit: the
+        reference at its VAE size)."""
+        return self._dimensions(self.vae_area, height, width)
+
+    def planned_tokens(self, height, width):
+        """One reference of the target's aspect ratio: its packed tokens at the area rule's size (about 4,100 at
+        1024 x 1024), and its vision tokens in the prompt (about 1,370 at that size; Edit-Plus: about 200 at
+        384 x 384), which ``text_tokens`` leaves out."""
+        rows, columns = self.reference_size(None, height, width)
+        tokens = (rows // RELEASED_PIXELS_PER_TOKEN) * (columns // RELEASED_PIXELS_PER_TOKEN)
+        return tokens, vision_tokens(*self.prompt_size(rows, columns))
+
     def text_tokens(self, pipe):
         return CAPTION_TOKENS
 
     def encode_text(self, pipe, prompts, images=None):
+        return self._encode(pipe, prompts, images, with_null=False)[0]
+
+    def encode_text_and_null(self, pipe, prompts, images):
+        """The captions and the null prompt, each sample's images prepared once and its empty prompt encoded
+        once: that encoding gives the stored length's bound and, the null prompt being empty, the null text
+        (``encode_text`` of each, the same tensors, with two of its four vision-language runs a sample)."""
+        return self._encode(pipe, prompts, images, with_null=True)
+
+    def _encode(self, pipe, prompts, images, with_null: bool):
         if images is None or len(images) != len(prompts):
             raise ConfigError(f"{type(pipe).__name__} encodes each caption with its reference image: give one image "
                               f"list per caption (a data row's image column).")
-        states = []
+        texts, nulls = [], []
         for prompt, sample in zip(prompts, images):
             prompt_images = self.prompt_images(pipe, [to_picture(image) for image in sample])
-            embeds, mask = pipe.encode_prompt([prompt], image=prompt_images, device=pipe._execution_device)
-            empty, _ = pipe.encode_prompt([""], image=prompt_images, device=pipe._execution_device)
-            bound = CAPTION_TOKENS + empty.shape[1]          # the caption bound + the template's vision tokens
-            if embeds.shape[1] > bound:
-                raise ConfigError(f"a caption of {type(pipe).__name__} takes {embeds.shape[1] - empty.shape[1]} "
-                                  f"tokens, more than the {CAPTION_TOKENS} the training stores: shorten it.")
-            states.append(padded_text(embeds, mask, bound))
-        return {key: torch.cat([s[key] for s in states]) for key in (STATES, MASK)}
+            empty = pipe.encode_prompt([""], image=prompt_images, device=pipe._execution_device)
+            bound = CAPTION_TOKENS + empty[0].shape[1]      # the caption bound + the template's vision tokens
+            texts.append(self._padded(pipe, prompt, prompt_images, empty, bound))
+            if with_null:
+                nulls.append(self._padded(pipe, self.null_prompt, prompt_images, empty, bound))
+        return tuple({key: torch.cat([s[key] for s in out]) for key in (STATES, MASK)}
+                     for out in ((texts, nulls) if with_null else (texts,)))
+
+    def _padded(self, pipe, prompt, prompt_images, empty, bound: int) -> dict:
+        """One caption encoded with its images (``empty``: the empty prompt's encoding, reused for it), padded
+        to ``bound`` tokens."""
+        embeds, mask = empty if prompt == "" else pipe.encode_prompt([prompt], image=prompt_images,
+                                                                     device=pipe._execution_device)
+        if embeds.shape[1] > bound:
+            raise ConfigError(f"a caption of {type(pipe).__name__} takes {embeds.shape[1] - bound + CAPTION_TOKENS} "
+                              f"tokens, more than the {CAPTION_TOKENS} the training stores: shorten it.")
+        return padded_text(embeds, mask, bound)
 
     def vae_images(self, pipe, pictures):
         """One sample's pictures -> what the pipeline's VAE encodes, [1, 3, 1, H, W] each."""
@@ -143,13 +189,12 @@ class QwenImageEditPlusConditioning(QwenImageEditConditioning):
     def reference_size(self, pipe, height, width):
         return self._dimensions(self._areas()[0], height, width)
 
+    def prompt_size(self, height, width):
+        return self._dimensions(self._areas()[1], height, width)
+
     def prompt_images(self, pipe, pictures):
-        area = self._areas()[1]
-        out = []
-        for picture in pictures:
-            height, width = self._dimensions(area, picture.height, picture.width)
-            out.append(pipe.image_processor.resize(picture, height, width))
-        return out
+        return [pipe.image_processor.resize(picture, *self.prompt_size(picture.height, picture.width))
+                for picture in pictures]
 
 
 EDIT = QwenImageEditConditioning()

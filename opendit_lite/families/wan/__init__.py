@@ -43,7 +43,7 @@ FAMILY = register_family(Family(
         Release("Wan-AI/Wan2.1-I2V-14B-480P-Diffusers", dict(_WAN_14B, in_channels=36, image_dim=1280,
                                                              added_kv_proj_dim=5120)),
         Release("Wan-AI/Wan2.2-I2V-A14B-Diffusers", dict(_WAN_14B, in_channels=36, image_dim=None,
-                                                         added_kv_proj_dim=None)),  # each of its two experts
+                                                         added_kv_proj_dim=None), experts=2),  # two of it
         Release("Wan-AI/Wan2.2-TI2V-5B-Diffusers", dict(
             patch_size=[1, 2, 2], num_attention_heads=24, attention_head_dim=128, in_channels=48, out_channels=48,
             text_dim=4096, freq_dim=256, ffn_dim=14336, num_layers=30, cross_attn_norm=True,

@@ -44,8 +44,9 @@ class WanAdapter(FamilyAdapter):
         B = x.shape[0]
         condition = x.new_zeros(B, int(config["in_channels"]) - x.shape[1], *x.shape[2:])    # [B, 20, T, h, w]
         image = None
-        if config.get("image_dim") is not None:  # CLIP ViT-H/14's 257 tokens per image (FLF2V: 2 images)
-            tokens = config.get("pos_embed_seq_len") or 257
-            image = states.new_zeros(B, tokens, int(config["image_dim"]))                   # [B, 257, 1280]
+        if config.get("image_dim") is not None:  # CLIP ViT-H/14's 257 tokens per image
+            pairs = config.get("pos_embed_seq_len")  # FLF2V: first and last image's states, one row each
+            rows, tokens = (2 * B, int(pairs) // 2) if pairs else (B, 257)
+            image = states.new_zeros(rows, tokens, int(config["image_dim"]))                # [B, 257, 1280]
         return model(hidden_states=torch.cat([x, condition], dim=1), timestep=t, encoder_hidden_states=states,
                      encoder_hidden_states_image=image, return_dict=False)[0]

@@ -27,6 +27,9 @@ class WanConditioning(PipelineConditioning):
         c = pipe.scheduler.config
         return float(c["flow_shift"] if "flow_shift" in c else c.get("shift", 1.0))
 
+    def set_timesteps_kwargs(self, pipe, steps, x_shape, model_config):
+        return {}  # WanPipeline: scheduler.set_timesteps(num_inference_steps), the flow shift in its config
+
     def constants(self, pipe, model_config, guidance):
         return {"expand_timesteps": bool(pipe.config.get("expand_timesteps"))}
 

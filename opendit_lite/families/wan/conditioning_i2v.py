@@ -13,13 +13,20 @@ through the pipeline's own ``prepare_latents`` and ``encode_image``. Three relea
 * Wan 2.2 TI2V-5B (``expand_timesteps``): the 48-channel latents of the image alone, [B, 48, 1, h, w],
   replace the first latent frame of the noisy latents, and each token gets its own timestep, zero on
   the first frame's tokens. The pipeline keeps that frame as given, so the loss leaves it out
-  (``loss_mask``).
+  (``loss_mask``);
+* Wan 2.1 FLF2V (its transformer's ``pos_embed_seq_len``: a position embedding over two images' CLIP
+  states): ``__call__(image=first, last_image=last)``. The condition is the clip of the first frame,
+  black frames and the last frame, the mask 1 on the first and last pixel frames; the CLIP states
+  are both images', [2B, 257, 1280] (each sample's first then last: the transformer views them as
+  [B, 514, 1280] before adding its position embedding). ``WanFirstLastFrameConditioning``, which
+  ``for_model`` picks for such a transformer; the images are the clip's first and last frames
+  (``image_input = "first_last_frames"``) unless a row names both files.
 
 The image is the training clip's first frame (``image_input = "first_frame"``) at the clip's size;
 the CLIP image processor resizes and crops it as the pipeline does a user's image (the pipeline gives
 CLIP the image as passed, the VAE the image resized to the video: the same picture when the image has
 the video's size). Caption dropout replaces the text only: the pipeline's negative branch sees the
-same image. Wan 2.1 FLF2V (a last frame too) is refused: the condition is the first frame alone.
+same image.
 """
 
 from typing import Dict, Mapping, Optional, Sequence, Tuple
@@ -76,38 +83,45 @@ class WanImageToVideoConditioning(WanConditioning):
         clean_prompts_without_ftfy()
         return super().encode_text(pipe, prompts)
 
-    def call_images(self, images):
-        clean_prompts_without_ftfy()  # the pipeline's own __call__ (sampling) cleans prompts too
-        return super().call_images(images)
-
     def encode_images(self, pipe, images: Sequence[Sequence[torch.Tensor]],
                       clip_shape: Tuple[int, int, int]) -> Dict[str, torch.Tensor]:
         frames, height, width = clip_shape
-        if any(len(sample) != 1 for sample in images):
-            raise ConfigError(f"WanImageToVideoPipeline takes one image per video (its first frame); got "
-                              f"{[len(s) for s in images]} images per sample.")
+        if any(len(sample) != self.max_images for sample in images):
+            raise ConfigError(f"this WanImageToVideoPipeline takes {self.max_images} image(s) per video "
+                              f"({self.image_input.replace('_', ' ')}); got {[len(s) for s in images]} images per "
+                              f"sample.")
         device = pipe._execution_device
-        firsts = [sample[0].float() for sample in images]                                 # B x [3, H, W]
+        samples = [[image.float() for image in sample] for sample in images]              # B x n x [3, H, W]
         conditions = []
-        for image in firsts:  # one sample at a time: prepare_latents repeats one image over its batch
+        for sample in samples:  # one sample at a time: prepare_latents repeats one image over its batch
             latents = torch.zeros(1, pipe.vae.config.z_dim, self.latent_frames(pipe, frames),  # not used: no draw
                                   height // self.pixel_ratio(pipe), width // self.pixel_ratio(pipe), device=device)
-            out = pipe.prepare_latents(image[None].to(device), 1, pipe.vae.config.z_dim, height, width, frames,
-                                       torch.float32, device, None, latents)
+            last = sample[1][None].to(device) if len(sample) > 1 else None                # FLF2V's last_image
+            out = pipe.prepare_latents(sample[0][None].to(device), 1, pipe.vae.config.z_dim, height, width, frames,
+                                       torch.float32, device, None, latents, last)
             conditions.append(out[1])       # [1, 20, T, h, w]; expand_timesteps: the image's latents [1, C, 1, h, w]
         inputs = {CONDITION: torch.cat(conditions)}
         if takes_image_states(pipe):
-            # The pipeline gives CLIP the image as a picture: the frame back as 8-bit RGB (its own postprocess).
-            pictures = [pipe.video_processor.postprocess(image[None].cpu(), output_type="pil")[0] for image in firsts]
-            inputs[IMAGE_STATES] = pipe.encode_image(pictures, device)                    # [B, 257, W_clip]
-        return inputs
+            # The pipeline gives CLIP the images as pictures: the frames back as 8-bit RGB (its own postprocess),
+            # one encode_image call per sample as __call__ makes one ([image] or [image, last_image]).
+            states = [pipe.encode_image(self._pictures(pipe, sample), device) for sample in samples]  # n x [257, W]
+            inputs[IMAGE_STATES] = torch.stack(states) if len(samples[0]) > 1 else torch.cat(states)
+        return inputs                                         # IMAGE_STATES: [B, 257, W_clip]; FLF2V [B, 2, 257, W]
+
+    @staticmethod
+    def _pictures(pipe, sample: Sequence[torch.Tensor]):
+        pictures = [pipe.video_processor.postprocess(image[None].cpu(), output_type="pil")[0] for image in sample]
+        return pictures[0] if len(pictures) == 1 else pictures
+
+    def for_model(self, model_config):
+        """Wan 2.1 FLF2V's transformer (``pos_embed_seq_len``) takes a first and a last frame; the others one."""
+        return FLF2V_CONDITIONING if model_config.get("pos_embed_seq_len") else CONDITIONING
 
     def constants(self, pipe, model_config, guidance):
         """Wan's, after the refusals of a transformer this conditioning cannot feed (before any step)."""
-        if model_config.get("pos_embed_seq_len"):  # FLF2V: CLIP states of the first and the last frame
-            raise ConfigError("this WanImageToVideoPipeline's transformer is Wan 2.1 FLF2V's (pos_embed_seq_len: it "
-                              "takes a first and a last frame); training conditions on the first frame only, so "
-                              "FLF2V is not supported yet: train an I2V release (Wan2.1-I2V-14B-480P / 720P).")
+        if self.for_model(model_config) is not self:  # a caller that skipped for_model: the other layout's images
+            raise ValueError(f"{type(self).__name__} does not feed this transformer (pos_embed_seq_len="
+                             f"{model_config.get('pos_embed_seq_len')}): use for_model(config)'s conditioning")
         if model_config.get("image_dim") is not None and getattr(pipe, "image_encoder", None) is None:
             raise ConfigError("the transformer takes CLIP image states (image_dim is set, Wan 2.1 I2V) but the "
                               "pipeline folder holds no image_encoder: use the release's whole folder.")
@@ -126,10 +140,32 @@ class WanImageToVideoConditioning(WanConditioning):
         inputs[IMAGE_STATES] = text.get(IMAGE_STATES) if model_config.get("image_dim") is not None else None
         return inputs
 
+    def call_images(self, images):
+        clean_prompts_without_ftfy()  # the pipeline's own __call__ (sampling) cleans prompts too
+        if self.image_input == "first_last_frames":
+            first, last = images
+            return {"image": first, "last_image": last}
+        return super().call_images(images)
+
     def loss_mask(self, model_config: Mapping, constants: Mapping, x: torch.Tensor) -> Optional[torch.Tensor]:
         if not constants["expand_timesteps"]:
             return None  # every latent frame is denoised (the image enters as extra channels)
         return first_frame_mask(x)[:, :, :, :1, :1]                                        # [1, 1, T, 1, 1]
 
 
+class WanFirstLastFrameConditioning(WanImageToVideoConditioning):
+    """Wan 2.1 FLF2V: ``__call__(image=first, last_image=last)`` (module docstring)."""
+
+    image_input = "first_last_frames"
+    max_images = 2
+
+    def inputs(self, model_config, constants, x, t, text):
+        inputs = super().inputs(model_config, constants, x, t, text)
+        states = inputs[IMAGE_STATES]                                                     # [B, 2, 257, W]
+        # each sample's first then last image's states as rows, as __call__ passes them: [2B, 257, W]
+        inputs[IMAGE_STATES] = None if states is None else states.flatten(0, 1)
+        return inputs
+
+
 CONDITIONING = WanImageToVideoConditioning()
+FLF2V_CONDITIONING = WanFirstLastFrameConditioning()

@@ -1,7 +1,8 @@
 """Tiny random pipelines of Wan's released layouts, for tests and ``scripts/make_tiny_pipeline.py``:
 Wan 2.1 text-to-video (``wan``), Wan 2.2 A14B with its two experts (``wan22``), Wan 2.1 image-to-video
-with its CLIP image encoder (``wan_i2v``), Wan 2.2 I2V-A14B (``wan22_i2v``) and Wan 2.2 TI2V-5B with
-its 48-channel VAE (``wan_ti2v``; as image-to-video: ``wan_ti2v_i2v``)."""
+with its CLIP image encoder (``wan_i2v``), Wan 2.1 first-and-last-frame-to-video (``wan_flf2v``), Wan
+2.2 I2V-A14B (``wan22_i2v``) and Wan 2.2 TI2V-5B with its 48-channel VAE (``wan_ti2v``; as
+image-to-video: ``wan_ti2v_i2v``)."""
 
 import torch
 
@@ -81,6 +82,20 @@ def build_wan_i2v(seed: int = 0):
                                    image_processor=image_processor, scheduler=_unipc_flow(3.0), **_wan_parts(seed))
 
 
+def build_wan_flf2v(seed: int = 0):
+    """Wan 2.1 first-and-last-frame-to-video (FLF2V-14B-720P's layout: a ``WanImageToVideoPipeline`` whose
+    transformer adds a position embedding over the CLIP states of both images, ``pos_embed_seq_len`` = 2 x
+    the CLIP tokens, 2 x 17 here); otherwise Wan 2.1 I2V's; flow shift 16 (the release's, 720p)."""
+    from diffusers import WanImageToVideoPipeline
+
+    clean_prompts_without_ftfy()
+    image_encoder, image_processor = _clip_vision(seed + 5)
+    transformer = random_transformer("WanTransformer3DModel", seed, **dict(
+        _WAN_TRANSFORMER, in_channels=36, image_dim=16, added_kv_proj_dim=24, pos_embed_seq_len=34))
+    return WanImageToVideoPipeline(transformer=transformer, image_encoder=image_encoder,
+                                   image_processor=image_processor, scheduler=_unipc_flow(16.0), **_wan_parts(seed))
+
+
 def build_wan22_i2v(seed: int = 0):
     """Wan 2.2 I2V-A14B (``WanImageToVideoPipeline``): two 36-channel experts split at
     ``boundary_ratio`` 0.9, no image encoder (the condition latents only); flow shift 5."""
@@ -130,6 +145,7 @@ def build_wan_ti2v_i2v(seed: int = 0):
 TINY = (TinyPipeline("wan", build_wan, dict(height=32, width=32, num_frames=5, num_inference_steps=2)),
         TinyPipeline("wan22", build_wan22, dict(height=32, width=32, num_frames=5, num_inference_steps=3)),
         TinyPipeline("wan_i2v", build_wan_i2v, dict(height=32, width=32, num_frames=5, num_inference_steps=2)),
+        TinyPipeline("wan_flf2v", build_wan_flf2v, dict(height=32, width=32, num_frames=5, num_inference_steps=2)),
         TinyPipeline("wan22_i2v", build_wan22_i2v, dict(height=32, width=32, num_frames=5, num_inference_steps=3)),
         TinyPipeline("wan_ti2v", build_wan_ti2v, dict(height=32, width=32, num_frames=5, num_inference_steps=2)),
         TinyPipeline("wan_ti2v_i2v", build_wan_ti2v_i2v, dict(height=32, width=32, num_frames=5,
