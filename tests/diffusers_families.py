@@ -1,4 +1,5 @@
-"""Tiny diffusers transformers of the six families trained today, and forward inputs for each.
+"""Tiny diffusers transformers of the registered families (the six trained first and Qwen-Image, Z-Image,
+FLUX.2 and HunyuanVideo 1.5), and forward inputs for each.
 
 The sizes are those of diffusers' own model tests (2 heads, widths 16-24, 1-2 layers); each family
 has 2 repeated blocks, so that selective checkpointing has one to checkpoint and one to leave. The
@@ -28,13 +29,10 @@ FAMILIES = (
     "QwenImageTransformer2DModel",
     "ZImageTransformer2DModel",
     "Flux2Transformer2DModel",
+    "HunyuanVideo15Transformer3DModel",
 )
 # Registered families these shared tests leave out, and where each is tested instead.
-TESTED_APART = {
-    "HunyuanVideo15Transformer3DModel": "its forward reads input values (masked token selection): fused norms and "
-                                        "TeaCache in tests/families/test_hunyuan_video15_*.py, sequence "
-                                        "parallelism in tests/parallel (tiny_families.py)",
-}
+TESTED_APART: Dict[str, str] = {}
 
 CONFIGS: Dict[str, dict] = {
     "WanTransformer3DModel": dict(
@@ -72,6 +70,12 @@ CONFIGS: Dict[str, dict] = {
     "Flux2Transformer2DModel": dict(
         patch_size=1, in_channels=16, num_layers=1, num_single_layers=1, attention_head_dim=8, num_attention_heads=2,
         joint_attention_dim=24, timestep_guidance_channels=16, axes_dims_rope=(2, 2, 2, 2), guidance_embeds=True),
+    # 4 latent channels, the 9 inputs being latents, condition latents and their mask; ByT5 (glyph) states 8
+    # wide, image (SigLIP) states 8 wide.
+    "HunyuanVideo15Transformer3DModel": dict(
+        in_channels=9, out_channels=4, num_attention_heads=2, attention_head_dim=8, num_layers=2,
+        num_refiner_layers=1, patch_size=1, patch_size_t=1, text_embed_dim=32, text_embed_2_dim=8,
+        image_embed_dim=8, rope_axes_dim=(2, 2, 4)),
 }
 
 # name -> (family, overrides)
@@ -173,6 +177,12 @@ def forward_inputs(name: str, batch: int = 2, seed: int = 1) -> dict:
                     guidance=torch.full((batch,), 4.0), encoder_hidden_states=randn(batch, TEXT_TOKENS, 24),
                     txt_ids=txt_ids[None].expand(batch, -1, -1), img_ids=img_ids.expand(batch, -1, -1),
                     return_dict=False)
+    if family == "HunyuanVideo15Transformer3DModel":  # caption, glyph text (sample 0: 2 of 3 valid, 1: none), image
+        mask_2 = torch.tensor([[1.0, 1.0, 0.0], [0.0, 0.0, 0.0]] * batch)[:batch]
+        return dict(hidden_states=randn(batch, 9, FRAMES, HEIGHT, WIDTH), timestep=times * 1000,
+                    encoder_hidden_states=randn(batch, TEXT_TOKENS, 32), encoder_attention_mask=mask.float(),
+                    encoder_hidden_states_2=randn(batch, 3, 8), encoder_attention_mask_2=mask_2,
+                    image_embeds=randn(batch, 2, 8), return_dict=False)
     raise KeyError(name)
 
 

@@ -170,6 +170,10 @@ def resolve_pipeline(cfg) -> PipelineFolder:
     if m.guidance is not None and not conditioning.guided(config):
         raise ConfigError(f"model.guidance={m.guidance:g} sets the guidance embedding of a guidance-distilled model, "
                           f"but {family.class_name} in {m.pipeline!r} has none: remove model.guidance.")
+    if m.guidance_distilled and conditioning.guided(config):
+        raise ConfigError(f"model.guidance_distilled=true declares a model distilled from classifier-free guidance "
+                          f"without a guidance input, but {family.class_name} in {m.pipeline!r} embeds the guidance "
+                          f"value (set it with model.guidance): remove model.guidance_distilled.")
     if d.type == "latents":
         _check_latents(cfg, folder, pipe)
     _resolve_sizes(cfg, folder, pipe)

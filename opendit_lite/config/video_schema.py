@@ -38,6 +38,12 @@ class VideoModelConfig:
     guidance: Optional[float] = _f(None, "model.pipeline of a guidance-distilled model (Flux dev, HunyuanVideo): the "
                                          "guidance value trained with; null: the pipeline's default guidance_scale",
                                    above=0)
+    guidance_distilled: Optional[bool] = _f(None, "model.pipeline of a model distilled from classifier-free guidance "
+                                                  "without a guidance input (Z-Image-Turbo): true samples it at the "
+                                                  "pipeline's scale without an unconditional branch and refuses "
+                                                  "sample.cfg_scale; false: it uses guidance; null: the family's "
+                                                  "default for the folder (a folder named like such a release, "
+                                                  "Z-Image-Turbo)")
     path: Optional[str] = _f(None, "diffusers class: local folder with its config.json and weights (from_pretrained, "
                                    "nothing downloaded)")
     config: Optional[dict] = _f(None, "diffusers class: constructor arguments of a random initialisation, e.g. "

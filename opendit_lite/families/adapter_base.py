@@ -88,6 +88,14 @@ class FamilyAdapter:
         -> the prediction [B, C, T, H, W]."""
         raise NotImplementedError
 
+    def counting_forward(self, model: nn.Module, config: Mapping, x: torch.Tensor, t: torch.Tensor,
+                         states: torch.Tensor, mask: torch.Tensor, pooled: Optional[torch.Tensor]) -> torch.Tensor:
+        """``forward`` as the planner's activation count runs it on the meta device (every caption token
+        valid): ``forward`` itself unless the model's forward reads its inputs' values (a branch on them,
+        a selection by mask), which meta tensors have none of; such a family gives the same computation
+        with the selection done by shape (HunyuanVideo 1.5)."""
+        return self.forward(model, config, x, t, states, mask, pooled)
+
 
 def pack_patches(x: torch.Tensor, pt: int, p: int) -> torch.Tensor:
     """[B, C, T, H, W] -> [B, (T/pt)(H/p)(W/p), C pt p p]: tokens in (frame, row, column) order,

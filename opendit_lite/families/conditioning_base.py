@@ -68,6 +68,7 @@ Nothing here imports diffusers at import time.
 
 import inspect
 import math
+import os
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 import torch
@@ -133,6 +134,10 @@ class PipelineConditioning:
     null_prompt: str = ""                # what the pipeline's unconditional branch encodes (its negative prompt)
     unguided_scale: float = 1.0          # the ``guidance_scale`` at which the pipeline runs no unconditional branch
     cfg_branches: Optional[str] = None   # how ``__call__`` runs guidance's two branches: one of CFG_BRANCHES
+    # Released folders (repository names, as ``huggingface-cli download`` writes them) of models distilled from
+    # classifier-free guidance without a guidance input, whose files do not say so (Z-Image-Turbo's classes and
+    # configs are the base model's): ``guidance_free``'s default where ``model.guidance_distilled`` is not set.
+    distilled_releases: Tuple[str, ...] = ()
 
     def for_model(self, model_config: Mapping) -> "PipelineConditioning":
         """The conditioning of this pipeline class for a transformer of ``model_config`` (module docstring)."""
@@ -235,11 +240,20 @@ class PipelineConditioning:
         """Whether the transformer embeds a guidance value (a guidance-distilled model)."""
         return False
 
-    def guidance_free(self, folder: str) -> str:
+    def guidance_free(self, folder: str, declared: Optional[bool] = None) -> str:
         """Why the model in the pipeline folder ``folder`` samples without classifier-free guidance (a
         few-step model distilled from it, whose pipeline class is the guided one's), or "" when it uses
-        the pipeline's guidance. Such a folder is sampled at ``unguided_scale`` and refuses another."""
-        return ""
+        the pipeline's guidance. Such a folder is sampled at ``unguided_scale`` and refuses another.
+        ``declared`` (``model.guidance_distilled``) decides when set; otherwise a folder named as one of
+        ``distilled_releases`` (a path component, ``_`` read as ``-``, any case) is one."""
+        if declared is not None:
+            return ("model.guidance_distilled is true: the model is distilled from classifier-free guidance and "
+                    f"samples at guidance_scale {self.unguided_scale:g} (no unconditional branch)") if declared else ""
+        parts = {p.lower().replace("_", "-") for p in os.path.normpath(os.path.abspath(folder)).split(os.sep)}
+        name = next((n for n in self.distilled_releases if n.lower() in parts), None)
+        return "" if name is None else (f"{name} is distilled from classifier-free guidance: it samples in a few "
+                                        f"steps at guidance_scale {self.unguided_scale:g} (no unconditional branch; "
+                                        f"model.guidance_distilled=false if this folder is not it)")
 
     def guidance_call(self, scale: float, guided: bool) -> Dict[str, Any]:
         """The keywords of ``__call__`` that sample at guidance ``scale`` (``guided``: the transformer embeds

@@ -34,8 +34,9 @@ class FamilyDenoiser:
     condition_dropout_kwarg = "drop"
 
     def __init__(self, adapter: FamilyAdapter, model: nn.Module, config: Mapping, text_tokens: int,
-                 text_width: int):
+                 text_width: int, counting: bool = False):
         self.adapter, self.model, self.config = adapter, model, config
+        self.counting = counting  # the planner's meta-device count: the adapter's ``counting_forward``
         self.text_tokens, self.text_width = text_tokens, text_width
         self._projection: Optional[torch.Tensor] = None
         self._projection_on: Optional[torch.Tensor] = None
@@ -82,4 +83,5 @@ class FamilyDenoiser:
             y = torch.where(drop[:, None, None], torch.zeros_like(y), y)
             mask = mask | drop[:, None]
         y = y * mask.unsqueeze(-1).to(y.dtype)                                       # zero padding tokens
-        return self.adapter.forward(self.model, self.config, x, t, y, mask, self.pooled(y, mask))
+        forward = self.adapter.counting_forward if self.counting else self.adapter.forward
+        return forward(self.model, self.config, x, t, y, mask, self.pooled(y, mask))

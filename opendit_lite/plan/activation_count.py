@@ -14,7 +14,10 @@ would miss it (about 9% of a Wan-1.3B-like step on an H200).
 
 On the meta device torch's SDPA takes its math path, which would save the N x N scores a GPU run never
 keeps; while counting, SDPA calls on meta tensors go to the flash kernel's meta function (what CPU and
-GPU runs save: q, k, v, the output and the log-sum-exp).
+GPU runs save: q, k, v, the output and the log-sum-exp), a boolean mask turned into the additive mask of
+the query's dtype that SDPA builds and saves from it. A mask of [L, L] per sample (HunyuanVideo 1.5's
+joint mask) is the one saved tensor that is not linear in the tokens: the two shapes count it as if it
+were, which under-predicts it at long sequences (its config states the difference).
 """
 
 import contextlib
@@ -39,6 +42,9 @@ def flash_attention_on_meta():
         if query.device.type != "meta":
             return real(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
                         scale=scale, enable_gqa=enable_gqa)
+        if attn_mask is not None and attn_mask.dtype == torch.bool:  # as SDPA takes it: an additive mask in q's dtype
+            attn_mask = torch.zeros(attn_mask.shape, dtype=query.dtype, device=query.device).masked_fill(
+                ~attn_mask, float("-inf"))
         if enable_gqa and key.size(-3) != query.size(-3):
             repeat = query.size(-3) // key.size(-3)
             key, value = key.repeat_interleave(repeat, -3), value.repeat_interleave(repeat, -3)

@@ -122,7 +122,8 @@ def family_shape(model: nn.Module, caption_tokens: int, name: Optional[str] = No
         side *= 2
     grids = [(frames, side * ph, side * pw), (frames, 2 * side * ph, side * pw)]
     text_width = adapter.text_width(config)
-    denoiser = FamilyDenoiser(adapter, model, config, caption_tokens, text_width)
+    # the adapter's counting_forward: its forward without reading input values (meta tensors have none)
+    denoiser = FamilyDenoiser(adapter, model, config, caption_tokens, text_width, counting=True)
     device = next(model.parameters()).device
 
     def step(i: int):
@@ -141,11 +142,12 @@ def family_shape(model: nn.Module, caption_tokens: int, name: Optional[str] = No
     except (RuntimeError, NotImplementedError) as e:
         if device.type != "meta" or "meta" not in str(e):
             raise
-        # HunyuanVideo 1.5's forward branches on its inputs' values (torch.all(image_embeds == 0)) and
-        # selects its text tokens by mask: neither runs on the meta device, where the count runs.
+        # a forward that branches on its inputs' values or selects tokens by mask, with no counting_forward
+        # of its family's adapter to run instead: neither runs on the meta device, where the count runs.
         raise ConfigError(f"{name or type(model).__name__}'s forward reads its inputs' values ({e}), which the "
-                          f"planner's meta-device count of its activations cannot run: it cannot plan this model "
-                          f"yet. Choose its memory settings by measuring a few steps instead.") from None
+                          f"planner's meta-device count of its activations cannot run, and its family's adapter "
+                          f"gives no counting_forward that does without them: it cannot plan this model yet. "
+                          f"Choose its memory settings by measuring a few steps instead.") from None
     return ModelShape.counted(model, name or type(model).__name__, hidden, adapter.attention_heads(config),
                               (pt, ph, pw), len(find_blocks(model)), profile)
 

@@ -71,7 +71,7 @@ def check_pipeline_sampling(cfg, given_pipeline, given_text_encoder) -> None:
                           f"whose call runs every step itself; sample.cache applies to this library's own sampler "
                           f"only: remove it (sequence parallelism, sp_size, and sample.cfg_parallel do apply).")
     folder = run_pipeline_folder(cfg)
-    distilled = folder.conditioning.guidance_free(folder.path)
+    distilled = folder.conditioning.guidance_free(folder.path, cfg.model.guidance_distilled)
     unguided = folder.conditioning.unguided_scale
     if distilled and cfg.sample.cfg_scale not in (None, unguided):
         raise ConfigError(f"sample.cfg_scale={cfg.sample.cfg_scale:g} sets classifier-free guidance, but the model in "
@@ -79,20 +79,21 @@ def check_pipeline_sampling(cfg, given_pipeline, given_text_encoder) -> None:
                           f"unconditional branch the model was distilled to do without; remove sample.cfg_scale (it "
                           f"samples at {unguided:g}), or sample the base model's folder with guidance.")
     if cfg.sample.cfg_parallel:
-        check_pipeline_cfg_parallel(folder, cfg.sample.cfg_scale)
+        check_pipeline_cfg_parallel(folder, cfg.sample.cfg_scale, cfg.model.guidance_distilled)
     pipeline_call_settings(cfg)  # the sizes, checked before anything is loaded
     sample_images(cfg, None)
 
 
-def check_pipeline_cfg_parallel(folder, cfg_scale: Optional[float]) -> None:
+def check_pipeline_cfg_parallel(folder, cfg_scale: Optional[float], distilled: Optional[bool] = None) -> None:
     """A ConfigError unless CFG-parallel ranks can each run one guidance branch of ``folder``'s pipeline at
-    ``cfg_scale`` (``pipeline_cfg_parallel.py``): a model that guides by classifier-free guidance, whose
+    ``cfg_scale`` (``pipeline_cfg_parallel.py``): a model that guides by classifier-free guidance (not
+    distilled from it: ``distilled``, ``model.guidance_distilled``, or the family's released folders), whose
     family declares how its pipeline runs the two branches, at a scale given and at which it runs both."""
     c = folder.conditioning
     if c.guided(folder.transformer_config()):
         why = "embeds the guidance scale as an input (guidance-distilled): its pipeline runs no unconditional branch"
-    elif c.guidance_free(folder.path):
-        why = c.guidance_free(folder.path)
+    elif c.guidance_free(folder.path, distilled):
+        why = c.guidance_free(folder.path, distilled)
     elif c.cfg_branches is None:
         why = (f"is sampled by {folder.pipeline_class}, whose family does not declare how it runs guidance's two "
                f"branches (its conditioning's cfg_branches), so they cannot be split over ranks")
@@ -240,7 +241,8 @@ def pipeline_call_settings(cfg) -> Dict[str, Any]:
         settings.update(folder.conditioning.call_size(height, width))
     guided = folder.conditioning.guided(folder.transformer_config())
     guidance = s.cfg_scale if s.cfg_scale is not None else (cfg.model.guidance if guided else None)
-    if guidance is None and folder.conditioning.guidance_free(folder.path):  # distilled: no unconditional branch
+    if guidance is None and folder.conditioning.guidance_free(folder.path, cfg.model.guidance_distilled):
+        # distilled from classifier-free guidance: the scale that runs no unconditional branch
         guidance = folder.conditioning.unguided_scale
     if guidance is not None:
         settings.update(folder.conditioning.guidance_call(guidance, guided))

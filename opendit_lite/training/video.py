@@ -76,6 +76,9 @@ def validate_video_config(cfg) -> None:
     if not is_family(m.name) and m.guidance is not None:
         raise ConfigError(f"model.guidance sets a diffusers pipeline's guidance embedding; {m.name} has none: remove "
                           f"it.")
+    if not is_family(m.name) and m.guidance_distilled is not None:
+        raise ConfigError(f"model.guidance_distilled declares how a diffusers pipeline folder's model samples; "
+                          f"{m.name} is a model of the zoo: remove it.")
     if is_family(m.name) and not m.pipeline:
         check_family_without_pipeline(cfg)
     if cfg.data.type == "latents" and not m.pipeline:
@@ -110,6 +113,9 @@ def check_family_without_pipeline(cfg) -> None:
     if m.guidance is not None:
         raise ConfigError("model.guidance sets the guidance value a pipeline's transformer is trained with: it needs "
                           "model.pipeline.")
+    if m.guidance_distilled is not None:
+        raise ConfigError("model.guidance_distilled declares how a pipeline folder's model samples (through that "
+                          "pipeline): it needs model.pipeline.")
 
 
 def exports_diffusers(cfg) -> bool:

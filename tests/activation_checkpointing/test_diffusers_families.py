@@ -27,6 +27,7 @@ BLOCKS = {
     "QwenImageTransformer2DModel": ["transformer_blocks.0", "transformer_blocks.1"],
     "ZImageTransformer2DModel": ["layers.0", "layers.1"],
     "Flux2Transformer2DModel": ["transformer_blocks.0", "single_transformer_blocks.0"],
+    "HunyuanVideo15Transformer3DModel": ["transformer_blocks.0", "transformer_blocks.1"],
 }
 
 

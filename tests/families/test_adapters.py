@@ -24,6 +24,7 @@ CLIPS = {
     "ZImageTransformer2DModel": (4, 1, 4, 6),
     "QwenImageTransformer2DModel": (4, 1, 4, 6),
     "Flux2Transformer2DModel": (16, 1, 4, 6),
+    "HunyuanVideo15Transformer3DModel": (4, 3, 4, 6),
 }
 TOKENS, WIDTH_SEED = 5, 3
 

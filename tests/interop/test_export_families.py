@@ -26,12 +26,17 @@ PIPELINES = {"WanTransformer3DModel": "WanPipeline", "FluxTransformer2DModel": "
              "HunyuanVideoTransformer3DModel": "HunyuanVideoPipeline", "LTXVideoTransformer3DModel": "LTXPipeline",
              "QwenImageTransformer2DModel": "QwenImagePipeline",
              "ZImageTransformer2DModel": "ZImagePipeline",
-             "Flux2Transformer2DModel": "Flux2Pipeline"}
+             "Flux2Transformer2DModel": "Flux2Pipeline",
+             "HunyuanVideo15Transformer3DModel": "HunyuanVideo15Pipeline"}
 
 
 def _load_like_the_pipeline(folder: str, family: str, transformer: torch.nn.Module) -> None:
-    """What ``pipeline.load_lora_weights(folder)`` does to the pipeline's transformer."""
+    """What ``pipeline.load_lora_weights(folder)`` does to the pipeline's transformer (a pipeline without
+    a LoRA loader, HunyuanVideo 1.5's: ``transformer.load_lora_adapter``, what its users call)."""
     pipeline = getattr(diffusers, PIPELINES[family])
+    if not hasattr(pipeline, "lora_state_dict"):
+        transformer.load_lora_adapter(folder, weight_name=LORA_WEIGHT_NAME)
+        return
     state, metadata = pipeline.lora_state_dict(folder, return_lora_metadata=True)
     if "network_alphas" in inspect.signature(pipeline.load_lora_into_transformer).parameters:
         pipeline.load_lora_into_transformer(state, network_alphas=None, transformer=transformer, metadata=metadata)

@@ -1,4 +1,5 @@
-"""Block swapping and low-precision base weights on tiny diffusers models (Wan; Flux, two block lists):
+"""Block swapping and low-precision base weights on tiny diffusers models (Wan; Flux, two block lists; the
+newer families Qwen-Image and Z-Image over NF4 bases, FLUX.2 and HunyuanVideo 1.5 over FP8 ones):
 with LoRA on the families' usual layers, swapping every block gives the loss and every adapter
 gradient of the unswapped model, with diffusers-style blocks (keyword arguments, tuple outputs, two
 block lists), with our activation checkpointing or diffusers' own, and on top of FP8 storage; the
@@ -68,3 +69,28 @@ def test_swapping_fp8_storage_is_exact(name="WanTransformer3DModel"):
     for n in ref_grads:
         torch.testing.assert_close(grads[n], ref_grads[n], rtol=0, atol=0, msg=n)
     assert report.swapper.counts.fetches == 2
+
+
+# The families added after the first six, each over one low-precision base (both formats covered twice; the
+# formats' layer is the same for every family, tests/memory/test_low_precision.py): every block swapped.
+NEWER = (("QwenImageTransformer2DModel", "nf4"), ("ZImageTransformer2DModel", "nf4"),
+         ("Flux2Transformer2DModel", "fp8"), ("HunyuanVideo15Transformer3DModel", "fp8"))
+
+
+@pytest.mark.parametrize("name,precision", NEWER)
+def test_swapping_every_block_over_a_low_precision_base_is_exact(name, precision):
+    """With the frozen base stored in FP8 or NF4: the swapped model's loss and adapter gradients equal the
+    unswapped one's of the same storage, and the adapters get gradients."""
+    inputs = families.forward_inputs(name)
+    reference, model = adapted(name, precision), adapted(name, precision)
+    blocks = len(find_blocks(model))
+    report = apply_block_swap(model, blocks)
+    ref_loss, ref_grads = gradients(reference, inputs)
+    loss, grads = gradients(model, inputs)
+    torch.testing.assert_close(loss, ref_loss, rtol=0, atol=0)
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert grads.keys() == ref_grads.keys() and grads.keys() <= trainable and all(".lora_" in n for n in grads)
+    for n in grads:
+        torch.testing.assert_close(grads[n], ref_grads[n], rtol=0, atol=0, msg=n)
+    assert any(g.abs().max() > 0 for n, g in grads.items() if ".lora_A." in n)
+    assert report.swapper.counts.fetches == 2 * blocks

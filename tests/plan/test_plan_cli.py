@@ -35,7 +35,7 @@ PIPELINE_CONFIGS = {"configs/flux_lora.yaml": "flux", "configs/wan_lora.yaml": "
                     "configs/wan_distill_lora.yaml": "wan"}
 
 # Configs of a family the planner cannot count yet (tests/plan/test_hunyuan_video15_plan.py): refused.
-UNPLANNABLE = {"configs/hunyuan_video15_lora.yaml": "cannot plan this model yet"}
+UNPLANNABLE: dict = {}
 
 
 @pytest.mark.parametrize("config", CONFIGS)

@@ -23,8 +23,6 @@ import torch
 from diffusers.hooks import apply_first_block_cache, apply_mag_cache, apply_pyramid_attention_broadcast
 from diffusers.hooks.first_block_cache import FirstBlockCacheConfig
 
-from tests import diffusers_families
-from tests.parallel import tiny_families
 from tests.sampling import fast_models
 from tests.sampling.test_family_caches import KINDS, inference_context
 
@@ -37,9 +35,7 @@ SETTINGS = {"first_block": ["sample.cache.threshold=1.0"],  # the tiny first blo
 
 
 def sample(case: str, overrides=(), hook=None):
-    configs = {"HunyuanVideo15Transformer3DModel": tiny_families.HUNYUAN_VIDEO15}  # not in diffusers_families
-    with mock.patch.dict(fast_models.FAMILIES, {case: CASES[case]}), \
-            mock.patch.dict(diffusers_families.CONFIGS, configs):
+    with mock.patch.dict(fast_models.FAMILIES, {case: CASES[case]}):
         return fast_models.sample(case, overrides, hook=hook)
 
 

@@ -49,6 +49,11 @@ TARGETS = {
                                      "single_transformer_blocks.0.attn.to_qkv_mlp_proj",
                                      "single_transformer_blocks.0.attn.to_out"],
                                 ["proj_out", "x_embedder", "single_stream_modulation.linear", "norm_out.linear"]),
+    # not the text stream's output projection and feed-forward (the last block's are in no step's graph)
+    "HunyuanVideo15Transformer3DModel": (24, ["transformer_blocks.1.attn.add_q_proj", "transformer_blocks.0.ff.net.2",
+                                              "context_embedder.token_refiner.refiner_blocks.0.attn.to_q"],
+                                         ["proj_out", "transformer_blocks.1.attn.to_add_out",
+                                          "transformer_blocks.0.ff_context.net.2", "context_embedder_2.linear_1"]),
 }
 # The families whose blocks' norms no fused kernel takes (their fused_norms.py says why).
 NOTHING_FUSED = ("LTXVideoTransformer3DModel", "ZImageTransformer2DModel")

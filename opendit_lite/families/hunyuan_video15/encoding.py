@@ -10,4 +10,5 @@ template, hidden-layer choice and ByT5 glyph states are reproduced by a run from
 from ...encoders.family_encoders import FamilyEncoders
 
 ENCODING = FamilyEncoders("HunyuanVideo15Transformer3DModel", "AutoencoderKLHunyuanVideo15", "scale",
-                          ("qwen2_5_vl_text",), 1000, one_clip_at_a_time=True)
+                          ("qwen2_5_vl_text",), 1000, one_clip_at_a_time=True,
+                          pixels_per_latent=16)                                    # the VAE's 16x spatial compression

@@ -10,36 +10,28 @@ No guidance embedding: the base model samples with classifier-free guidance (``g
 empty negative prompt, which caption dropout trains on), Z-Image-Turbo without (``guidance_scale=0``:
 the pipeline runs the unconditional branch only for a scale above 0). Both release folders hold the
 same classes and configs (the Turbo weights are distilled from guidance, the files do not say so), so
-a Turbo folder is recognised as the planner recognises a release: by its folder name, the repository's
-(``Z-Image-Turbo``, as ``huggingface-cli download`` writes it; ``_`` read as ``-``). It samples at
-guidance 0, and another ``sample.cfg_scale`` is refused (``guidance_free``).
+which one a folder holds is declared: ``model.guidance_distilled`` (true for a Turbo folder, false for
+the base model), and where it is not set, by default, the folder's name, the repository's
+(``Z-Image-Turbo``, as ``huggingface-cli download`` writes it; ``_`` read as ``-``: ``distilled_releases``),
+as the planner recognises a release. A Turbo folder samples at guidance 0, and another
+``sample.cfg_scale`` is refused (``guidance_free``).
 
 The per-sample caption states are stored padded to the 512 tokens with their mask (``cap_feats``,
 ``cap_mask``), so that batches, the latents route and caption dropout (a row replaced by the encoded
 empty prompt) see fixed shapes; ``inputs`` cuts them back to the pipeline's list.
 """
 
-import os
-
 import torch
 
 from ..conditioning_base import ImageConditioning, flow_shift
 from .adapter import caption_list, z_image_time
-
-# The released folders of models distilled from classifier-free guidance (sampled without it).
-GUIDANCE_DISTILLED = ("Z-Image-Turbo",)
 
 
 class ZImageConditioning(ImageConditioning):
     text_keys = ("cap_feats", "cap_mask")
     unguided_scale = 0.0                                  # ZImagePipeline guides only when guidance_scale > 0
     cfg_branches = "batched"       # one call on the prompts' and the negative prompts' rows, in lists of 2B
-
-    def guidance_free(self, folder):
-        parts = {p.lower().replace("_", "-") for p in os.path.normpath(os.path.abspath(folder)).split(os.sep)}
-        name = next((n for n in GUIDANCE_DISTILLED if n.lower() in parts), None)
-        return "" if name is None else (f"{name} is distilled from classifier-free guidance: it samples in a few "
-                                        f"steps at guidance_scale 0 (no unconditional branch)")
+    distilled_releases = ("Z-Image-Turbo",)               # sampled without guidance (model.guidance_distilled)
 
     def encode_text(self, pipe, prompts):
         states, _ = self.encode_prompt(pipe, prompts, do_classifier_free_guidance=False)   # B x [L_i, W]
