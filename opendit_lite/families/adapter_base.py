@@ -45,6 +45,12 @@ class FamilyAdapter:
         classifier-free guidance, e.g. Flux-dev): it has no unconditional branch of its own to run."""
         return False
 
+    def needs_pipeline(self, config: Mapping) -> str:
+        """Why a model of this config trains only from its pipeline folder (``model.pipeline``: its
+        conditioning encodes inputs a clip batch does not hold, e.g. an image-to-video transformer's
+        images), as what to do; "" when ``model.path`` / ``model.config`` can train it."""
+        return ""
+
     def recipe(self, config: Mapping, tokens: int) -> Recipe:
         """The training recipe for clips of ``tokens`` patches (Flux and LTX-Video shift by it)."""
         raise NotImplementedError

@@ -53,6 +53,16 @@ conditioning images are and how they reach the transformer:
 * ``planned_tokens(height, width)``: the tokens the images add to a sample (the reference's on the
   sequence axis, the vision tokens in the text), which the memory planner counts with the target's.
 
+Sampling through the pipeline with classifier-free guidance (``sample.cfg_scale``, ``sample.cfg_parallel``):
+
+* ``guidance_call(scale, guided)``: the keywords of ``__call__`` that sample at that scale (most:
+  ``guidance_scale``; true CFG beside a guidance embedding: Qwen-Image's ``true_cfg_scale`` with its
+  negative prompt);
+* ``cfg_branches``: how ``__call__`` runs guidance's conditional and unconditional branches, so that
+  CFG-parallel ranks can each run one (``CFG_BRANCHES``): ``"batched"`` (one transformer call per step
+  on the two branches' rows stacked, B + B), ``"two_calls"`` (two calls per step on the same latents, the
+  first call's output only held until the second returns), None (not declared: CFG-parallel is refused).
+
 Nothing here imports diffusers at import time.
 """
 
@@ -98,6 +108,7 @@ def rows_where(drop: torch.Tensor, null: torch.Tensor, value: torch.Tensor) -> t
 
 
 IMAGE_INPUTS = ("none", "first_frame", "first_last_frames", "reference")
+CFG_BRANCHES = ("batched", "two_calls")
 NULL_PREFIX = "null."
 
 
@@ -122,6 +133,7 @@ class PipelineConditioning:
     null_text_per_image: bool = False    # the caption (and the unconditional text) is encoded with the images
     null_prompt: str = ""                # what the pipeline's unconditional branch encodes (its negative prompt)
     unguided_scale: float = 1.0          # the ``guidance_scale`` at which the pipeline runs no unconditional branch
+    cfg_branches: Optional[str] = None   # how ``__call__`` runs guidance's two branches: one of CFG_BRANCHES
     # Released folders (repository names, as ``huggingface-cli download`` writes them) of models distilled from
     # classifier-free guidance without a guidance input, whose files do not say so (Z-Image-Turbo's classes and
     # configs are the base model's): ``guidance_free``'s default where ``model.guidance_distilled`` is not set.
@@ -242,6 +254,15 @@ class PipelineConditioning:
         return "" if name is None else (f"{name} is distilled from classifier-free guidance: it samples in a few "
                                         f"steps at guidance_scale {self.unguided_scale:g} (no unconditional branch; "
                                         f"model.guidance_distilled=false if this folder is not it)")
+
+    def guidance_call(self, scale: float, guided: bool) -> Dict[str, Any]:
+        """The keywords of ``__call__`` that sample at guidance ``scale`` (``guided``: the transformer embeds
+        it, a guidance-distilled model)."""
+        return {"guidance_scale": scale}
+
+    def runs_unconditional(self, scale: float) -> bool:
+        """Whether ``__call__`` at classifier-free guidance ``scale`` runs the unconditional branch."""
+        return scale > self.unguided_scale
 
     def expert_boundary(self, pipe) -> Optional[float]:
         """The timestep at and above which a pipeline of two experts runs ``transformer``, below it

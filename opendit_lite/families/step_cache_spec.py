@@ -15,11 +15,19 @@ but the one norm), or, where a family has no such tensor, ``None`` with the reas
 ``no_teacache``. ``head_block`` names the block class whose forward arguments the signal reads. A
 family whose blocks no cache can hook (diffusers' hooks cannot follow their streams) says why in
 ``no_cache``: every ``sample.cache.kind`` is then refused with that reason.
+
+A family whose block lists are not all one stream (Z-Image's refiners run the image tokens and the
+caption apart before its main layers run them joined) names the lists the block-level caches hook in
+``cache_block_lists`` (the others run at every step, as HunyuanVideo's token refiner does). Where
+diffusers' ``TransformerBlockRegistry`` has no entry for the family's block class (HunyuanVideo 1.5's)
+or a wrong one (Z-Image's reads ``hidden_states``, its block takes ``x``), ``block_streams`` names the
+block's forward arguments holding its tokens and, for a two-stream block, its text (returned in that
+order), as the zoo's blocks declare ``cache_streams``; the caches register the block class so.
 """
 
 import inspect
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -37,6 +45,8 @@ class StepCacheSpec:
     teacache_signal: Optional[Signal]    # the first block's timestep-modulated input; None: no TeaCache
     no_teacache: str = ""                # why the family has no TeaCache signal (when teacache_signal is None)
     no_cache: str = ""                   # why no step cache hooks the family's blocks (every kind refused)
+    cache_block_lists: Tuple[str, ...] = ()  # the block lists the block-level caches hook (empty: block_lists)
+    block_streams: Tuple[str, ...] = ()  # the blocks' (tokens, text) arguments, returned so: where diffusers' misses
 
 
 def forward_arguments(block: nn.Module, args: tuple, kwargs: dict) -> Dict[str, Any]:

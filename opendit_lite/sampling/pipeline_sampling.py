@@ -47,6 +47,7 @@ from ..interop.family_checkpoint import write_export
 from ..interop.pretrained_files import LORA_WEIGHT_NAME
 from ..models.experts import NoiseExperts
 from .cache.cache_settings import resolve_cache
+from .pipeline_cfg_parallel import PipelineBranches, split_branches
 from .sharding import SamplingRanks
 
 
@@ -65,13 +66,10 @@ def check_pipeline_sampling(cfg, given_pipeline, given_text_encoder) -> None:
     if own:
         raise ConfigError(f"a run from model.pipeline samples through its {run_pipeline_folder(cfg).pipeline_class}, "
                           f"with that pipeline's own scheduler, VAE and text encoders: remove {', '.join(own)}.")
-    fast = [key for key, on in (("sample.cfg_parallel", cfg.sample.cfg_parallel),
-                                ("sample.cache", resolve_cache(cfg.sample.cache)["kind"] != "none")) if on]
-    if fast:
+    if resolve_cache(cfg.sample.cache)["kind"] != "none":
         raise ConfigError(f"a run from model.pipeline samples through its {run_pipeline_folder(cfg).pipeline_class}, "
-                          f"whose call runs both guidance branches and every step itself; {' and '.join(fast)} "
-                          f"apply to this library's own sampler only: remove them (sequence parallelism, sp_size, "
-                          f"does apply).")
+                          f"whose call runs every step itself; sample.cache applies to this library's own sampler "
+                          f"only: remove it (sequence parallelism, sp_size, and sample.cfg_parallel do apply).")
     folder = run_pipeline_folder(cfg)
     distilled = folder.conditioning.guidance_free(folder.path, cfg.model.guidance_distilled)
     unguided = folder.conditioning.unguided_scale
@@ -80,8 +78,39 @@ def check_pipeline_sampling(cfg, given_pipeline, given_text_encoder) -> None:
                           f"{trained!r} does not use it: {distilled}. Its {folder.pipeline_class} would run the "
                           f"unconditional branch the model was distilled to do without; remove sample.cfg_scale (it "
                           f"samples at {unguided:g}), or sample the base model's folder with guidance.")
+    if cfg.sample.cfg_parallel:
+        check_pipeline_cfg_parallel(folder, cfg.sample.cfg_scale, cfg.model.guidance_distilled)
     pipeline_call_settings(cfg)  # the sizes, checked before anything is loaded
     sample_images(cfg, None)
+
+
+def check_pipeline_cfg_parallel(folder, cfg_scale: Optional[float], distilled: Optional[bool] = None) -> None:
+    """A ConfigError unless CFG-parallel ranks can each run one guidance branch of ``folder``'s pipeline at
+    ``cfg_scale`` (``pipeline_cfg_parallel.py``): a model that guides by classifier-free guidance (not
+    distilled from it: ``distilled``, ``model.guidance_distilled``, or the family's released folders), whose
+    family declares how its pipeline runs the two branches, at a scale given and at which it runs both."""
+    c = folder.conditioning
+    if c.guided(folder.transformer_config()):
+        why = "embeds the guidance scale as an input (guidance-distilled): its pipeline runs no unconditional branch"
+    elif c.guidance_free(folder.path, distilled):
+        why = c.guidance_free(folder.path, distilled)
+    elif c.cfg_branches is None:
+        why = (f"is sampled by {folder.pipeline_class}, whose family does not declare how it runs guidance's two "
+               f"branches (its conditioning's cfg_branches), so they cannot be split over ranks")
+    else:
+        why = ""
+    if why:
+        raise ConfigError(f"sample.cfg_parallel runs classifier-free guidance's conditional and unconditional branches "
+                          f"on two groups of ranks, but the model in {folder.path!r} {why}. Set "
+                          f"sample.cfg_parallel=false and use the ranks for data or sequence parallelism (sp_size).")
+    if cfg_scale is None:
+        raise ConfigError(f"sample.cfg_parallel splits the guidance branches of {folder.pipeline_class}: give the "
+                          f"scale they are combined at, sample.cfg_scale (the pipeline guides when it is above "
+                          f"{c.unguided_scale:g}).")
+    if not c.runs_unconditional(cfg_scale):
+        raise ConfigError(f"sample.cfg_parallel with sample.cfg_scale={cfg_scale:g}: {folder.pipeline_class} runs no "
+                          f"unconditional branch at that scale, so half of the ranks would have nothing to compute. "
+                          f"Set sample.cfg_parallel=false, or a cfg_scale above {c.unguided_scale:g}.")
 
 
 def check_student_sampling(cfg, saved: dict) -> None:
@@ -216,7 +245,7 @@ def pipeline_call_settings(cfg) -> Dict[str, Any]:
         # distilled from classifier-free guidance: the scale that runs no unconditional branch
         guidance = folder.conditioning.unguided_scale
     if guidance is not None:
-        settings["guidance_scale"] = guidance
+        settings.update(folder.conditioning.guidance_call(guidance, guided))
     return settings
 
 
@@ -226,21 +255,33 @@ def pipeline_batches(pipe, cfg, prompts: List[str], ranks: SamplingRanks) -> Ite
     clips [b, 3, T, H, W] in [-1, 1] on the CPU; images are 1-frame clips), the pipeline's output."""
     settings = call_keywords(pipe, cfg, pipeline_call_settings(cfg))
     images = sample_images(cfg, len(prompts))
+    branches = pipeline_branches(cfg, ranks)
     if images is not None:  # one call per prompt with its images: image-conditioned pipelines batch them unevenly
         conditioning = run_pipeline_folder(cfg).conditioning
         for indices in ranks.batches(len(prompts), 1):
             generators = SampleGenerators(cfg.sample.seed, indices).generators
             i = indices[0]
             # the prompt by keyword: an image-to-video pipeline's __call__ takes the image first
-            out = pipe(prompt=prompts[i], generator=generators, output_type="pt", **settings,
-                       **conditioning.call_images(_open_images(images[i])))
+            with split_branches(pipe, TRANSFORMERS, branches, 1):
+                out = pipe(prompt=prompts[i], generator=generators, output_type="pt", **settings,
+                           **conditioning.call_images(_open_images(images[i])))
             yield indices, pipeline_pixels(out).float().cpu()
         return
     for indices in ranks.batches(len(prompts), cfg.sample.batch_size):
         generators = SampleGenerators(cfg.sample.seed, indices).generators  # prompt i's noise: (seed, i)
         # the prompts by keyword: a pipeline's first parameter may be a conditioning image
-        out = pipe(prompt=[prompts[i] for i in indices], generator=generators, output_type="pt", **settings)
+        with split_branches(pipe, TRANSFORMERS, branches, len(indices)):
+            out = pipe(prompt=[prompts[i] for i in indices], generator=generators, output_type="pt", **settings)
         yield indices, pipeline_pixels(out).float().cpu()
+
+
+def pipeline_branches(cfg, ranks: SamplingRanks) -> Optional[PipelineBranches]:
+    """With CFG-parallel ranks, what splits the pipeline's guidance branches between this rank and its twin
+    (its family's ``cfg_branches``); else None."""
+    if ranks.cfg_size == 1:
+        return None
+    mode = run_pipeline_folder(cfg).conditioning.cfg_branches
+    return PipelineBranches(mode, ranks.cfg_group, ranks.cfg_rank)
 
 
 def call_keywords(pipe, cfg, settings: Dict[str, Any]) -> Dict[str, Any]:

@@ -98,8 +98,13 @@ def validate_video_config(cfg) -> None:
 def check_family_without_pipeline(cfg) -> None:
     """A diffusers family without ``model.pipeline`` (a random init, or ``model.path``) trains on the
     embedded data, pixels or precomputed latents: encoding clips or captions for it takes its pipeline's
-    own VAE, text encoders and conditioning, which only ``model.pipeline`` gives."""
+    own VAE, text encoders and conditioning, which only ``model.pipeline`` gives (a model whose
+    conditioning needs more than a clip batch, an image-to-video transformer, is refused here:
+    ``needs_pipeline``)."""
     m = cfg.model
+    why = family_adapter(m.name).needs_pipeline(diffusers_config(cfg))
+    if why:
+        raise ConfigError(why)
     if cfg.vae.path:
         raise ConfigError(f"vae.path encodes clips frame by frame with an image AutoencoderKL scaled by "
                           f"vae.scale_factor, which is not how {m.name}'s pipeline encodes them: set model.pipeline to "

@@ -155,8 +155,8 @@ def test_sample_py_samples_a_flux_fine_tune_through_its_pipeline(flux_full, caps
     (["sample.sampler=euler"], "remove sample.sampler"),
     (["sample.num_frames=4"], "4 x n + 1 frames"),
     (["sample.height=36"], "ask for 36 pixels: use a multiple of 8"),
-    (["sample.cfg_parallel=true"], "sample.cfg_parallel apply to this library's own sampler only"),
-    (["sample.cache.kind=pab"], "sample.cache apply to this library's own sampler only"),
+    (["sample.cfg_parallel=true"], "give the scale they are combined at, sample.cfg_scale"),
+    (["sample.cache.kind=pab"], "sample.cache applies to this library's own sampler only"),
 ])
 def test_settings_the_pipeline_would_ignore_or_round_exit_2(wan_lora, capsys, extra, message):
     capsys.readouterr()  # the fixture's run

@@ -12,6 +12,7 @@ from ..conditioning_base import PipelineConditioning
 
 class CogVideoXConditioning(PipelineConditioning):
     text_keys = ("encoder_hidden_states",)
+    cfg_branches = "batched"       # one call on [negative prompts; prompts]
 
     def encode_text(self, pipe, prompts):
         states, _ = self.encode_prompt(pipe, prompts, do_classifier_free_guidance=False)

@@ -11,7 +11,9 @@ token. Rotary ids have four axes (time, row, column, text position): (0, row, co
 tokens, (0, 0, 0, l) for the text's.
 """
 
+import functools
 import math
+from typing import Tuple
 
 import torch
 
@@ -21,6 +23,20 @@ from ..adapter_base import FamilyAdapter, Recipe
 GUIDANCE = 4.0
 # The step count the shift is fitted for (Flux2Pipeline's default num_inference_steps).
 SAMPLING_STEPS = 50
+
+
+@functools.lru_cache(maxsize=16)
+def rotary_ids(batch: int, text_tokens: int, height: int, width: int,
+               device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(txt_ids [B, M, 4], img_ids [B, h*w, 4]) on ``device``: ``Flux2Pipeline``'s own ``_prepare_text_ids``
+    ((0, 0, 0, l) per text token) and ``_prepare_latent_ids`` ((0, row, column, 0) per latent pixel), what
+    its ``__call__`` passes. They build them on the CPU (a Python loop per sample, then a host-to-device
+    copy), so they are built once per batch shape and device; callers do not write to them (shared)."""
+    from diffusers import Flux2Pipeline
+
+    txt_ids = Flux2Pipeline._prepare_text_ids(torch.empty(batch, text_tokens, 0))          # [B, M, 4]
+    img_ids = Flux2Pipeline._prepare_latent_ids(torch.empty(batch, 0, height, width))     # [B, hw, 4]
+    return txt_ids.to(device), img_ids.to(device)
 
 
 def empirical_shift(tokens: int, steps: int = SAMPLING_STEPS) -> float:
@@ -53,12 +69,7 @@ class Flux2Adapter(FamilyAdapter):
 
     def forward(self, model, config, x, t, states, mask, pooled):
         B, C, T, H, W = x.shape
-        rows, cols = torch.meshgrid(torch.arange(H, device=x.device), torch.arange(W, device=x.device), indexing="ij")
-        zeros = torch.zeros_like(rows)
-        img_ids = torch.stack([zeros, rows, cols, zeros], dim=-1).reshape(1, -1, 4).expand(B, -1, -1)  # [B, N, 4]
-        positions = torch.arange(states.shape[1], device=x.device)
-        txt_ids = torch.stack([torch.zeros_like(positions)] * 3 + [positions], dim=-1)                  # [M, 4]
-        txt_ids = txt_ids.unsqueeze(0).expand(B, -1, -1)                                               # [B, M, 4]
+        txt_ids, img_ids = rotary_ids(B, states.shape[1], H, W, x.device)   # the pipeline's: [B, M, 4], [B, N, 4]
         guidance = torch.full_like(t, GUIDANCE) if config.get("guidance_embeds") else None
         tokens = x[:, :, 0].flatten(2).transpose(1, 2)                                               # [B, N, C]
         out = model(hidden_states=tokens, timestep=t / 1000, guidance=guidance, encoder_hidden_states=states,

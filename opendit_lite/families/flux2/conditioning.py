@@ -20,6 +20,7 @@ import torch
 
 from ...errors import ConfigError
 from ..conditioning_base import ImageConditioning, call_default
+from .adapter import rotary_ids
 
 
 class Flux2Conditioning(ImageConditioning):
@@ -61,10 +62,10 @@ class Flux2Conditioning(ImageConditioning):
         guidance = None
         if model_config.get("guidance_embeds"):
             guidance = torch.full([1], constants["guidance"], device=x.device, dtype=torch.float32).expand(B)
+        txt_ids, img_ids = rotary_ids(B, states.shape[1], *latents.shape[-2:], x.device)  # [B, M, 4], [B, hw, 4]
         return dict(hidden_states=Flux2Pipeline._pack_latents(latents),               # [B, hw, C]
                     timestep=t / 1000, guidance=guidance, encoder_hidden_states=states,
-                    txt_ids=Flux2Pipeline._prepare_text_ids(states).to(x.device),    # [B, M, 4]
-                    img_ids=Flux2Pipeline._prepare_latent_ids(latents).to(x.device))  # [B, hw, 4]
+                    txt_ids=txt_ids, img_ids=img_ids)
 
     def prediction(self, out, x, model_config, constants):
         B, C, T, h, w = x.shape

@@ -23,6 +23,7 @@ TEXT_KEYS = ("encoder_hidden_states", "encoder_attention_mask", "encoder_hidden_
 
 class HunyuanVideo15Conditioning(PipelineConditioning):
     text_keys = TEXT_KEYS
+    cfg_branches = "two_calls"     # its guider's batches: the caption's, then the negative prompt's
 
     def max_sequence_length(self, pipe) -> int:
         return int(pipe.tokenizer_max_length)

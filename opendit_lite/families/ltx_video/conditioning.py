@@ -10,6 +10,7 @@ from ..conditioning_base import PipelineConditioning, call_default, flow_shift
 
 class LTXVideoConditioning(PipelineConditioning):
     text_keys = ("encoder_hidden_states", "encoder_attention_mask")
+    cfg_branches = "batched"       # one call on [negative prompts; prompts]
 
     def encode_text(self, pipe, prompts):
         states, mask, _, _ = self.encode_prompt(pipe, prompts, do_classifier_free_guidance=False)

@@ -41,6 +41,14 @@ def batch_text(text) -> dict:
 
 class QwenImageConditioning(ImageConditioning):
     text_keys = (STATES, MASK)
+    cfg_branches = "two_calls"     # true CFG: the transformer once on the prompt, once on the negative prompt
+
+    def guidance_call(self, scale, guided):
+        # ``guidance_scale`` is the guidance embedding's, which the model lacks; true CFG runs only when
+        # ``true_cfg_scale`` > 1 and a negative prompt is given (the empty prompt caption dropout trains on)
+        if guided:
+            return {"guidance_scale": scale}
+        return {"true_cfg_scale": scale, **({"negative_prompt": self.null_prompt} if scale > 1 else {})}
 
     def encode_text(self, pipe, prompts):
         states, mask = self.encode_prompt(pipe, prompts)                           # [B, L, W], [B, L] | None

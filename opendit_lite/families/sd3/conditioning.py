@@ -12,6 +12,7 @@ CLIP_TOKENS = 77  # the CLIP encoders' positions, before T5's tokens
 
 class SD3Conditioning(ImageConditioning):
     text_keys = ("encoder_hidden_states", "pooled_projections")
+    cfg_branches = "batched"       # one call on [negative prompts; prompts]
 
     def text_tokens(self, pipe):
         return CLIP_TOKENS + self.max_sequence_length(pipe)

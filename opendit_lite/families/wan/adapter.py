@@ -25,17 +25,22 @@ class WanAdapter(FamilyAdapter):
     def patch_size(self, config):
         return tuple(int(v) for v in config["patch_size"])
 
+    def needs_pipeline(self, config):
+        if int(config["in_channels"]) == self.latent_channels(config):
+            return ""
+        return (f"{self.class_name} with in_channels={config['in_channels']} is an image-to-video transformer: it "
+                f"trains on the images its pipeline encodes. Give the pipeline folder (model.pipeline, a "
+                f"WanImageToVideoPipeline) instead of model.path, with the clips (their first frames are the images).")
+
     def forward(self, model, config, x, t, states, mask, pooled):
         if int(config["in_channels"]) == x.shape[1]:
             return model(hidden_states=x, timestep=t, encoder_hidden_states=states, return_dict=False)[0]
         # An image-to-video transformer (36 channels: the latents, then 4 mask + 16 condition channels; Wan 2.1:
         # CLIP image states too). Its images come from its pipeline (model.pipeline: conditioning_i2v.py); here
-        # there is none, so only the planner's meta-device forwards run, with the inputs' shapes.
+        # there is none, so only the planner's meta-device forwards run, with the inputs' shapes (a run is
+        # refused when it is built: needs_pipeline).
         if not x.is_meta:
-            raise ConfigError(f"{self.class_name} with in_channels={config['in_channels']} is an image-to-video "
-                              f"transformer: it trains on the images its pipeline encodes. Give the pipeline folder "
-                              f"(model.pipeline, a WanImageToVideoPipeline) instead of model.path, with the clips "
-                              f"(their first frames are the images).")
+            raise ConfigError(self.needs_pipeline(config))
         B = x.shape[0]
         condition = x.new_zeros(B, int(config["in_channels"]) - x.shape[1], *x.shape[2:])    # [B, 20, T, h, w]
         image = None

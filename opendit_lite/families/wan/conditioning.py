@@ -11,6 +11,7 @@ from ..conditioning_base import PipelineConditioning
 
 class WanConditioning(PipelineConditioning):
     text_keys = ("encoder_hidden_states",)
+    cfg_branches = "two_calls"     # the prompts' call, then the negative prompts', on the same latents
 
     def encode_text(self, pipe, prompts):
         states, _ = self.encode_prompt(pipe, prompts, do_classifier_free_guidance=False)

@@ -30,6 +30,7 @@ from .adapter import caption_list, z_image_time
 class ZImageConditioning(ImageConditioning):
     text_keys = ("cap_feats", "cap_mask")
     unguided_scale = 0.0                                  # ZImagePipeline guides only when guidance_scale > 0
+    cfg_branches = "batched"       # one call on the prompts' and the negative prompts' rows, in lists of 2B
     distilled_releases = ("Z-Image-Turbo",)               # sampled without guidance (model.guidance_distilled)
 
     def encode_text(self, pipe, prompts):

@@ -1,15 +1,13 @@
-"""Z-Image's step-cache piece: no step cache hooks its blocks (``no_cache``). Its forward runs three
-streams through one block class in turn: the image tokens through ``noise_refiner``, the caption
-through ``context_refiner``, then the joint sequence through ``layers``; the block-level caches
-(First-Block-Cache, MagCache, TeaCache) treat the declared block lists as one stack whose head output
-and tail output are one stream, and diffusers' ``TransformerBlockRegistry`` entry for
-``ZImageTransformerBlock`` names the tokens ``hidden_states`` where the block takes ``x``; Pyramid
-Attention Broadcast finds no ``attn`` module in it (its attention is ``attention``). Sampling through
-``ZImagePipeline`` (a run from its folder) uses no step cache anyway.
+"""Z-Image's step-cache piece. Its forward runs three streams through one block class in turn: the image
+tokens through ``noise_refiner``, the caption through ``context_refiner``, then the joint sequence through
+``layers``. The block-level caches (First-Block-Cache, MagCache, TeaCache) hook ``layers`` alone, the one
+stack its tokens run through as one stream (``cache_block_lists``: diffusers' own hooks pick the same
+list); the refiners (two blocks each in the release, against 30 layers) run at every step. The blocks
+take their tokens as ``x`` and return them alone (``block_streams``), where diffusers' registry entry for
+``ZImageTransformerBlock`` reads ``hidden_states``.
 
-TeaCache's signal itself is what the first block (the first noise refiner) feeds its attention:
-``attention_norm1`` of the tokens times ``1 + scale_msa``, the scale its ``adaLN_modulation`` makes of
-the timestep embedding, kept for a cache that hooks the main layers alone.
+TeaCache's signal is what the first main layer feeds its attention: ``attention_norm1`` of the joint
+tokens times ``1 + scale_msa``, the scale its ``adaLN_modulation`` makes of the timestep embedding.
 """
 
 from ..step_cache_spec import StepCacheSpec, forward_arguments
@@ -22,8 +20,5 @@ def modulated_input(block, args, kwargs):
     return block.attention_norm1(x) * (1.0 + scale_msa)                        # [B, N, D]
 
 
-STEP_CACHE = StepCacheSpec(
-    family="z_image", head_block="ZImageTransformerBlock", teacache_signal=modulated_input,
-    no_cache="its blocks run the image tokens, the caption and the joint sequence in turn (three streams through "
-             "one block class, the tokens named x), which the block-level caches' one-stack hooks and Pyramid "
-             "Attention Broadcast cannot follow.")
+STEP_CACHE = StepCacheSpec(family="z_image", head_block="ZImageTransformerBlock", teacache_signal=modulated_input,
+                           cache_block_lists=("layers",), block_streams=("x",))

@@ -18,7 +18,6 @@ from diffusers.models.attention_processor import Attention as DiffusersAttention
 
 from ...errors import ConfigError
 from ...families import family_of, is_family
-from ...models.blocks import find_blocks
 from .cache_hooks import (
     AgreedFirstBlockHook,
     CountingHook,
@@ -29,7 +28,7 @@ from .cache_hooks import (
     TeaCacheState,
 )
 from .calibrate import MagCalibration
-from .model_parts import attention_kinds, check_blocks, teacache_signal
+from .model_parts import attention_kinds, cache_blocks, check_blocks, teacache_signal
 
 HEAD, BLOCK, COUNT, CALIBRATE, NOTICE = ("step_cache_head", "step_cache_block", "step_cache_count",
                                          "step_cache_calibrate", "step_cache_reuse_notice")
@@ -140,7 +139,7 @@ class StepCache:
         self.num_attention = len(found)
 
     def _install_blocks(self) -> List[nn.Module]:
-        blocks = find_blocks(self.model)
+        blocks = cache_blocks(self.model)
         check_blocks(self.model, blocks, self.kind)
         self._count(blocks, "blocks")
         self.num_blocks = len(blocks)
@@ -164,7 +163,7 @@ class StepCache:
             state, self.settings["threshold"], self.settings["max_skip_steps"], self.num_steps, signal, self.group))
 
     def _install_magcache(self) -> None:
-        s, blocks = self.settings, find_blocks(self.model)
+        s, blocks = self.settings, cache_blocks(self.model)
         config = MagCacheConfig(threshold=s["threshold"], max_skip_steps=s["max_skip_steps"],
                                 retention_ratio=s["retention_ratio"], num_inference_steps=self.num_steps,
                                 mag_ratios=list(s["mag_ratios"]))

@@ -25,6 +25,7 @@ from diffusers.hooks._helpers import TransformerBlockMetadata, TransformerBlockR
 
 from ...errors import ConfigError
 from ...families import family_of
+from ...models.blocks import find_blocks
 
 
 @dataclass
@@ -69,6 +70,33 @@ def block_metadata(cls: type) -> Optional[TransformerBlockMetadata]:
                                          argument_names=dict(getattr(base, "argument_names", {})))
     TransformerBlockRegistry.register(model_class=cls, metadata=metadata)
     return metadata
+
+
+def cache_blocks(model: nn.Module) -> List[nn.Module]:
+    """The blocks the block-level caches hook as one stack, in forward order: a diffusers family's
+    ``cache_block_lists`` when its step-cache piece declares them (the lists its tokens run through as
+    one stream), else the model's blocks (``find_blocks``). A family that declares its blocks' streams
+    (``block_streams``) has its block class registered for diffusers' hooks so."""
+    family = family_of(model)
+    spec = family.step_cache if family is not None else None
+    blocks = [b for name in spec.cache_block_lists for b in model.get_submodule(name)] \
+        if spec is not None and spec.cache_block_lists else find_blocks(model)
+    if spec is not None and spec.block_streams:
+        for cls in {type(b) for b in blocks}:
+            _register_streams(cls, spec.block_streams)
+    return blocks
+
+
+def _register_streams(cls: type, streams: Tuple[str, ...]) -> None:
+    """``cls``'s registry entry from its declared streams (tokens, [text]): the forward arguments the hooks
+    read, returned in that order; replaces diffusers' entry, if any."""
+    tokens, *text = streams
+    names = {"hidden_states": tokens, **({"encoder_hidden_states": text[0]} if text else {})}
+    found = _registered(cls)
+    if isinstance(found, DeclaredBlockMetadata) and found.argument_names == names:
+        return
+    TransformerBlockRegistry.register(model_class=cls, metadata=DeclaredBlockMetadata(
+        return_hidden_states_index=0, return_encoder_hidden_states_index=1 if text else None, argument_names=names))
 
 
 def check_blocks(model: nn.Module, blocks: List[nn.Module], kind: str) -> None:
