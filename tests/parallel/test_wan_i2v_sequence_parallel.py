@@ -3,9 +3,10 @@ inputs ``families/wan/conditioning_i2v.py`` builds: Wan 2.1 I2V (36 channels: th
 mask channels enter the patch embedding with the noisy latents, so they split with the tokens; CLIP
 image states reach every rank's cross-attention whole), Wan 2.1 FLF2V (both images' CLIP states, a row
 each, with the transformer's position embedding over the pair) and Wan 2.2 TI2V-5B (the given first frame
-in place, per-token timesteps split with the tokens). Ulysses, ring and USP (I2V; FLF2V and TI2V Ulysses) at 15 tokens
-(uneven at sp 2); the gathered
-output, every parameter's world-mean gradient and the parameters after one SGD step are compared as in
+in place, per-token timesteps split with the tokens; and its text-to-video, ``WanPipeline``'s conditioning
+with ``expand_timesteps``: the same timestep on every token, split with them). Ulysses, ring and USP (I2V;
+FLF2V and TI2V Ulysses) at 15 tokens (uneven at sp 2); the gathered output, every parameter's world-mean
+gradient and the parameters after one SGD step are compared as in
 ``test_diffusers_families.py`` (relative, 1e-4)."""
 
 import warnings
@@ -23,7 +24,7 @@ from tests.parallel.test_diffusers_families import TOL, _errors, _target
 I2V = dict(fam.WAN, in_channels=36, out_channels=16, image_dim=16, added_kv_proj_dim=24)
 FLF2V = dict(I2V, pos_embed_seq_len=34)  # two images' 17 CLIP tokens
 TI2V = dict(fam.WAN, in_channels=8, out_channels=8)
-CONFIGS = {"i2v": I2V, "flf2v": FLF2V, "ti2v": TI2V}
+CONFIGS = {"i2v": I2V, "flf2v": FLF2V, "ti2v": TI2V, "ti2v t2v": TI2V}
 GRID = (1, 6, 10)  # 15 tokens of 2x2 patches
 
 
@@ -35,13 +36,14 @@ def _build(config: dict):
 
 
 def _inputs(layout: str, seed: int) -> dict:
-    """The transformer's keywords as the image-to-video conditioning gives them (random latents, image
+    """The transformer's keywords as the layout's conditioning gives them (random latents, image
     states, text)."""
     from opendit_lite.families import FAMILIES
 
     g = torch.Generator().manual_seed(seed)
     config = CONFIGS[layout]
-    conditioning = FAMILIES["wan"].conditioning_of("WanImageToVideoPipeline").for_model(config)
+    pipeline = "WanPipeline" if layout == "ti2v t2v" else "WanImageToVideoPipeline"
+    conditioning = FAMILIES["wan"].conditioning_of(pipeline).for_model(config)
     channels = config["out_channels"]
     x = torch.randn(2, channels, *GRID, generator=g)
     t = torch.rand(2, generator=g) * 1000
@@ -50,9 +52,9 @@ def _inputs(layout: str, seed: int) -> dict:
         images = (2,) if layout == "flf2v" else ()  # FLF2V: each sample's first and last image
         text.update(condition=torch.randn(2, 20, *GRID, generator=g),
                     encoder_hidden_states_image=torch.randn(2, *images, 17, 16, generator=g))
-    else:
+    elif layout == "ti2v":
         text.update(condition=torch.randn(2, channels, 1, *GRID[1:], generator=g))
-    constants = {"expand_timesteps": layout == "ti2v"}
+    constants = {"expand_timesteps": layout.startswith("ti2v")}
     return dict(conditioning.inputs(config, constants, x, t, text), return_dict=False)
 
 
@@ -87,12 +89,12 @@ def _compare(layout: str, mode: str = "ulysses", lr: float = 10.0) -> dict:
 def _world2(rank, world_size):
     warnings.filterwarnings("ignore")
     return {"i2v": _compare("i2v"), "ti2v": _compare("ti2v"), "i2v ring": _compare("i2v", "ring"),
-            "i2v usp": _compare("i2v", "usp"), "flf2v": _compare("flf2v")}
+            "i2v usp": _compare("i2v", "usp"), "flf2v": _compare("flf2v"), "ti2v t2v": _compare("ti2v t2v")}
 
 
 def test_image_to_video_at_sp2_equals_one_process():
     per_rank = spawn_results("wan image-to-video", 2)
-    for layout in ("i2v", "ti2v", "i2v ring", "i2v usp", "flf2v"):
+    for layout in ("i2v", "ti2v", "i2v ring", "i2v usp", "flf2v", "ti2v t2v"):
         worst = {k: max(r[layout][k] for r in per_rank) for k in ("out", "grad", "step")}
         print(f"\n{layout}: " + ", ".join(f"{k} {v:.2g}" for k, v in worst.items()))
         assert per_rank[0][layout]["missing"] == [], per_rank[0][layout]["missing"]
