@@ -233,8 +233,15 @@ def pipeline_call_settings(cfg) -> Dict[str, Any]:
         raise ConfigError(f"{family.class_name} is an image model: remove sample.num_frames (it samples images).")
     frames = None if image_only else (s.num_frames or d.num_frames)
     height, width = s.height or d.image_size, s.width or d.image_size
-    check_clip_size(folder, light_pipeline(folder.path, folder.pipeline_class), frames, height, width,
-                    "sample.num_frames/height/width ask for")
+    light = light_pipeline(folder.path, folder.pipeline_class)
+    check_clip_size(folder, light, frames, height, width, "sample.num_frames/height/width ask for")
+    terminal = getattr(light.scheduler, "config", {}).get("shift_terminal")
+    if terminal and s.num_sampling_steps == 1:
+        # FlowMatchEulerDiscreteScheduler.stretch_shift_to_terminal divides 1 - sigma by its last value: 0 at one step
+        raise ConfigError(f"sample.num_sampling_steps=1, but the scheduler of {folder.pipeline_class} in "
+                          f"{folder.path!r} stretches its schedule to end at shift_terminal={terminal:g}, which "
+                          f"divides by zero with a single step (the pipeline called directly gives NaN or fails). "
+                          f"Sample with sample.num_sampling_steps=2 or more.")
     settings: Dict[str, Any] = dict(num_inference_steps=s.num_sampling_steps)
     settings.update({k: v for k, v in (("num_frames", frames), ("height", height), ("width", width)) if v})
     if height and width:
