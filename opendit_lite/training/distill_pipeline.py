@@ -29,9 +29,15 @@ fine-tune LoRA export writes it, ``<run dir>/diffusers/``, with the exact call p
 With ``lora.rank`` 0 the student is a full-weight copy (three transformers: teacher frozen, student and
 critic trained), exported as a pipeline folder (its transformer written, the rest linked).
 
+Parallelism and memory as in fine-tuning, with the zoo distillation's mechanisms: DDP (unused parameters
+found) and ZeRO-1/2 (LowLevelZero steps only the parameters whose gradient arrived, and saves the
+not-yet-stepped ones with an empty state: ``plugins/zero.py``), the run's sharded EMA of the student only
+(``ema_averages``), sequence parallelism of each transformer as the family's spec makes it
+(``sequence_parallel_networks``), block swapping of the LoRA base's blocks (``get_fsdp_wrap_module_list``).
+
 Not supported yet (refused before anything starts): two experts (Wan 2.2 A14B),
 image-conditioned pipelines, families that do not declare how their pipeline sets its scheduler (Wan and
-Flux do), ZeRO, sequence parallelism, block swapping.
+Flux do), ZeRO-3 (Gemini), block swapping of a full-weight student, and the options the validation lists.
 """
 
 import copy
@@ -64,6 +70,7 @@ from ..errors import CheckpointError, ConfigError
 from ..families.conditioning_base import PipelineConditioning
 from ..interop.diffusers_export import pipeline_loads_lora
 from ..interop.pretrained_files import LORA_WEIGHT_NAME
+from ..models.blocks import find_blocks
 from .distill import JUDGE_HIGH, JUDGE_LOW, distill_loss_kinds, is_student_step, student_step_index
 from .pipeline_data import prepare_pipeline_data
 from .spec import TrainerSpec
@@ -97,6 +104,28 @@ class PipelineDistillModule(nn.Module):
     def transformer(self) -> nn.Module:
         """The pipeline's transformer as loaded (its config, its device): the base, or the teacher."""
         return self.base if self.lora else self.teacher
+
+    def networks(self) -> Tuple[Tuple[str, nn.Module], ...]:
+        """The transformers this module runs, by name: the shared base (LoRA), else teacher, student, critic."""
+        if self.lora:
+            return (("base", self.base),)
+        return tuple((role, getattr(self, role)) for role in (TEACHER, STUDENT, CRITIC))
+
+    def sequence_parallel_networks(self) -> Tuple[Tuple[str, nn.Module], ...]:
+        """What sequence parallelism converts (``parallelization.apply_sequence_parallel``): each
+        transformer as if it were the model (a diffusers family's spec places its hooks by path from the
+        transformer's root)."""
+        return self.networks()
+
+    def get_fsdp_wrap_module_list(self):
+        """The repeated blocks (``models/blocks.find_blocks``) that activation checkpointing and block
+        swapping act on: the shared base's (LoRA), else the teacher's, student's and critic's in turn."""
+        return [block for _, network in self.networks() for block in find_blocks(network)]
+
+    def ema_averages(self, name: str) -> bool:
+        """The run's EMA averages the student only (``ema/boosted.py``): the student is what samples and is
+        exported; the critic is only ever used as it is now (saved with the EMA as it is)."""
+        return f".{STUDENT}." in name if self.lora else name.startswith(f"{STUDENT}.")
 
     def layers(self):
         if self._layers is None:
@@ -189,16 +218,24 @@ def validate_pipeline_distill(cfg, validate_video) -> None:
     if cfg.diffusion.objective not in (None, "rflow"):
         raise ConfigError(f"diffusion.objective={cfg.diffusion.objective!r}: a pipeline's student is distilled "
                           f"with flow matching (rflow), as its scheduler samples it; remove diffusion.objective.")
-    unsupported = {"zero_degree": cfg.zero_degree != 0, "sp_size": cfg.sp_size != 1,
-                   "memory.blocks_to_swap": cfg.memory.blocks_to_swap != 0,
-                   "fused_optimizer_ema": cfg.fused_optimizer_ema,
-                   "lora.base_precision": cfg.lora.base_precision != "none", "compile": cfg.compile,
+    if cfg.zero_degree == 3:
+        raise ConfigError("zero_degree=3 (Gemini) in a pipeline's distillation: each step trains the student or the "
+                          "critic and leaves the other without a gradient, which GeminiDDP refuses at the end of each "
+                          "backward (its chunks are reduced once every parameter's gradient arrived), and its EMA "
+                          "cannot average the student alone; use zero_degree=1 or 2 (LowLevelZero leaves such "
+                          "parameters and their Adam state untouched) or 0.")
+    if cfg.memory.blocks_to_swap and not cfg.lora.rank:
+        raise ConfigError(f"memory.blocks_to_swap={cfg.memory.blocks_to_swap} with lora.rank=0: block swapping keeps "
+                          f"a LoRA base's frozen block weights in host memory, but a full-weight student and critic "
+                          f"train all of theirs; set lora.rank > 0 or memory.blocks_to_swap=0.")
+    unsupported = {"lora.base_precision": cfg.lora.base_precision != "none", "compile": cfg.compile,
                    "sample.every": cfg.sample.every != 0, "distill.gan_weight": getattr(d, "gan_weight", 0) > 0,
                    "export.lora=merged": cfg.export.lora == "merged"}
     bad = [k for k, on in unsupported.items() if on]
     if bad:
         raise ConfigError(f"distilling a pipeline (distill.teacher with model.pipeline) does not support "
-                          f"{', '.join(bad)} yet (one process or DDP, LoRA or full-weight student and critic, "
+                          f"{', '.join(bad)} yet (one process, DDP or ZeRO-1/2, sequence parallelism, LoRA or "
+                          f"full-weight student and critic, block swapping with LoRA, "
                           f"fp32/bf16, the student exported as a LoRA or its own pipeline folder): remove "
                           f"{' and '.join(bad)} from the config.")
 

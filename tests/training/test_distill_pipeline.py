@@ -136,7 +136,7 @@ def test_wan_lora_distillation_resumes_exports_and_the_pipeline_samples_the_stud
         (f"distill.teacher={tmp_path}",): "another model than this run",
         ("distill.student_timesteps=400",): "timesteps for 400 steps differ",
         (f"lora.init_from={out}",): "clash",
-        ("zero_degree=1",): "does not support zero_degree",
+        ("zero_degree=3", "lora.rank=0"): "zero_degree=3 (Gemini)",
     }
     capsys.readouterr()  # the pipeline's loading bars
     for overrides, words in refusals.items():
