@@ -2,9 +2,11 @@
 critic adapters, under the zoo distillation's mechanisms: DDP, ZeRO-1 (EMA fused into the optimizer's step)
 and ZeRO-2 at 2 ranks equal one process after a critic, a student and a critic step, each network's Adam
 step count advancing on its own steps only, the sharded EMA averaging the student only; Ulysses over 2 ranks
-gives one process's losses and gradients of a critic step and a student step; block swapping
+gives one process's losses and gradients of a critic step and a student step, for the LoRA layout and for
+full weights (each of the three transformers converted); block swapping
 (``memory.blocks_to_swap``) gives them exactly. All in one 2-rank spawn plus one process."""
 
+import copy
 from types import SimpleNamespace
 
 import pytest
@@ -26,12 +28,15 @@ CFG = SimpleNamespace(distill=SimpleNamespace(student_timesteps=STEPS, guidance_
                       global_seed=0)
 
 
-def module() -> PipelineDistillModule:
-    """Wan's tiny transformer (2 blocks, 2 heads) with both adapters away from their no-op start."""
+def module(full: bool = False) -> PipelineDistillModule:
+    """Wan's tiny transformer (2 blocks, 2 heads) with both adapters away from their no-op start; ``full``:
+    three copies of it (teacher, student, critic) instead."""
     from opendit_lite.families.tiny_parts import random_transformer
     from opendit_lite.families.wan.tiny import _WAN_TRANSFORMER
 
     base = random_transformer("WanTransformer3DModel", 0, **_WAN_TRANSFORMER)
+    if full:
+        return PipelineDistillModule(base, copy.deepcopy(base), copy.deepcopy(base))
     add_adapters(base, (STUDENT, CRITIC), rank=2, alpha=2.0, dropout=0.0, targets=None)
     torch.manual_seed(0)
     with torch.no_grad():
@@ -131,14 +136,16 @@ def _ranks(rank, world_size):
     install_zero_cpu_shim()
     half = BATCH // world_size
     out = {degree: _boosted_run(degree, range(rank * half, (rank + 1) * half)) for degree in (0, 1, 2)}
-    plugin = OpenDiTPlugin(zero_degree=0, sp_size=world_size, precision="fp32",
-                           ddp_kwargs=dict(find_unused_parameters=True))
-    booster = Booster(plugin=plugin)
-    serial = module()
-    report = parallelize(serial, sp_group=plugin.sp_group, sp_mode="ulysses")
-    optimizer = plugin.build_optimizer([p for p in serial.parameters() if p.requires_grad], lr=LR, fused=False)
-    model, optimizer, *_ = booster.boost(serial, optimizer)
-    out["sp"] = str(report), gradients(serial, model, lambda loss: booster.backward(loss, optimizer), range(BATCH))
+    for full in (False, True):  # the LoRA layout (one base), full weights (three transformers, each converted)
+        plugin = OpenDiTPlugin(zero_degree=0, sp_size=world_size, precision="fp32",
+                               ddp_kwargs=dict(find_unused_parameters=True))
+        booster = Booster(plugin=plugin)
+        serial = module(full)
+        report = parallelize(serial, sp_group=plugin.sp_group, sp_mode="ulysses")
+        optimizer = plugin.build_optimizer([p for p in serial.parameters() if p.requires_grad], lr=LR, fused=False)
+        model, optimizer, *_ = booster.boost(serial, optimizer)
+        out["sp", full] = str(report), gradients(serial, model, lambda loss: booster.backward(loss, optimizer),
+                                                 range(BATCH))
     return out
 
 
@@ -166,15 +173,20 @@ def test_pipeline_distill_with_ddp_and_zero_equals_one_process(two_ranks):
 def test_pipeline_distill_sequence_parallel_and_block_swapping_equal_one_process(two_ranks):
     from opendit_lite.parallelization import parallelize
 
-    serial = module()
-    expected = gradients(serial, serial, lambda loss: loss.backward(), range(BATCH))
-    report, got = two_ranks["sp"]
-    assert "Ulysses" in report, report
-    for (loss, grads), (ref_loss, ref_grads) in zip(got, expected):
-        assert grads.keys() == ref_grads.keys()
-        diff = max((grads[k] - v).abs().max().item() for k, v in ref_grads.items())
-        print(f"ulysses sp_size=2: loss |diff| {abs(loss - ref_loss):.2e}, gradients max |diff| {diff:.2e}")
-        assert abs(loss - ref_loss) < 1e-6 and diff < 1e-6, (loss, ref_loss, diff)
+    for full in (False, True):
+        serial = module(full)
+        one = gradients(serial, serial, lambda loss: loss.backward(), range(BATCH))
+        report, got = two_ranks["sp", full]
+        networks = ("teacher", "student", "critic") if full else ("base",)
+        assert all(f"{name}: ulysses" in report for name in networks), report
+        for (loss, grads), (ref_loss, ref_grads) in zip(got, one):
+            assert ref_grads and grads.keys() == ref_grads.keys()
+            diff = max((grads[k] - v).abs().max().item() for k, v in ref_grads.items())
+            print(f"ulysses sp_size=2 ({'full weights' if full else 'LoRA'}): loss |diff| {abs(loss - ref_loss):.2e}, "
+                  f"gradients max |diff| {diff:.2e}")
+            assert abs(loss - ref_loss) < 1e-6 and diff < 1e-6, (loss, ref_loss, diff)
+        if not full:
+            expected = one
 
     swapped = module()  # memory.blocks_to_swap=1 of the base's 2 blocks: fetched at every pass, exact
     report = parallelize(swapped, blocks_to_swap=1)
