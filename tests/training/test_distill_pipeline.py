@@ -259,6 +259,17 @@ ROLLED_STEPS = 3  # two steps would not test the shift: a terminal-stretched gri
 SCHEDULER_VARIANTS = {"sd3-dynamic-shift": ("sd3", dict(use_dynamic_shifting=True, base_shift=0.5, max_shift=1.16))}
 
 
+def test_every_declared_text_pipeline_has_its_rollout_checked():
+    """Each pipeline a distillation takes (text-conditioned, its family declaring ``set_timesteps_kwargs``) is
+    one of the rollout cases below, or Wan's, whose end-to-end run above checks it."""
+    from opendit_lite.families.conditioning_base import PipelineConditioning
+    from opendit_lite.families.registry import FAMILIES
+
+    declared = {v.pipeline for f in FAMILIES.values() for v in f.pipelines if v.conditioning.image_input == "none"
+                and type(v.conditioning).set_timesteps_kwargs is not PipelineConditioning.set_timesteps_kwargs}
+    assert declared == {*ROLLED_OUT.values(), "WanPipeline"}, declared ^ {*ROLLED_OUT.values(), "WanPipeline"}
+
+
 @pytest.mark.parametrize("case", [*sorted(ROLLED_OUT), *SCHEDULER_VARIANTS])
 def test_a_student_rolled_out_by_the_scheduler_is_the_pipeline_call(tiny_pipeline, case):
     """Each family's pipeline (the guidance embeddings of FLUX.1-dev, FLUX.2 and HunyuanVideo, the pipelines'
