@@ -36,8 +36,11 @@ not-yet-stepped ones with an empty state: ``plugins/zero.py``), the run's sharde
 (``sequence_parallel_networks``), block swapping of the LoRA base's blocks (``get_fsdp_wrap_module_list``).
 
 Not supported yet (refused before anything starts): two experts (Wan 2.2 A14B),
-image-conditioned pipelines, families that do not declare how their pipeline sets its scheduler (Wan and
-Flux do), ZeRO-3 (Gemini), block swapping of a full-weight student, and the options the validation lists.
+image-conditioned pipelines, schedulers that are not flow matching (CogVideoX's), families that do not
+declare how their pipeline sets its scheduler (Wan, Flux, SD3, HunyuanVideo, HunyuanVideo 1.5, LTX-Video,
+Qwen-Image, Z-Image and FLUX.2 do), a teacher distilled from classifier-free guidance without a guidance
+input (Z-Image-Turbo) at a ``distill.guidance_scale`` other than 1, ZeRO-3 (Gemini), block swapping of a
+full-weight student, and the options the validation lists.
 """
 
 import copy
@@ -210,11 +213,18 @@ def validate_pipeline_distill(cfg, validate_video) -> None:
     why = flow_scheduler_error(pipe.scheduler)
     if why:
         raise ConfigError(f"{name}'s scheduler {why}: the distilled student is a flow-matching few-step sampler, "
-                          f"run by the pipeline's own scheduler; distill a flow-matching pipeline (Wan, Flux).")
+                          f"run by the pipeline's own scheduler; distill a flow-matching pipeline (Wan, Flux, SD3, "
+                          f"...).")
     if type(c).set_timesteps_kwargs is PipelineConditioning.set_timesteps_kwargs:
         raise ConfigError(f"the {folder.family.name} family does not declare how {name} sets its scheduler's "
                           f"timesteps (conditioning.set_timesteps_kwargs), so the student's times could not be the "
                           f"pipeline's: distilling it is not supported yet.")
+    why = c.guidance_free(folder.path, m.guidance_distilled)
+    if why and not c.guided(folder.transformer_config()) and d.guidance_scale != 1:
+        raise ConfigError(f"{why}. Its teacher has no unconditional branch to guide with, so a real score guided at "
+                          f"distill.guidance_scale={d.guidance_scale:g} against that branch is not the model's "
+                          f"distribution (and a guidance input for another route it lacks): set "
+                          f"distill.guidance_scale=1 (the teacher's conditional prediction, as it samples).")
     if cfg.diffusion.objective not in (None, "rflow"):
         raise ConfigError(f"diffusion.objective={cfg.diffusion.objective!r}: a pipeline's student is distilled "
                           f"with flow matching (rflow), as its scheduler samples it; remove diffusion.objective.")
@@ -358,19 +368,27 @@ def pipeline_distill_loss(denoisers: DistillDenoisers, objective, cfg, x: torch.
 # --------------------------------------------------------------------------------------------------
 
 def sampling_call(cfg, out: str) -> str:
-    """The exact pipeline call that samples the exported student."""
+    """The exact pipeline call that samples the exported student: at the family's keywords for the
+    student's guidance (``guidance_call``: Qwen-Image's ``true_cfg_scale``); a pipeline that takes its
+    scale on a ``guider`` (HunyuanVideo 1.5's) gets a copy of its guider at that scale first."""
+    import inspect
+
     folder = pipeline_folder(cfg.model.pipeline)
-    steps = cfg.distill.student_timesteps
+    steps, c = cfg.distill.student_timesteps, folder.conditioning
+    keywords = c.guidance_call(student_guidance(cfg), c.guided(folder.transformer_config()))
+    light = light_pipeline(cfg.model.pipeline)
+    guider = ""
+    if "guidance_scale" in keywords and "guidance_scale" not in inspect.signature(type(light).__call__).parameters:
+        guider = f"pipe.guider = pipe.guider.new(guidance_scale={keywords.pop('guidance_scale')!r}); "
+    guidance = "".join(f", {k}={v!r}" for k, v in keywords.items())
     load = (f"pipe.load_lora_weights({out!r})" if pipeline_loads_lora(folder.family.pipeline) else
             f"pipe.transformer.load_lora_adapter({out!r}, weight_name={LORA_WEIGHT_NAME!r})")
     if not cfg.lora.rank:  # the student's own pipeline folder
-        return (f"pipe = {folder.pipeline_class}.from_pretrained({out!r}); "
-                f"pipe(prompt, num_inference_steps={steps}, guidance_scale={student_guidance(cfg)!r})  # no "
-                f"classifier-free guidance")
-    return (f"pipe = {folder.pipeline_class}.from_pretrained({cfg.model.pipeline!r}); {load}; "
-            f"pipe(prompt, num_inference_steps={steps}, guidance_scale={student_guidance(cfg)!r})  # the scheduler "
-            f"as saved in the pipeline folder ({type(light_pipeline(cfg.model.pipeline).scheduler).__name__}), no "
-            f"classifier-free guidance")
+        return (f"pipe = {folder.pipeline_class}.from_pretrained({out!r}); {guider}"
+                f"pipe(prompt, num_inference_steps={steps}{guidance})  # no classifier-free guidance")
+    return (f"pipe = {folder.pipeline_class}.from_pretrained({cfg.model.pipeline!r}); {load}; {guider}"
+            f"pipe(prompt, num_inference_steps={steps}{guidance})  # the scheduler as saved in the pipeline folder "
+            f"({type(light.scheduler).__name__}), no classifier-free guidance")
 
 
 def write_student_lora(cfg, checkpoint: str, out: str, final: str) -> None:
