@@ -46,7 +46,7 @@ full-weight student, and the options the validation lists.
 import copy
 import dataclasses
 import os
-from typing import Dict, Optional, Tuple
+from typing import Dict, Tuple
 
 import torch
 import torch.nn as nn
@@ -56,7 +56,7 @@ from ..builders.distill_model import (
     ROLES,
     STUDENT,
     TEACHER,
-    active_adapter,
+    DistillNetworks,
     add_adapters,
     check_resumed_distillation,
 )
@@ -73,7 +73,6 @@ from ..errors import CheckpointError, ConfigError
 from ..families.conditioning_base import PipelineConditioning
 from ..interop.diffusers_export import pipeline_loads_lora
 from ..interop.pretrained_files import LORA_WEIGHT_NAME
-from ..models.blocks import find_blocks
 from .distill import JUDGE_HIGH, JUDGE_LOW, distill_loss_kinds, is_student_step, student_step_index
 from .pipeline_data import prepare_pipeline_data
 from .spec import TrainerSpec
@@ -81,38 +80,16 @@ from .spec import TrainerSpec
 SAMPLING_NOTE = "sampling.txt"  # beside the exported LoRA: the exact pipeline call
 
 
-def lora_layers(model: nn.Module):
-    from peft.tuners.lora import LoraLayer
-
-    return [m for m in model.modules() if isinstance(m, LoraLayer)]
-
-
-class PipelineDistillModule(nn.Module):
-    """Teacher, student and critic of a pipeline's distillation; ``forward(role, **inputs)`` runs ``role``'s
-    network on the keyword inputs its pipeline gives the transformer. LoRA (``student`` None): the
-    pipeline's transformer ``base`` with the adapters ``student`` and ``critic`` (the teacher: none);
-    full weights: three transformers under ``teacher`` (frozen), ``student`` and ``critic``."""
-
-    def __init__(self, base: nn.Module, student: Optional[nn.Module] = None, critic: Optional[nn.Module] = None):
-        super().__init__()
-        self.lora = student is None
-        if self.lora:
-            self.base = base
-            self._layers = None  # its LoRA layers, found at the first forward (once the model is built)
-        else:
-            self.teacher, self.student, self.critic = base, student, critic
-            self.teacher.requires_grad_(False)
+class PipelineDistillModule(DistillNetworks):
+    """Teacher, student and critic of a pipeline's distillation (``DistillNetworks``: LoRA, the pipeline's
+    transformer ``base`` with the adapters ``student`` and ``critic``; full weights, three transformers);
+    ``forward(role, **inputs)`` runs ``role``'s network on the keyword inputs its pipeline gives the
+    transformer."""
 
     @property
     def transformer(self) -> nn.Module:
         """The pipeline's transformer as loaded (its config, its device): the base, or the teacher."""
         return self.base if self.lora else self.teacher
-
-    def networks(self) -> Tuple[Tuple[str, nn.Module], ...]:
-        """The transformers this module runs, by name: the shared base (LoRA), else teacher, student, critic."""
-        if self.lora:
-            return (("base", self.base),)
-        return tuple((role, getattr(self, role)) for role in (TEACHER, STUDENT, CRITIC))
 
     def sequence_parallel_networks(self) -> Tuple[Tuple[str, nn.Module], ...]:
         """What sequence parallelism converts (``parallelization.apply_sequence_parallel``): each
@@ -120,35 +97,8 @@ class PipelineDistillModule(nn.Module):
         transformer's root)."""
         return self.networks()
 
-    def get_fsdp_wrap_module_list(self):
-        """The repeated blocks (``models/blocks.find_blocks``) that activation checkpointing and block
-        swapping act on: the shared base's (LoRA), else the teacher's, student's and critic's in turn."""
-        return [block for _, network in self.networks() for block in find_blocks(network)]
-
-    def ema_averages(self, name: str) -> bool:
-        """The run's EMA averages the student only (``ema/boosted.py``): the student is what samples and is
-        exported; the critic is only ever used as it is now (saved with the EMA as it is)."""
-        return f".{STUDENT}." in name if self.lora else name.startswith(f"{STUDENT}.")
-
-    def layers(self):
-        if self._layers is None:
-            self._layers = lora_layers(self.base)
-        return self._layers
-
     def forward(self, role: str, **inputs):
-        if not self.lora:
-            return getattr(self, role)(**inputs)
-        with active_adapter(self.layers(), None if role == TEACHER else role):
-            return self.base(**inputs)
-
-    def train_role(self, role: str) -> None:
-        """Make ``role``'s adapter the one active outside the calls, for the step that trains ``role``: a
-        checkpointed block recomputes its forward in the backward pass, after the call's adapter was
-        switched back, so the adapter in place then must be the trained network's (the only call of the
-        step with a gradient). Full weights: nothing to do (each network has its own blocks)."""
-        if self.lora:
-            for m in self.layers():
-                m._active_adapter, m._disable_adapters = [role], False
+        return self.run_role(role, **inputs)
 
 
 class RoleCall:
@@ -347,7 +297,7 @@ def pipeline_distill_loss(denoisers: DistillDenoisers, objective, cfg, x: torch.
         return uncond + d.guidance_scale * (cond - uncond)
 
     trains_student = is_student_step(step, d.critic_updates)
-    denoisers.module.train_role(STUDENT if trains_student else CRITIC)  # what a checkpointed block recomputes with
+    denoisers.module.rest(STUDENT if trains_student else CRITIC)  # what a checkpointed block recomputes with
     student = velocity(STUDENT)
     rollout = denoisers.rollout_for(tuple(x.shape))
     k = student_step_index(cfg.global_seed, step, d.student_timesteps)
