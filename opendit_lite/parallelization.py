@@ -255,12 +255,22 @@ def apply_sequence_parallel(model: nn.Module, *, sp_group: Optional[dist.Process
     (``opendit_lite.parallel.AutoInputs``: the workload, links, nodes) is what ``sp_mode=auto`` decides from
     (``parallel.modes.decide_sp_mode``; the planner prints the same choice). The first row names the mode
     (and why, for ``auto``) and what was swapped; the rows after it say where the tokens are split and
-    gathered and which op each attention module (or diffusers processor) runs."""
+    gathered and which op each attention module (or diffusers processor) runs. A module declaring
+    ``sequence_parallel_networks()`` ((name, network) pairs: the teacher, student and critic of a pipeline's
+    distillation, training/distill_pipeline.py) gets each network converted as if it were the model."""
     from . import parallel  # the collectives and SP ops are only needed here
 
     size = _group_size(sp_group)
     if size == 1:
         return [StepRow("sequence_parallel", "off", 0, "sp_group has 1 rank")]
+    networks = getattr(model, "sequence_parallel_networks", None)
+    if networks is not None:  # a module of several networks (a pipeline's distillation): each as the model
+        rows = []
+        for name, network in networks():
+            part = apply_sequence_parallel(network, sp_group=sp_group, sp_mode=sp_mode, sp_ring_size=sp_ring_size,
+                                           sp_auto=sp_auto)
+            rows += [StepRow(row.step, f"{name}: {row.swapped}", row.count, row.left) for row in part]
+        return rows
     check_sp_mode(model, sp_mode, parallel.declared_sp_modes(model))
     if sp_ring_size is not None and sp_mode != "usp":
         raise ConfigError(f"sp_ring_size={sp_ring_size} sets the ring degree of sp_mode=usp, but sp_mode is {sp_mode}: "

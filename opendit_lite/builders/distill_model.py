@@ -24,7 +24,7 @@ import contextlib
 import copy
 import os
 import warnings
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -76,17 +76,15 @@ def block_width(block: nn.Module) -> int:
     return linear.in_features
 
 
-class DistillModule(nn.Module):
-    """Teacher, student and critic as one module; ``forward(x, t, role=..., **kwargs)`` runs ``role``'s
-    network. ``teacher``: the model with the teacher's weights; full-weight runs also pass ``student``
-    and ``critic`` (copies), LoRA runs ``adapters=True`` (the teacher's model already carries both).
-    ``gan_head`` (``distill.gan_weight > 0``): the critic's discriminator head; ``forward(..., role=CRITIC,
-    features=True)`` then also returns its logits [B] on the output of the critic's middle block."""
+class DistillNetworks(nn.Module):
+    """The three networks of a distillation, as one module: with LoRA (``student`` None) the frozen ``base``
+    carrying the adapters ``student`` and ``critic`` (the teacher: no adapter); with full weights three
+    networks under ``teacher`` (frozen), ``student`` and ``critic``. What the zoo's ``DistillModule`` and a
+    pipeline's distillation module (``training/distill_pipeline.py``) share: which blocks checkpointing and
+    block swapping act on, what the EMA averages, which adapter runs between calls. Each subclass has its
+    own ``forward`` (the zoo's ``(x, t)``; a pipeline transformer's keywords)."""
 
-    fp32_inputs = ("t",)  # the models' timesteps: a ZeRO wrapper's bf16 cast keeps them (plugins/fp32_inputs.py)
-
-    def __init__(self, teacher: nn.Module, student: Optional[nn.Module] = None, critic: Optional[nn.Module] = None,
-                 gan_head: Optional[GanHead] = None):
+    def __init__(self, teacher: nn.Module, student: Optional[nn.Module] = None, critic: Optional[nn.Module] = None):
         super().__init__()
         self.lora = student is None
         if self.lora:
@@ -95,6 +93,62 @@ class DistillModule(nn.Module):
         else:
             self.teacher, self.student, self.critic = teacher, student, critic
             self.teacher.requires_grad_(False)
+
+    def networks(self) -> Tuple[Tuple[str, nn.Module], ...]:
+        """The networks this module runs, by name: the shared base (LoRA), else teacher, student, critic."""
+        if self.lora:
+            return (("base", self.base),)
+        return tuple((role, getattr(self, role)) for role in (TEACHER, STUDENT, CRITIC))
+
+    def get_fsdp_wrap_module_list(self):
+        """The repeated blocks (``models/blocks.find_blocks``), which activation checkpointing and block
+        swapping act on: the shared base's (LoRA), else the teacher's, student's and critic's in turn."""
+        return [block for _, network in self.networks() for block in find_blocks(network)]
+
+    def ema_averages(self, name: str) -> bool:
+        """The run's EMA averages the student only (``ema/boosted.py``): the student is what samples and is
+        exported; the critic is only ever used as it is now."""
+        return name.startswith(f"{STUDENT}.") if not self.lora else f".{STUDENT}." in name
+
+    def lora_layers(self):
+        """The base's LoRA layers (found once, after the model is built)."""
+        if self._layers is None:
+            self._layers = _lora_layers(self.base)
+        return self._layers
+
+    def rest(self, role: str) -> None:
+        """Make ``role``'s adapter the one the LoRA layers run when no call is in progress (a call switches to
+        its own role and back to this). The loss sets it to the role its step trains: a checkpointed block
+        recomputes its forward in backward, after the calls, and must run that role's adapter again. No-op
+        for full weights (separate networks)."""
+        if self.lora:
+            for m in self.lora_layers():
+                m._disable_adapters = role == TEACHER
+                if role != TEACHER:
+                    m._active_adapter = [role]
+
+    def run_role(self, role: str, *args, **kwargs):
+        """``role``'s network called on ``args``/``kwargs``: the base with that role's adapter (the teacher:
+        none), or that role's own network."""
+        if self.lora:
+            with active_adapter(self.lora_layers(), None if role == TEACHER else role):
+                return self.base(*args, **kwargs)
+        return getattr(self, role)(*args, **kwargs)
+
+
+class DistillModule(DistillNetworks):
+    """Teacher, student and critic of a zoo model as one module (``DistillNetworks``); ``forward(x, t,
+    role=..., **kwargs)`` runs ``role``'s network. ``teacher``: the model with the teacher's weights;
+    full-weight runs also pass ``student`` and ``critic`` (copies), LoRA runs none (the teacher's model
+    already carries both adapters). ``gan_head`` (``distill.gan_weight > 0``): the critic's discriminator
+    head; ``forward(..., role=CRITIC, features=True)`` then also returns its logits [B] on the output of
+    the critic's middle block."""
+
+    fp32_inputs = ("t",)  # the models' timesteps: a ZeRO wrapper's bf16 cast keeps them (plugins/fp32_inputs.py)
+
+    def __init__(self, teacher: nn.Module, student: Optional[nn.Module] = None, critic: Optional[nn.Module] = None,
+                 gan_head: Optional[GanHead] = None):
+        super().__init__(teacher, student, critic)
         if gan_head is not None:
             self.gan_head = gan_head
 
@@ -110,17 +164,6 @@ class DistillModule(nn.Module):
         return name.startswith(("critic.", "gan_head.")) if not self.lora else (
             f".{CRITIC}." in name or name.startswith("gan_head."))
 
-    def get_fsdp_wrap_module_list(self):
-        """The repeated blocks (``models/blocks.find_blocks``), which activation checkpointing and block
-        swapping act on: the shared base's (LoRA), else the teacher's, student's and critic's in turn."""
-        networks = (self.base,) if self.lora else (self.teacher, self.student, self.critic)
-        return [block for network in networks for block in find_blocks(network)]
-
-    def ema_averages(self, name: str) -> bool:
-        """The run's EMA averages the student only (``ema/boosted.py``): the student is what samples and is
-        exported; the critic is only ever used as it is now."""
-        return name.startswith(f"{STUDENT}.") if not self.lora else f".{STUDENT}." in name
-
     def forward(self, x: torch.Tensor, t: torch.Tensor, role: str, features: bool = False, **kwargs):
         if features:  # the critic's output and its head's logits on its middle block's output
             if role != CRITIC or not hasattr(self, "gan_head"):
@@ -130,32 +173,11 @@ class DistillModule(nn.Module):
             hook = blocks[len(blocks) // 2].register_forward_hook(
                 lambda module, args, out: captured.append(out[0] if isinstance(out, tuple) else out))
             try:
-                out = self._run(x, t, role, **kwargs)
+                out = self.run_role(role, x, t, **kwargs)
             finally:
                 hook.remove()
             return out, self.gan_head(captured[0])                                  # [B, ...], [B]
-        return self._run(x, t, role, **kwargs)
-
-    def rest(self, role: str) -> None:
-        """Make ``role``'s adapter the one the LoRA layers run when no call is in progress (a call switches to
-        its own role and back to this). The loss sets it to the role its step trains: a checkpointed block
-        recomputes its forward in backward, after the calls, and must run that role's adapter again. No-op
-        for full weights (separate networks)."""
-        if self.lora:
-            if self._layers is None:
-                self._layers = _lora_layers(self.base)
-            for m in self._layers:
-                m._disable_adapters = role == TEACHER
-                if role != TEACHER:
-                    m._active_adapter = [role]
-
-    def _run(self, x: torch.Tensor, t: torch.Tensor, role: str, **kwargs) -> torch.Tensor:
-        if self.lora:
-            if self._layers is None:
-                self._layers = _lora_layers(self.base)
-            with active_adapter(self._layers, None if role == TEACHER else role):
-                return self.base(x, t, **kwargs)
-        return getattr(self, role)(x, t, **kwargs)
+        return self.run_role(role, x, t, **kwargs)
 
 
 def _lora_layers(model: nn.Module):

@@ -196,8 +196,10 @@ class LatentShards(Dataset):
                                               batch_size=1)
             else:
                 self._data = StreamingDataset(local=self.path, shuffle=False, batch_size=1)
-            if len(self._data) != len(self.sizes):
-                raise ValueError(f"{self.path!r} holds {len(self._data)} samples but its meta.json "
+            # ``size``: every sample of the shards (``len`` is one rank's share under torchrun; the trainer's
+            # sampler indexes the whole dataset on every rank)
+            if self._data.size != len(self.sizes):
+                raise ValueError(f"{self.path!r} holds {self._data.size} samples but its meta.json "
                                  f"{len(self.sizes)}; extract the latents again")
         return self._data
 

@@ -326,7 +326,8 @@ def plan_config(cfg, memory_gib: float, world_size: int, max_batch: int = 256, m
     options = memory_options(weights, world_size)
     pipeline_distill = distilling(cfg) and bool(getattr(cfg.model, "pipeline", None))
     if pipeline_distill:  # what a pipeline's distillation runs with today (training/distill_pipeline.py)
-        options, sp_sizes = MemoryOptions(zero_degrees=(0,)), [1]
+        options = (MemoryOptions(blocks_to_swap=options.blocks_to_swap, zero_degrees=(2, 1, 0)) if cfg.lora.rank else
+                   MemoryOptions(zero_degrees=(2, 1, 0)))
     arguments = dict(element_bytes=precision.element_bytes, caption_tokens=caption, reserve_gib=reserve_gib,
                      min_batch=min_batch, max_batch=max_batch, settings=settings, sp_sizes=sp_sizes, options=options,
                      states=costs.states, extra_cost=costs.extra_cost,
@@ -355,8 +356,8 @@ def plan_config(cfg, memory_gib: float, world_size: int, max_batch: int = 256, m
         result.assumptions.append(
             f"distillation: {networks}; each step trains one of them, so one network's activations are saved (the "
             f"teacher's two and the critic's judging forwards run without gradient)"
-            + ("; a pipeline's: one process or DDP without ZeRO, SP or block swapping (what it supports today)"
-               if pipeline_distill else ""))
+            + ("; a pipeline's: DDP or ZeRO-1/2, SP, block swapping of a LoRA base, its base as loaded (what it "
+               "supports today)" if pipeline_distill else ""))
     sp = result.setting.sp_size
     if sp > 1:
         result.sp_choice = resolve_auto(model, sp, auto(sp))

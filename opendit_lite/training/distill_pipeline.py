@@ -29,15 +29,24 @@ fine-tune LoRA export writes it, ``<run dir>/diffusers/``, with the exact call p
 With ``lora.rank`` 0 the student is a full-weight copy (three transformers: teacher frozen, student and
 critic trained), exported as a pipeline folder (its transformer written, the rest linked).
 
+Parallelism and memory as in fine-tuning, with the zoo distillation's mechanisms: DDP (unused parameters
+found) and ZeRO-1/2 (LowLevelZero steps only the parameters whose gradient arrived, and saves the
+not-yet-stepped ones with an empty state: ``plugins/zero.py``), the run's sharded EMA of the student only
+(``ema_averages``), sequence parallelism of each transformer as the family's spec makes it
+(``sequence_parallel_networks``), block swapping of the LoRA base's blocks (``get_fsdp_wrap_module_list``).
+
 Not supported yet (refused before anything starts): two experts (Wan 2.2 A14B),
-image-conditioned pipelines, families that do not declare how their pipeline sets its scheduler (Wan and
-Flux do), ZeRO, sequence parallelism, block swapping.
+image-conditioned pipelines, schedulers that are not flow matching (CogVideoX's), families that do not
+declare how their pipeline sets its scheduler (Wan, Flux, SD3, HunyuanVideo, HunyuanVideo 1.5, LTX-Video,
+Qwen-Image, Z-Image and FLUX.2 do), a teacher distilled from classifier-free guidance without a guidance
+input (Z-Image-Turbo) at a ``distill.guidance_scale`` other than 1, ZeRO-3 (Gemini), block swapping of a
+full-weight student, and the options the validation lists.
 """
 
 import copy
 import dataclasses
 import os
-from typing import Dict, Optional, Tuple
+from typing import Dict, Tuple
 
 import torch
 import torch.nn as nn
@@ -47,7 +56,7 @@ from ..builders.distill_model import (
     ROLES,
     STUDENT,
     TEACHER,
-    active_adapter,
+    DistillNetworks,
     add_adapters,
     check_resumed_distillation,
 )
@@ -71,52 +80,25 @@ from .spec import TrainerSpec
 SAMPLING_NOTE = "sampling.txt"  # beside the exported LoRA: the exact pipeline call
 
 
-def lora_layers(model: nn.Module):
-    from peft.tuners.lora import LoraLayer
-
-    return [m for m in model.modules() if isinstance(m, LoraLayer)]
-
-
-class PipelineDistillModule(nn.Module):
-    """Teacher, student and critic of a pipeline's distillation; ``forward(role, **inputs)`` runs ``role``'s
-    network on the keyword inputs its pipeline gives the transformer. LoRA (``student`` None): the
-    pipeline's transformer ``base`` with the adapters ``student`` and ``critic`` (the teacher: none);
-    full weights: three transformers under ``teacher`` (frozen), ``student`` and ``critic``."""
-
-    def __init__(self, base: nn.Module, student: Optional[nn.Module] = None, critic: Optional[nn.Module] = None):
-        super().__init__()
-        self.lora = student is None
-        if self.lora:
-            self.base = base
-            self._layers = None  # its LoRA layers, found at the first forward (once the model is built)
-        else:
-            self.teacher, self.student, self.critic = base, student, critic
-            self.teacher.requires_grad_(False)
+class PipelineDistillModule(DistillNetworks):
+    """Teacher, student and critic of a pipeline's distillation (``DistillNetworks``: LoRA, the pipeline's
+    transformer ``base`` with the adapters ``student`` and ``critic``; full weights, three transformers);
+    ``forward(role, **inputs)`` runs ``role``'s network on the keyword inputs its pipeline gives the
+    transformer."""
 
     @property
     def transformer(self) -> nn.Module:
         """The pipeline's transformer as loaded (its config, its device): the base, or the teacher."""
         return self.base if self.lora else self.teacher
 
-    def layers(self):
-        if self._layers is None:
-            self._layers = lora_layers(self.base)
-        return self._layers
+    def sequence_parallel_networks(self) -> Tuple[Tuple[str, nn.Module], ...]:
+        """What sequence parallelism converts (``parallelization.apply_sequence_parallel``): each
+        transformer as if it were the model (a diffusers family's spec places its hooks by path from the
+        transformer's root)."""
+        return self.networks()
 
     def forward(self, role: str, **inputs):
-        if not self.lora:
-            return getattr(self, role)(**inputs)
-        with active_adapter(self.layers(), None if role == TEACHER else role):
-            return self.base(**inputs)
-
-    def train_role(self, role: str) -> None:
-        """Make ``role``'s adapter the one active outside the calls, for the step that trains ``role``: a
-        checkpointed block recomputes its forward in the backward pass, after the call's adapter was
-        switched back, so the adapter in place then must be the trained network's (the only call of the
-        step with a gradient). Full weights: nothing to do (each network has its own blocks)."""
-        if self.lora:
-            for m in self.layers():
-                m._active_adapter, m._disable_adapters = [role], False
+        return self.run_role(role, **inputs)
 
 
 class RoleCall:
@@ -181,24 +163,39 @@ def validate_pipeline_distill(cfg, validate_video) -> None:
     why = flow_scheduler_error(pipe.scheduler)
     if why:
         raise ConfigError(f"{name}'s scheduler {why}: the distilled student is a flow-matching few-step sampler, "
-                          f"run by the pipeline's own scheduler; distill a flow-matching pipeline (Wan, Flux).")
+                          f"run by the pipeline's own scheduler; distill a flow-matching pipeline (Wan, Flux, SD3, "
+                          f"...).")
     if type(c).set_timesteps_kwargs is PipelineConditioning.set_timesteps_kwargs:
         raise ConfigError(f"the {folder.family.name} family does not declare how {name} sets its scheduler's "
                           f"timesteps (conditioning.set_timesteps_kwargs), so the student's times could not be the "
                           f"pipeline's: distilling it is not supported yet.")
+    why = c.guidance_free(folder.path, m.guidance_distilled)
+    if why and not c.guided(folder.transformer_config()) and d.guidance_scale != 1:
+        raise ConfigError(f"{why}. Its teacher has no unconditional branch to guide with, so a real score guided at "
+                          f"distill.guidance_scale={d.guidance_scale:g} against that branch is not the model's "
+                          f"distribution (and a guidance input for another route it lacks): set "
+                          f"distill.guidance_scale=1 (the teacher's conditional prediction, as it samples).")
     if cfg.diffusion.objective not in (None, "rflow"):
         raise ConfigError(f"diffusion.objective={cfg.diffusion.objective!r}: a pipeline's student is distilled "
                           f"with flow matching (rflow), as its scheduler samples it; remove diffusion.objective.")
-    unsupported = {"zero_degree": cfg.zero_degree != 0, "sp_size": cfg.sp_size != 1,
-                   "memory.blocks_to_swap": cfg.memory.blocks_to_swap != 0,
-                   "fused_optimizer_ema": cfg.fused_optimizer_ema,
-                   "lora.base_precision": cfg.lora.base_precision != "none", "compile": cfg.compile,
+    if cfg.zero_degree == 3:
+        raise ConfigError("zero_degree=3 (Gemini) in a pipeline's distillation: each step trains the student or the "
+                          "critic and leaves the other without a gradient, which GeminiDDP refuses at the end of each "
+                          "backward (its chunks are reduced once every parameter's gradient arrived), and its EMA "
+                          "cannot average the student alone; use zero_degree=1 or 2 (LowLevelZero leaves such "
+                          "parameters and their Adam state untouched) or 0.")
+    if cfg.memory.blocks_to_swap and not cfg.lora.rank:
+        raise ConfigError(f"memory.blocks_to_swap={cfg.memory.blocks_to_swap} with lora.rank=0: block swapping keeps "
+                          f"a LoRA base's frozen block weights in host memory, but a full-weight student and critic "
+                          f"train all of theirs; set lora.rank > 0 or memory.blocks_to_swap=0.")
+    unsupported = {"lora.base_precision": cfg.lora.base_precision != "none", "compile": cfg.compile,
                    "sample.every": cfg.sample.every != 0, "distill.gan_weight": getattr(d, "gan_weight", 0) > 0,
                    "export.lora=merged": cfg.export.lora == "merged"}
     bad = [k for k, on in unsupported.items() if on]
     if bad:
         raise ConfigError(f"distilling a pipeline (distill.teacher with model.pipeline) does not support "
-                          f"{', '.join(bad)} yet (one process or DDP, LoRA or full-weight student and critic, "
+                          f"{', '.join(bad)} yet (one process, DDP or ZeRO-1/2, sequence parallelism, LoRA or "
+                          f"full-weight student and critic, block swapping with LoRA, "
                           f"fp32/bf16, the student exported as a LoRA or its own pipeline folder): remove "
                           f"{' and '.join(bad)} from the config.")
 
@@ -300,7 +297,7 @@ def pipeline_distill_loss(denoisers: DistillDenoisers, objective, cfg, x: torch.
         return uncond + d.guidance_scale * (cond - uncond)
 
     trains_student = is_student_step(step, d.critic_updates)
-    denoisers.module.train_role(STUDENT if trains_student else CRITIC)  # what a checkpointed block recomputes with
+    denoisers.module.rest(STUDENT if trains_student else CRITIC)  # what a checkpointed block recomputes with
     student = velocity(STUDENT)
     rollout = denoisers.rollout_for(tuple(x.shape))
     k = student_step_index(cfg.global_seed, step, d.student_timesteps)
@@ -321,19 +318,27 @@ def pipeline_distill_loss(denoisers: DistillDenoisers, objective, cfg, x: torch.
 # --------------------------------------------------------------------------------------------------
 
 def sampling_call(cfg, out: str) -> str:
-    """The exact pipeline call that samples the exported student."""
+    """The exact pipeline call that samples the exported student: at the family's keywords for the
+    student's guidance (``guidance_call``: Qwen-Image's ``true_cfg_scale``); a pipeline that takes its
+    scale on a ``guider`` (HunyuanVideo 1.5's) gets a copy of its guider at that scale first."""
+    import inspect
+
     folder = pipeline_folder(cfg.model.pipeline)
-    steps = cfg.distill.student_timesteps
+    steps, c = cfg.distill.student_timesteps, folder.conditioning
+    keywords = c.guidance_call(student_guidance(cfg), c.guided(folder.transformer_config()))
+    light = light_pipeline(cfg.model.pipeline)
+    guider = ""
+    if "guidance_scale" in keywords and "guidance_scale" not in inspect.signature(type(light).__call__).parameters:
+        guider = f"pipe.guider = pipe.guider.new(guidance_scale={keywords.pop('guidance_scale')!r}); "
+    guidance = "".join(f", {k}={v!r}" for k, v in keywords.items())
     load = (f"pipe.load_lora_weights({out!r})" if pipeline_loads_lora(folder.family.pipeline) else
             f"pipe.transformer.load_lora_adapter({out!r}, weight_name={LORA_WEIGHT_NAME!r})")
     if not cfg.lora.rank:  # the student's own pipeline folder
-        return (f"pipe = {folder.pipeline_class}.from_pretrained({out!r}); "
-                f"pipe(prompt, num_inference_steps={steps}, guidance_scale={student_guidance(cfg)!r})  # no "
-                f"classifier-free guidance")
-    return (f"pipe = {folder.pipeline_class}.from_pretrained({cfg.model.pipeline!r}); {load}; "
-            f"pipe(prompt, num_inference_steps={steps}, guidance_scale={student_guidance(cfg)!r})  # the scheduler "
-            f"as saved in the pipeline folder ({type(light_pipeline(cfg.model.pipeline).scheduler).__name__}), no "
-            f"classifier-free guidance")
+        return (f"pipe = {folder.pipeline_class}.from_pretrained({out!r}); {guider}"
+                f"pipe(prompt, num_inference_steps={steps}{guidance})  # no classifier-free guidance")
+    return (f"pipe = {folder.pipeline_class}.from_pretrained({cfg.model.pipeline!r}); {load}; {guider}"
+            f"pipe(prompt, num_inference_steps={steps}{guidance})  # the scheduler as saved in the pipeline folder "
+            f"({type(light.scheduler).__name__}), no classifier-free guidance")
 
 
 def write_student_lora(cfg, checkpoint: str, out: str, final: str) -> None:

@@ -133,3 +133,18 @@ def test_a_truncated_shard_is_named(tmp_path):
     shard.write_bytes(shard.read_bytes()[:-5])
     with pytest.raises(ValueError, match=rf"{shard.name} .*holds \d+ bytes, its index says \d+"):
         check_shards(str(tmp_path))
+
+
+def _read_all(rank, world_size, path, meta):
+    dataset = LatentShards(path, meta)
+    return [dataset[(i, *SIZE)][2] for i in range(len(dataset))]
+
+
+def test_every_rank_of_a_run_reads_the_whole_dataset(tmp_path):
+    """Under torchrun each rank's streaming dataset counts one rank's share of the samples (``len``); the
+    trainer's sampler indexes the whole dataset on every rank, so every rank reads every sample."""
+    from tests.distributed import run_distributed
+
+    meta = _write(str(tmp_path), [[0, 2, 4], [1, 3]])
+    captions = [f"caption {row}" for row in meta["rows"]]
+    assert run_distributed(_read_all, world_size=2, args=(str(tmp_path), meta)) == [captions, captions]

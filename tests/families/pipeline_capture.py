@@ -99,7 +99,7 @@ def pipeline_latents(pipe, noise: torch.Tensor) -> torch.Tensor:
     if name in ("FluxPipeline", "FluxKontextPipeline"):
         image = noise[:, :, 0]                                                        # [B, C, h, w]
         return pipe._pack_latents(image, *image.shape)                                # [B, hw/4, 4C]
-    if name == "StableDiffusion3Pipeline":
+    if name in ("StableDiffusion3Pipeline", "ZImagePipeline"):
         return noise[:, :, 0]                                                         # [B, C, h, w]
     if name in QWEN_IMAGE_PIPELINES:
         image = noise[:, :, 0]                                                        # [B, C, h, w]
@@ -124,7 +124,7 @@ def model_latents(pipe, latents: torch.Tensor, shape) -> torch.Tensor:
     if name in ("FluxPipeline", "FluxKontextPipeline"):
         scale = pipe.vae_scale_factor
         return pipe._unpack_latents(latents, h * scale, w * scale, scale).unsqueeze(2)      # [B, C, 1, h, w]
-    if name == "StableDiffusion3Pipeline":
+    if name in ("StableDiffusion3Pipeline", "ZImagePipeline"):
         return latents.unsqueeze(2)
     if name in QWEN_IMAGE_PIPELINES:  # the edit pipelines append the reference tokens: the target's come first
         scale = pipe.vae_scale_factor

@@ -5,7 +5,10 @@ by ``WanPipeline.load_lora_weights`` with no key warning, and the pipeline calle
 count without guidance reproducing the student's own rollout from the same noise (the scheduler's
 moves, Wan's UniPC, included), as sample_video.py does; a full-weight student's exported pipeline folder
 likewise; the refusals end with exit 2 and one paragraph. Also: checkpointed blocks recompute with the
-trained network's adapter, and a FLUX.1-dev student's rollout is its pipeline's call."""
+trained network's adapter, and the student's rollout is its pipeline's call for every family that declares
+how its pipeline sets its scheduler (Flux, SD3, HunyuanVideo, HunyuanVideo 1.5, LTX-Video, Qwen-Image,
+Z-Image, FLUX.2); the exported call follows each pipeline's guidance keywords, and a guidance-distilled
+teacher without a guidance input (Z-Image-Turbo) is refused a guided real score."""
 
 import os
 from types import SimpleNamespace
@@ -136,7 +139,7 @@ def test_wan_lora_distillation_resumes_exports_and_the_pipeline_samples_the_stud
         (f"distill.teacher={tmp_path}",): "another model than this run",
         ("distill.student_timesteps=400",): "timesteps for 400 steps differ",
         (f"lora.init_from={out}",): "clash",
-        ("zero_degree=1",): "does not support zero_degree",
+        ("zero_degree=3", "lora.rank=0"): "zero_degree=3 (Gemini)",
     }
     capsys.readouterr()  # the pipeline's loading bars
     for overrides, words in refusals.items():
@@ -245,34 +248,110 @@ def test_checkpointed_blocks_recompute_with_the_trained_networks_adapter(tiny_pi
             torch.testing.assert_close(got[n], expected[n], rtol=1e-5, atol=1e-7, msg=n)
 
 
-def test_a_flux_student_rolled_out_by_the_scheduler_is_the_pipeline_call(tiny_pipeline):
-    """FLUX.1-dev's pipeline (guidance embedding, its own sigmas, the dynamic shift of the packed token
-    count): the student's rollout (``set_timesteps_kwargs``) from the same noise gives the pipeline's
-    latents at the student's step count and its default embedded guidance."""
-    from diffusers import FluxPipeline
+# tiny pipeline -> its pipeline class: every family that declares ``set_timesteps_kwargs`` (Wan: above)
+ROLLED_OUT = {"flux": "FluxPipeline", "sd3": "StableDiffusion3Pipeline", "hunyuanvideo": "HunyuanVideoPipeline",
+              "ltx": "LTXPipeline", "qwenimage": "QwenImagePipeline", "z_image": "ZImagePipeline",
+              "flux2": "Flux2Pipeline", "hunyuanvideo15": "HunyuanVideo15Pipeline"}
+ROLLED_STEPS = 3  # two steps would not test the shift: a terminal-stretched grid of 2 is (1, shift_terminal)
+
+
+# a released scheduler setting the tiny pipelines lack, put in the pipeline's scheduler: (tiny pipeline, config)
+SCHEDULER_VARIANTS = {"sd3-dynamic-shift": ("sd3", dict(use_dynamic_shifting=True, base_shift=0.5, max_shift=1.16))}
+
+
+def test_every_declared_text_pipeline_has_its_rollout_checked():
+    """Each pipeline a distillation takes (text-conditioned, its family declaring ``set_timesteps_kwargs``) is
+    one of the rollout cases below, or Wan's, whose end-to-end run above checks it."""
+    from opendit_lite.families.conditioning_base import PipelineConditioning
+    from opendit_lite.families.registry import FAMILIES
+
+    declared = {v.pipeline for f in FAMILIES.values() for v in f.pipelines if v.conditioning.image_input == "none"
+                and type(v.conditioning).set_timesteps_kwargs is not PipelineConditioning.set_timesteps_kwargs}
+    assert declared == {*ROLLED_OUT.values(), "WanPipeline"}, declared ^ {*ROLLED_OUT.values(), "WanPipeline"}
+
+
+@pytest.mark.parametrize("case", [*sorted(ROLLED_OUT), *SCHEDULER_VARIANTS])
+def test_a_student_rolled_out_by_the_scheduler_is_the_pipeline_call(tiny_pipeline, case):
+    """Each family's pipeline (the guidance embeddings of FLUX.1-dev, FLUX.2 and HunyuanVideo, the pipelines'
+    own sigmas, the dynamic shift of the token count, FLUX.2's empirical mu, LTX-Video's and Qwen-Image's
+    terminal-stretched grid, Z-Image's 1 - sigma time, HunyuanVideo 1.5's guider): the student's
+    rollout (``set_timesteps_kwargs``) from the same noise gives the pipeline's latents at the student's step
+    count and its guidance off (the guidance-embedded models: their default embedded guidance)."""
+    import inspect
+
+    from diffusers import DiffusionPipeline
 
     from opendit_lite.builders.student_lora import student_guidance
     from opendit_lite.families import family_of_pipeline
     from opendit_lite.families.pipeline_denoiser import PipelineDenoiser
     from opendit_lite.families.tiny_pipelines import TINY_CALLS
+    from tests.families.pipeline_capture import model_latents, pipeline_latents
 
-    folder = tiny_pipeline("flux")
-    pipe = FluxPipeline.from_pretrained(folder)
-    family, size = family_of_pipeline("FluxPipeline"), TINY_CALLS["flux"]["height"]
-    c, config = family.conditioning_of("FluxPipeline"), pipe.transformer.config
-    assert c.guided(config) and pipe.scheduler.config.use_dynamic_shifting
-    C, h = config.in_channels // 4, 2 * (size // (pipe.vae_scale_factor * 2))
-    noise = torch.randn(1, C, 1, h, h, generator=torch.Generator().manual_seed(5))            # [1, C, 1, h, w]
-    cfg = SimpleNamespace(model=SimpleNamespace(pipeline=folder, guidance=None))
+    name, scheduler = SCHEDULER_VARIANTS.get(case, (case, None))
+    folder, cls = tiny_pipeline(name), ROLLED_OUT[name]
+    pipe = DiffusionPipeline.from_pretrained(folder)
+    if scheduler:
+        pipe.scheduler = type(pipe.scheduler).from_config(pipe.scheduler.config, **scheduler)
+    assert type(pipe).__name__ == cls
+    family, call = family_of_pipeline(cls), dict(TINY_CALLS[name], num_inference_steps=ROLLED_STEPS)
+    c, config = family.conditioning_of(cls), pipe.transformer.config
+    T = c.latent_frames(pipe, call.get("num_frames", 1))
+    h, w = call["height"] // c.pixel_ratio(pipe), call["width"] // c.pixel_ratio(pipe)
+    folder_config = SimpleNamespace(model=SimpleNamespace(pipeline=folder, guidance=None))
+    guidance = c.guidance_call(student_guidance(folder_config), c.guided(config))
+    if "guidance_scale" in guidance and "guidance_scale" not in inspect.signature(type(pipe).__call__).parameters:
+        pipe.guider = pipe.guider.new(guidance_scale=guidance.pop("guidance_scale"))  # HunyuanVideo 1.5's guider
+    call.update(guidance)
+    shape = (1, family.adapter.latent_channels(config), T, h, w)
+    noise = torch.randn(*shape, generator=torch.Generator().manual_seed(5))                   # [1, C, T, h, w]
+    moved = []
+    step = pipe.scheduler.step
+
+    def recording(*args, **kwargs):
+        out = step(*args, **kwargs)
+        moved.append(out[0] if isinstance(out, tuple) else out.prev_sample)
+        return out
+
+    pipe.scheduler.step = recording
     with torch.no_grad():
-        packed = pipe(PROMPT, latents=FluxPipeline._pack_latents(noise[:, :, 0], 1, C, h, h), height=size, width=size,
-                      num_inference_steps=STEPS, guidance_scale=student_guidance(cfg), output_type="latent").images
+        pipe(prompt=PROMPT, latents=pipeline_latents(pipe, noise), output_type="latent", **call)
+        del pipe.scheduler.step
+        expected = model_latents(pipe, moved[-1], shape)
         text = c.encode_text(pipe, [PROMPT])
         denoiser = PipelineDenoiser(c, family.adapter, pipe.transformer, config, c.constants(pipe, config, None), text)
-        kwargs = c.set_timesteps_kwargs(pipe, STEPS, tuple(noise.shape), config)
-        own = SchedulerRollout(pipe.scheduler, STEPS, **kwargs).rollout(lambda x, t: denoiser(x, t, **text), noise,
-                                                                         STEPS)
-    own = FluxPipeline._pack_latents(own[:, :, 0], 1, C, h, h)
-    print(f"Flux: the student's rollout vs the pipeline call: max |diff| {(own - packed).abs().max():.2e}")
-    assert (own - packed).abs().max() <= 1e-5 * max(1.0, packed.abs().max().item()), (own - packed).abs().max()
+        kwargs = c.set_timesteps_kwargs(pipe, ROLLED_STEPS, tuple(noise.shape), config)
+        rollout = SchedulerRollout(pipe.scheduler, ROLLED_STEPS, **kwargs)
+        own = rollout.rollout(lambda x, t: denoiser(x, t, **text), noise, ROLLED_STEPS)             # [1, C, T, h, w]
+    assert len(moved) == ROLLED_STEPS
+    diff = (own - expected).abs().max().item()
+    print(f"{case}: the student's rollout vs the pipeline call: max |diff| {diff:.2e}")
+    assert diff <= 1e-5 * max(1.0, expected.abs().max().item()), diff
 
+
+def test_the_student_call_follows_each_pipelines_guidance_and_a_guidance_distilled_teacher_is_refused(
+        tiny_pipeline, tmp_path):
+    """The exported student's call (``sampling.txt``) gives each pipeline its guidance off as it takes it:
+    HunyuanVideo 1.5 on a copy of its guider (its ``__call__`` takes no ``guidance_scale``), Qwen-Image as
+    ``true_cfg_scale``. Z-Image-Turbo (distilled from classifier-free guidance, no guidance input) has no
+    unconditional branch for the teacher's guided real score: refused unless distill.guidance_scale is 1."""
+    from opendit_lite.config import load_config
+    from opendit_lite.config.video_schema import VideoTrainConfig
+    from opendit_lite.errors import ConfigError
+    from opendit_lite.training.distill_pipeline import sampling_call, validate_pipeline_distill
+
+    def config(name, *extra):
+        folder = tiny_pipeline(name)
+        return load_config(None, [f"model.pipeline={folder}", f"distill.teacher={folder}", "data.type=latents",
+                                  f"data.path={tmp_path}", "lora.rank=4", "distill.student_timesteps=4", *extra],
+                           schema=VideoTrainConfig)
+
+    call = sampling_call(config("hunyuanvideo15"), "out")
+    assert "; pipe.guider = pipe.guider.new(guidance_scale=1.0); pipe(prompt, num_inference_steps=4)  #" in call, call
+    assert "pipe(prompt, num_inference_steps=4, true_cfg_scale=1.0)  #" in sampling_call(config("qwenimage"), "o")
+    assert "pipe(prompt, num_inference_steps=4, guidance_scale=0.0)  #" in sampling_call(config("z_image_turbo"), "o")
+    with pytest.raises(ConfigError) as refused:
+        validate_pipeline_distill(config("z_image_turbo", "distill.guidance_scale=4"), lambda cfg: None)
+    assert "Z-Image-Turbo is distilled from classifier-free guidance" in str(refused.value)
+    assert "set distill.guidance_scale=1" in str(refused.value)
+    validate_pipeline_distill(config("z_image_turbo", "distill.guidance_scale=1"), lambda cfg: None)
+    validate_pipeline_distill(config("z_image", "distill.guidance_scale=4"), lambda cfg: None)  # the base model

@@ -47,6 +47,16 @@ class Flux2Conditioning(ImageConditioning):
         mu = compute_empirical_mu(image_seq_len=H * W, num_steps=int(call_default(pipe, "num_inference_steps")))
         return math.exp(mu)
 
+    def set_timesteps_kwargs(self, pipe, steps, x_shape, model_config):
+        import numpy as np
+        from diffusers.pipelines.flux2.pipeline_flux2 import compute_empirical_mu
+
+        # as Flux2Pipeline.__call__: its own sigmas (none on flow sigmas), mu from the token count and the steps
+        B, C, T, H, W = x_shape
+        sigmas = None if pipe.scheduler.config.get("use_flow_sigmas") else np.linspace(1.0, 1 / steps, steps)
+        return {"mu": compute_empirical_mu(image_seq_len=H * W, num_steps=steps),
+                **({} if sigmas is None else {"sigmas": sigmas})}
+
     def guided(self, model_config):
         return bool(model_config.get("guidance_embeds"))
 

@@ -30,6 +30,12 @@ class HunyuanVideoConditioning(PipelineConditioning):
         p = int(model_config["patch_size"])
         return flow_shift(pipe.scheduler.config, T * (H // p) * (W // p))
 
+    def set_timesteps_kwargs(self, pipe, steps, x_shape, model_config):
+        import numpy as np
+
+        # as HunyuanVideoPipeline.__call__: its own sigmas 1 .. 1/N, the flow shift in the scheduler's config
+        return {"sigmas": np.linspace(1.0, 0.0, steps + 1)[:-1]}
+
     def guided(self, model_config):
         return bool(model_config.get("guidance_embeds"))
 

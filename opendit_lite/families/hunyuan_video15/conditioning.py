@@ -52,6 +52,12 @@ class HunyuanVideo15Conditioning(PipelineConditioning):
         pt, p = int(model_config["patch_size_t"]), int(model_config["patch_size"])
         return flow_shift(pipe.scheduler.config, (T // pt) * (H // p) * (W // p))
 
+    def set_timesteps_kwargs(self, pipe, steps, x_shape, model_config):
+        import numpy as np
+
+        # as HunyuanVideo15Pipeline.__call__: its own sigmas 1 .. 1/N, the flow shift in the scheduler's config
+        return {"sigmas": np.linspace(1.0, 0.0, steps + 1)[:-1]}
+
     def constants(self, pipe, model_config, guidance):
         return {"vision_tokens": int(pipe.vision_num_semantic_tokens)}
 

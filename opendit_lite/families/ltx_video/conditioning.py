@@ -26,6 +26,16 @@ class LTXVideoConditioning(PipelineConditioning):
         B, C, T, H, W = x_shape
         return flow_shift(pipe.scheduler.config, T * H * W)      # LTXPipeline's video_sequence_length
 
+    def set_timesteps_kwargs(self, pipe, steps, x_shape, model_config):
+        import numpy as np
+        from diffusers.pipelines.ltx.pipeline_ltx import calculate_shift
+
+        c = pipe.scheduler.config  # as LTXPipeline.__call__: its own sigmas, mu from the latent video's tokens
+        B, C, T, H, W = x_shape
+        mu = calculate_shift(T * H * W, c.get("base_image_seq_len", 256), c.get("max_image_seq_len", 4096),
+                             c.get("base_shift", 0.5), c.get("max_shift", 1.15))
+        return {"sigmas": np.linspace(1.0, 1 / steps, steps), "mu": mu}
+
     def constants(self, pipe, model_config, guidance):
         frame_rate = call_default(pipe, "frame_rate")
         return {"rope_interpolation_scale": (pipe.vae_temporal_compression_ratio / frame_rate,

@@ -58,6 +58,16 @@ class QwenImageConditioning(ImageConditioning):
         B, C, T, H, W = x_shape
         return flow_shift(pipe.scheduler.config, (H // 2) * (W // 2))              # the packed tokens
 
+    def set_timesteps_kwargs(self, pipe, steps, x_shape, model_config):
+        import numpy as np
+        from diffusers.pipelines.qwenimage.pipeline_qwenimage import calculate_shift
+
+        c = pipe.scheduler.config  # as QwenImagePipeline.__call__: its own sigmas, mu from the packed token count
+        B, C, T, H, W = x_shape
+        mu = calculate_shift((H // 2) * (W // 2), c.get("base_image_seq_len", 256), c.get("max_image_seq_len", 4096),
+                             c.get("base_shift", 0.5), c.get("max_shift", 1.15))
+        return {"sigmas": np.linspace(1.0, 1 / steps, steps), "mu": mu}
+
     def constants(self, pipe, model_config, guidance):
         return {"vae_scale_factor": int(pipe.vae_scale_factor)}
 
