@@ -4,8 +4,8 @@ mask channels enter the patch embedding with the noisy latents, so they split wi
 image states reach every rank's cross-attention whole), Wan 2.1 FLF2V (both images' CLIP states, a row
 each, with the transformer's position embedding over the pair) and Wan 2.2 TI2V-5B (the given first frame
 in place, per-token timesteps split with the tokens; and its text-to-video, ``WanPipeline``'s conditioning
-with ``expand_timesteps``: the same timestep on every token, split with them). Ulysses, ring and USP (I2V;
-FLF2V and TI2V Ulysses) at 15 tokens (uneven at sp 2); the gathered output, every parameter's world-mean
+with ``expand_timesteps``: the same timestep on every token, split with them). Ulysses, ring and USP (each
+layout) at 15 tokens (uneven at sp 2); the gathered output, every parameter's world-mean
 gradient and the parameters after one SGD step are compared as in
 ``test_diffusers_families.py`` (relative, 1e-4)."""
 
@@ -26,6 +26,9 @@ FLF2V = dict(I2V, pos_embed_seq_len=34)  # two images' 17 CLIP tokens
 TI2V = dict(fam.WAN, in_channels=8, out_channels=8)
 CONFIGS = {"i2v": I2V, "flf2v": FLF2V, "ti2v": TI2V, "ti2v t2v": TI2V}
 GRID = (1, 6, 10)  # 15 tokens of 2x2 patches
+# (layout, mode): every layout in each of Wan's modes (ring and USP split the tokens as Ulysses does, but
+# attend blockwise: the per-token timesteps and the image tokens must follow their own tokens there too)
+CASES = [(layout, mode) for layout in ("i2v", "flf2v", "ti2v", "ti2v t2v") for mode in ("ulysses", "ring", "usp")]
 
 
 def _build(config: dict):
@@ -88,13 +91,12 @@ def _compare(layout: str, mode: str = "ulysses", lr: float = 10.0) -> dict:
 @rank_checks("wan image-to-video", world_size=2)
 def _world2(rank, world_size):
     warnings.filterwarnings("ignore")
-    return {"i2v": _compare("i2v"), "ti2v": _compare("ti2v"), "i2v ring": _compare("i2v", "ring"),
-            "i2v usp": _compare("i2v", "usp"), "flf2v": _compare("flf2v"), "ti2v t2v": _compare("ti2v t2v")}
+    return {f"{layout}{'' if mode == 'ulysses' else ' ' + mode}": _compare(layout, mode) for layout, mode in CASES}
 
 
 def test_image_to_video_at_sp2_equals_one_process():
     per_rank = spawn_results("wan image-to-video", 2)
-    for layout in ("i2v", "ti2v", "i2v ring", "i2v usp", "flf2v", "ti2v t2v"):
+    for layout in (f"{layout}{'' if mode == 'ulysses' else ' ' + mode}" for layout, mode in CASES):
         worst = {k: max(r[layout][k] for r in per_rank) for k in ("out", "grad", "step")}
         print(f"\n{layout}: " + ", ".join(f"{k} {v:.2g}" for k, v in worst.items()))
         assert per_rank[0][layout]["missing"] == [], per_rank[0][layout]["missing"]
