@@ -94,11 +94,18 @@ def flow_shift(scheduler_config: Mapping, tokens: int, max_shift_default: float 
     if c.get("time_shift_type", "exponential") != "exponential":
         raise ConfigError(f"the pipeline's scheduler shifts times with time_shift_type={c['time_shift_type']!r}; "
                           f"training reproduces the exponential shift only.")
+    return math.exp(flow_mu(c, tokens, max_shift_default))
+
+
+def flow_mu(scheduler_config: Mapping, tokens: int, max_shift_default: float = 1.15) -> float:
+    """The ``mu`` a pipeline passes its dynamically shifting scheduler for ``tokens`` latent tokens:
+    diffusers' ``calculate_shift`` (the same function in every flow pipeline's module) on the scheduler's
+    config, with the defaults the pipelines give it (SD3's ``max_shift`` default is 1.16)."""
     from diffusers.pipelines.flux.pipeline_flux import calculate_shift
 
-    mu = calculate_shift(tokens, c.get("base_image_seq_len", 256), c.get("max_image_seq_len", 4096),
-                         c.get("base_shift", 0.5), c.get("max_shift", max_shift_default))
-    return math.exp(mu)
+    c = scheduler_config
+    return calculate_shift(tokens, c.get("base_image_seq_len", 256), c.get("max_image_seq_len", 4096),
+                           c.get("base_shift", 0.5), c.get("max_shift", max_shift_default))
 
 
 def rows_where(drop: torch.Tensor, null: torch.Tensor, value: torch.Tensor) -> torch.Tensor:

@@ -8,7 +8,7 @@ token-count flow shift of its scheduler (``calculate_shift`` over the packed tok
 
 import torch
 
-from ..conditioning_base import ImageConditioning, call_default, flow_shift
+from ..conditioning_base import ImageConditioning, call_default, flow_mu, flow_shift
 
 
 class FluxConditioning(ImageConditioning):
@@ -24,12 +24,10 @@ class FluxConditioning(ImageConditioning):
 
     def set_timesteps_kwargs(self, pipe, steps, x_shape, model_config):
         import numpy as np
-        from diffusers.pipelines.flux.pipeline_flux import calculate_shift
 
         c = pipe.scheduler.config  # as FluxPipeline.__call__: its own sigmas, mu from the packed token count
         B, C, T, H, W = x_shape
-        mu = calculate_shift((H // 2) * (W // 2), c.get("base_image_seq_len", 256), c.get("max_image_seq_len", 4096),
-                             c.get("base_shift", 0.5), c.get("max_shift", 1.15))
+        mu = flow_mu(c, (H // 2) * (W // 2))
         sigmas = None if c.get("use_flow_sigmas") else np.linspace(1.0, 1 / steps, steps)
         return {"mu": mu, **({} if sigmas is None else {"sigmas": sigmas})}
 

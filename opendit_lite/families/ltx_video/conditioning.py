@@ -5,7 +5,7 @@ scale (temporal compression / its 25 fps frame rate, spatial compression twice);
 flow shift of its scheduler (``calculate_shift`` over the latent positions).
 """
 
-from ..conditioning_base import PipelineConditioning, call_default, flow_shift
+from ..conditioning_base import PipelineConditioning, call_default, flow_mu, flow_shift
 
 
 class LTXVideoConditioning(PipelineConditioning):
@@ -28,13 +28,10 @@ class LTXVideoConditioning(PipelineConditioning):
 
     def set_timesteps_kwargs(self, pipe, steps, x_shape, model_config):
         import numpy as np
-        from diffusers.pipelines.ltx.pipeline_ltx import calculate_shift
 
         c = pipe.scheduler.config  # as LTXPipeline.__call__: its own sigmas, mu from the latent video's tokens
         B, C, T, H, W = x_shape
-        mu = calculate_shift(T * H * W, c.get("base_image_seq_len", 256), c.get("max_image_seq_len", 4096),
-                             c.get("base_shift", 0.5), c.get("max_shift", 1.15))
-        return {"sigmas": np.linspace(1.0, 1 / steps, steps), "mu": mu}
+        return {"sigmas": np.linspace(1.0, 1 / steps, steps), "mu": flow_mu(c, T * H * W)}
 
     def constants(self, pipe, model_config, guidance):
         frame_rate = call_default(pipe, "frame_rate")

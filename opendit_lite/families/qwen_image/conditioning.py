@@ -15,7 +15,7 @@ caption dropout trains on the encoded empty prompt (``negative_prompt=""``).
 
 import torch
 
-from ..conditioning_base import ImageConditioning, flow_shift
+from ..conditioning_base import ImageConditioning, flow_mu, flow_shift
 
 # The transformer keywords the caption gives.
 STATES, MASK = "encoder_hidden_states", "encoder_hidden_states_mask"
@@ -60,13 +60,10 @@ class QwenImageConditioning(ImageConditioning):
 
     def set_timesteps_kwargs(self, pipe, steps, x_shape, model_config):
         import numpy as np
-        from diffusers.pipelines.qwenimage.pipeline_qwenimage import calculate_shift
 
         c = pipe.scheduler.config  # as QwenImagePipeline.__call__: its own sigmas, mu from the packed token count
         B, C, T, H, W = x_shape
-        mu = calculate_shift((H // 2) * (W // 2), c.get("base_image_seq_len", 256), c.get("max_image_seq_len", 4096),
-                             c.get("base_shift", 0.5), c.get("max_shift", 1.15))
-        return {"sigmas": np.linspace(1.0, 1 / steps, steps), "mu": mu}
+        return {"sigmas": np.linspace(1.0, 1 / steps, steps), "mu": flow_mu(c, (H // 2) * (W // 2))}
 
     def constants(self, pipe, model_config, guidance):
         return {"vae_scale_factor": int(pipe.vae_scale_factor)}

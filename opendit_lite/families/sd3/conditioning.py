@@ -5,7 +5,7 @@ pooled outputs joined; the latents as images; the timestep ``sigma x 1000``; the
 shift (token-count shift where it shifts dynamically).
 """
 
-from ..conditioning_base import ImageConditioning, flow_shift
+from ..conditioning_base import ImageConditioning, flow_mu, flow_shift
 
 CLIP_TOKENS = 77  # the CLIP encoders' positions, before T5's tokens
 
@@ -28,16 +28,12 @@ class SD3Conditioning(ImageConditioning):
         return flow_shift(pipe.scheduler.config, (H // p) * (W // p), max_shift_default=1.16)
 
     def set_timesteps_kwargs(self, pipe, steps, x_shape, model_config):
-        from diffusers.pipelines.stable_diffusion_3.pipeline_stable_diffusion_3 import calculate_shift
-
         c = pipe.scheduler.config  # as StableDiffusion3Pipeline.__call__: no sigmas; mu only when it shifts dynamically
         if not c.get("use_dynamic_shifting"):
             return {}
         B, C, T, H, W = x_shape
         p = int(model_config["patch_size"])
-        return {"mu": calculate_shift((H // p) * (W // p), c.get("base_image_seq_len", 256),
-                                      c.get("max_image_seq_len", 4096), c.get("base_shift", 0.5),
-                                      c.get("max_shift", 1.16))}
+        return {"mu": flow_mu(c, (H // p) * (W // p), max_shift_default=1.16)}
 
     def inputs(self, model_config, constants, x, t, text):
         return dict(hidden_states=x[:, :, 0], timestep=t, encoder_hidden_states=text["encoder_hidden_states"],

@@ -23,7 +23,7 @@ empty prompt) see fixed shapes; ``inputs`` cuts them back to the pipeline's list
 
 import torch
 
-from ..conditioning_base import ImageConditioning, flow_shift
+from ..conditioning_base import ImageConditioning, flow_mu, flow_shift
 from .adapter import caption_list, z_image_time
 
 
@@ -47,13 +47,11 @@ class ZImageConditioning(ImageConditioning):
         return flow_shift(pipe.scheduler.config, (H // 2) * (W // 2))          # the pipeline's image_seq_len
 
     def set_timesteps_kwargs(self, pipe, steps, x_shape, model_config):
-        from diffusers.pipelines.z_image.pipeline_z_image import calculate_shift, get_default_z_image_sigmas
+        from diffusers.pipelines.z_image.pipeline_z_image import get_default_z_image_sigmas
 
         c = pipe.scheduler.config  # as ZImagePipeline.__call__: its own sigmas, mu from the 2x2 patch count
         B, C, T, H, W = x_shape
-        mu = calculate_shift((H // 2) * (W // 2), c.get("base_image_seq_len", 256), c.get("max_image_seq_len", 4096),
-                             c.get("base_shift", 0.5), c.get("max_shift", 1.15))
-        return {"sigmas": get_default_z_image_sigmas(steps), "mu": mu}
+        return {"sigmas": get_default_z_image_sigmas(steps), "mu": flow_mu(c, (H // 2) * (W // 2))}
 
     def inputs(self, model_config, constants, x, t, text):
         return dict(x=list(x.unbind(0)),                                        # B x [C, 1, h, w]
