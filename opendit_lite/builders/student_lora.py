@@ -25,15 +25,15 @@ def student_guidance(cfg) -> float:
     guidance), or for a guidance-embedded transformer (FLUX.1-dev) the value the student was trained with
     in its embedding (``model.guidance``, else the pipeline's default)."""
     from ..families.conditioning_base import call_default
-    from .pipeline import light_pipeline, pipeline_folder
+    from .pipeline import light_pipeline, run_pipeline_folder
 
-    folder = pipeline_folder(cfg.model.pipeline)
+    folder = run_pipeline_folder(cfg)
     c = folder.conditioning
     if not c.guided(folder.transformer_config()):
         return c.unguided_scale
     if cfg.model.guidance is not None:
         return cfg.model.guidance
-    return call_default(light_pipeline(folder.path), "guidance_scale")
+    return call_default(light_pipeline(folder.path, folder.pipeline_class), "guidance_scale")
 
 
 def student_lora_state(checkpoint: str, rank: int, use_ema: bool) -> Dict[str, torch.Tensor]:

@@ -60,7 +60,7 @@ from ..builders.distill_model import (
     add_adapters,
     check_resumed_distillation,
 )
-from ..builders.pipeline import light_pipeline, pipeline_folder
+from ..builders.pipeline import light_pipeline, run_pipeline_folder
 from ..builders.student_lora import student_guidance, write_student_adapter, write_student_pipeline
 from ..builders.video import build_video_model
 from ..checkpoint.files import atomic_path
@@ -146,7 +146,7 @@ def validate_pipeline_distill(cfg, validate_video) -> None:
         raise ConfigError(f"'distill.teacher' {d.teacher!r} is another model than this run's 'model.pipeline' "
                           f"{m.pipeline!r}: a pipeline is distilled from its own transformer (the frozen base that "
                           f"student and critic adapt); set distill.teacher to the model.pipeline folder.")
-    folder = pipeline_folder(m.pipeline)
+    folder = run_pipeline_folder(cfg)  # as model.pipeline_class loads it: its conditioning is the run's
     c, name = folder.conditioning, folder.pipeline_class
     if cfg.lora.init_from:
         raise ConfigError(f"lora.init_from={cfg.lora.init_from!r} in a distillation: the adapters of this run are "
@@ -159,7 +159,7 @@ def validate_pipeline_distill(cfg, validate_video) -> None:
     if c.image_input != "none":
         raise ConfigError(f"{name} is conditioned on images; distilling image-conditioned pipelines is not "
                           f"supported yet: distill a text-conditioned pipeline.")
-    pipe = light_pipeline(m.pipeline)
+    pipe = light_pipeline(folder.path, name)
     why = flow_scheduler_error(pipe.scheduler)
     if why:
         raise ConfigError(f"{name}'s scheduler {why}: the distilled student is a flow-matching few-step sampler, "
@@ -189,7 +189,7 @@ def validate_pipeline_distill(cfg, validate_video) -> None:
                           f"a LoRA base's frozen block weights in host memory, but a full-weight student and critic "
                           f"train all of theirs; set lora.rank > 0 or memory.blocks_to_swap=0.")
     unsupported = {"lora.base_precision": cfg.lora.base_precision != "none", "compile": cfg.compile,
-                   "sample.every": cfg.sample.every != 0, "distill.gan_weight": getattr(d, "gan_weight", 0) > 0,
+                   "sample.every": cfg.sample.every != 0, "distill.gan_weight": d.gan_weight > 0,
                    "export.lora=merged": cfg.export.lora == "merged"}
     bad = [k for k, on in unsupported.items() if on]
     if bad:
@@ -202,7 +202,8 @@ def validate_pipeline_distill(cfg, validate_video) -> None:
 
 def student_rollout(cfg, x_shape: Tuple[int, ...]) -> SchedulerRollout:
     """The pipeline's scheduler set up for the student's steps on latents of ``x_shape``, its grid checked."""
-    folder, pipe = pipeline_folder(cfg.model.pipeline), light_pipeline(cfg.model.pipeline)
+    folder = run_pipeline_folder(cfg)
+    pipe = light_pipeline(folder.path, folder.pipeline_class)
     steps = cfg.distill.student_timesteps
     kwargs = folder.conditioning.set_timesteps_kwargs(pipe, steps, tuple(x_shape), folder.transformer_config())
     if kwargs is None:
@@ -260,15 +261,15 @@ def prepare_distill_data(cfg, device, sp_group=None):
         return rollouts[key]
 
     make = data.denoiser  # (transformer, what to call) -> the fine-tuning's PipelineDenoiser
-    folder = pipeline_folder(m.pipeline)
+    folder = run_pipeline_folder(cfg)
     config = folder.transformer_config()
     embedded = folder.conditioning.guided(config)
 
     def denoiser(model, call):
         by_role = {role: make(model.transformer, RoleCall(call, role)) for role in ROLES}
         if embedded:  # the teacher's real score: its guidance embedding at distill.guidance_scale
-            by_role[TEACHER].constants = folder.conditioning.constants(light_pipeline(m.pipeline), config,
-                                                                       cfg.distill.guidance_scale)
+            pipe = light_pipeline(folder.path, folder.pipeline_class)
+            by_role[TEACHER].constants = folder.conditioning.constants(pipe, config, cfg.distill.guidance_scale)
         return DistillDenoisers(by_role, rollout_for, model, embedded_guidance=embedded)
 
     return dataclasses.replace(data, denoiser=denoiser)
@@ -323,10 +324,10 @@ def sampling_call(cfg, out: str) -> str:
     scale on a ``guider`` (HunyuanVideo 1.5's) gets a copy of its guider at that scale first."""
     import inspect
 
-    folder = pipeline_folder(cfg.model.pipeline)
+    folder = run_pipeline_folder(cfg)
     steps, c = cfg.distill.student_timesteps, folder.conditioning
     keywords = c.guidance_call(student_guidance(cfg), c.guided(folder.transformer_config()))
-    light = light_pipeline(cfg.model.pipeline)
+    light = light_pipeline(folder.path, folder.pipeline_class)
     guider = ""
     if "guidance_scale" in keywords and "guidance_scale" not in inspect.signature(type(light).__call__).parameters:
         guider = f"pipe.guider = pipe.guider.new(guidance_scale={keywords.pop('guidance_scale')!r}); "
@@ -390,9 +391,10 @@ def pipeline_distill_trainer(video_spec: TrainerSpec) -> TrainerSpec:
 
     def describe(cfg):
         d = cfg.distill
-        return (f"{video_spec.describe(cfg)}; distilling {cfg.model.pipeline} to {d.student_timesteps} steps (LoRA "
-                f"rank {cfg.lora.rank} adapters {STUDENT}/{CRITIC}, teacher guidance {d.guidance_scale:g}, "
-                f"{d.critic_updates} critic updates per student update)")
+        kind = (f"LoRA rank {cfg.lora.rank} adapters {STUDENT}/{CRITIC}" if cfg.lora.rank else
+                "full-weight student/critic")
+        return (f"{video_spec.describe(cfg)}; distilling {cfg.model.pipeline} to {d.student_timesteps} steps ({kind}, "
+                f"teacher guidance {d.guidance_scale:g}, {d.critic_updates} critic updates per student update)")
 
     def validate(cfg):
         validate_pipeline_distill(cfg, video_spec.validate)

@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import load_file
 
 from opendit_lite.diffusion.scheduler_rollout import SchedulerRollout, flow_scheduler_error
-from tests.pipeline_runs import extracted_latents
+from tests.pipeline_runs import extracted_latents, write_clip, write_csv
 from tests.video_scripts.test_family_scripts import exits_2, main
 from tests.video_scripts.test_lora_export import LoadLog
 from tests.video_scripts.test_pipeline_sampling import direct, sampled
@@ -135,11 +135,17 @@ def test_wan_lora_distillation_resumes_exports_and_the_pipeline_samples_the_stud
     for extra, words in ((f"sample.num_sampling_steps={STEPS + 1}", f"distilled to {STEPS} steps"),
                          ("sample.cfg_scale=5", "without classifier-free guidance")):
         assert words in exits_2(capsys, "sample_video", [*sample, extra])
+    ti2v = tiny_pipeline("wan_ti2v")  # a WanPipeline folder (TI2V-5B as released)
+    clips = write_csv(tmp_path, [(write_clip(tmp_path / "clip.mp4", 5, 16, 16), PROMPT)])
     refusals = {  # the overrides -> words of the one-paragraph message
         (f"distill.teacher={tmp_path}",): "another model than this run",
         ("distill.student_timesteps=400",): "timesteps for 400 steps differ",
         (f"lora.init_from={out}",): "clash",
         ("zero_degree=3", "lora.rank=0"): "zero_degree=3 (Gemini)",
+        # TI2V-5B's WanPipeline folder loaded as its image-to-video (model.pipeline_class): image-conditioned
+        (f"model.pipeline={ti2v}", f"distill.teacher={ti2v}", "model.pipeline_class=WanImageToVideoPipeline",
+         "data.type=csv", f"data.path={clips}", "data.num_frames=5", "data.image_size=16"):
+            "WanImageToVideoPipeline is conditioned on images",
     }
     capsys.readouterr()  # the pipeline's loading bars
     for overrides, words in refusals.items():
