@@ -96,22 +96,32 @@ def _learn_merges(words: Sequence[str]) -> list:
                 i += 1
 
 
+def byte_level_bpe(split: str, special: Sequence[str], texts: Sequence[str]):
+    """A byte-level BPE ``tokenizers.Tokenizer`` (GPT-2 / Llama 3 / Qwen / Mistral style) that pre-splits with
+    the regex ``split``, has the ``special`` tokens and is trained so that the words of ``texts`` are whole
+    tokens: the base of the tiny pipelines' Llama, Qwen and Mistral tokenizers."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(split), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=1 << 20, special_tokens=list(special), show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator(list(texts), trainer)
+    return tokenizer
+
+
 def llama_tokenizer(words: Sequence[str] = CAPTION_WORDS, texts: Sequence[str] = ()):
     """A Llama 3 style tokenizer: byte-level BPE over Llama 3's split, trained so that ``words`` and the
     words of ``texts`` are whole tokens, with ``<|begin_of_text|>`` prepended to every input and
     Llama 3's header and end-of-turn tokens; right padding with ``<pad>``. Saved and loaded as
     transformers' generic fast tokenizer (the tokenizer.json as it is)."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from tokenizers import processors
     from transformers import PreTrainedTokenizerFast
 
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(_LLAMA3_SPLIT), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=1 << 20, special_tokens=list(_LLAMA_SPECIAL), show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tokenizer.train_from_iterator([" ".join(words), *texts], trainer)
+    tokenizer = byte_level_bpe(_LLAMA3_SPLIT, _LLAMA_SPECIAL, [" ".join(words), *texts])
     bos = _LLAMA_SPECIAL[0]
     tokenizer.post_processor = processors.TemplateProcessing(
         single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, tokenizer.token_to_id(bos))])

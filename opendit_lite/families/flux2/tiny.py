@@ -6,7 +6,15 @@ classes (``Mistral3ForConditionalGeneration`` with a Pixtral vision tower and it
 
 import torch
 
-from ..tiny_parts import _LLAMA3_SPLIT, CAPTION_WORDS, TinyPipeline, diffusers_model, flow_scheduler, random_transformer
+from ..tiny_parts import (
+    _LLAMA3_SPLIT,
+    CAPTION_WORDS,
+    TinyPipeline,
+    byte_level_bpe,
+    diffusers_model,
+    flow_scheduler,
+    random_transformer,
+)
 
 # Mistral's special tokens (Mistral Small 3.1's chat and image markers); <pad> last.
 _MISTRAL_SPECIAL = ("<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]", "[IMG]",
@@ -28,17 +36,9 @@ def mistral_processor(texts=()):
     """A ``PixtralProcessor`` (the release's tokenizer class) over a byte-level BPE that holds
     ``CAPTION_WORDS`` and the words of ``texts`` whole, with Mistral's chat and image tokens, left
     padding with ``<pad>`` and the chat template above."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PixtralImageProcessor, PixtralProcessor, PreTrainedTokenizerFast
 
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(_LLAMA3_SPLIT), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=1 << 20, special_tokens=list(_MISTRAL_SPECIAL), show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tokenizer.train_from_iterator([" ".join(CAPTION_WORDS), *texts], trainer)
+    tokenizer = byte_level_bpe(_LLAMA3_SPLIT, _MISTRAL_SPECIAL, [" ".join(CAPTION_WORDS), *texts])
     fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
                                    pad_token="<pad>", padding_side="left", model_max_length=131072)
     return PixtralProcessor(image_processor=PixtralImageProcessor(patch_size=8, size={"longest_edge": 32}),

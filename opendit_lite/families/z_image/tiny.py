@@ -13,7 +13,14 @@ wraps a user turn in ``<|im_start|>`` / ``<|im_end|>`` and opens the assistant's
 
 import torch
 
-from ..tiny_parts import CAPTION_WORDS, TinyPipeline, flow_scheduler, kl_image_vae, random_transformer
+from ..tiny_parts import (
+    CAPTION_WORDS,
+    TinyPipeline,
+    byte_level_bpe,
+    flow_scheduler,
+    kl_image_vae,
+    random_transformer,
+)
 
 _QWEN_SPECIAL = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 # Qwen3's chat template for the turns ZImagePipeline builds (one user message, the generation prompt).
@@ -33,17 +40,9 @@ def qwen3_tokenizer():
     """A Qwen3 style tokenizer: byte-level BPE over Qwen's split whose merges hold ``CAPTION_WORDS`` and
     the chat template's words whole, no token prepended, ``<|endoftext|>`` the padding (right), and
     the chat template above. Saved and loaded as transformers' generic fast tokenizer."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(_QWEN_SPLIT), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=1 << 20, special_tokens=list(_QWEN_SPECIAL), show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tokenizer.train_from_iterator([" ".join(CAPTION_WORDS), "user\nassistant\n"], trainer)
+    tokenizer = byte_level_bpe(_QWEN_SPLIT, _QWEN_SPECIAL, [" ".join(CAPTION_WORDS), "user\nassistant\n"])
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|im_end|>", pad_token="<|endoftext|>",
                                    padding_side="right", model_max_length=131072, chat_template=_CHAT_TEMPLATE)
 
