@@ -5,6 +5,7 @@ from typing import Dict, Optional
 
 import numpy as np
 
+from ..errors import ConfigError
 from .features import FeatureFn, extract_features
 from .reference import Reference, statistics
 
@@ -24,8 +25,11 @@ def score_images(images: np.ndarray, reference: Optional[Reference], feature_fn:
         mu, sigma = statistics(features)
         ref = {"mu": np.asarray(reference.mu, np.float64), "sigma": np.asarray(reference.sigma, np.float64)}
         if ref["mu"].shape != mu.shape:
-            raise ValueError(f"the reference statistics have {ref['mu'].shape[0]} features, the samples {mu.shape[0]}: "
-                             f"they come from different feature extractors")
+            raise ConfigError(f"the reference statistics (eval.reference) have {ref['mu'].shape[0]} features, the "
+                              f"samples {mu.shape[0]}: they were computed with another feature network than "
+                              f"eval.features names (InceptionV3: 2048, the shapes network: 64). Pass reference "
+                              f"images (an .npz with arr_0, or a folder) so they are scored with the same network, or "
+                              f"set eval.features to the network the statistics were computed with.")
         fid = fid_statistics_to_metric({"mu": mu, "sigma": sigma}, ref, verbose=False)
         out["fid"] = fid["frechet_inception_distance"]
     if logits is not None:

@@ -75,7 +75,7 @@ def score(cfg, samples_path: str, out_dir: str) -> dict:
                                    progress=True)
     metrics = score_images(load_images(samples_path), reference, feature_fn, e.batch_size,
                            precision_recall=e.precision_recall, progress=True)
-    metrics.update(samples=samples_path, reference=e.reference)
+    metrics.update(samples=samples_path, reference=e.reference, features=e.features)  # FIDs compare within one
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "metrics.json"), "w") as f:
         json.dump(metrics, f, indent=2)

@@ -81,6 +81,16 @@ def test_fid_of_a_set_with_itself_is_zero(tmp_path):
     assert score_images(images, load_reference(arr, fn, 16), fn, 16)["fid"] == pytest.approx(0.0, abs=1e-6)
 
 
+def test_reference_statistics_of_another_feature_network_exit_2(tmp_path):
+    """mu/sigma computed with another network (e.g. Inception's 2048 for eval.features=shapes) are refused
+    with what to pass instead."""
+    fn = TinyFeatures()
+    stats = os.path.join(str(tmp_path), "other.npz")
+    np.savez(stats, mu=np.zeros(32), sigma=np.eye(32))
+    with pytest.raises(ConfigError, match="another feature network"):
+        score_images(random_images(8, 4), load_reference(stats, fn, 8), fn, 8)
+
+
 def test_inception_score_in_two_closed_form_cases():
     """IS = exp(E_x KL(p(y|x) || p(y))): 1 when every prediction is the same (uniform) distribution;
     K when each image is confidently one of K classes and the classes are equally frequent (up to the
