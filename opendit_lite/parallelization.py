@@ -256,8 +256,8 @@ def apply_sequence_parallel(model: nn.Module, *, sp_group: Optional[dist.Process
     (``parallel.modes.decide_sp_mode``; the planner prints the same choice). The first row names the mode
     (and why, for ``auto``) and what was swapped; the rows after it say where the tokens are split and
     gathered and which op each attention module (or diffusers processor) runs. A module declaring
-    ``sequence_parallel_networks()`` ((name, network) pairs: the teacher, student and critic of a pipeline's
-    distillation, training/distill_pipeline.py) gets each network converted as if it were the model."""
+    ``sequence_parallel_networks()`` ((name, network) pairs: Wan 2.2's experts, or the teacher, student and
+    critic of a pipeline's distillation) gets each network converted as if it were the model."""
     from . import parallel  # the collectives and SP ops are only needed here
 
     size = _group_size(sp_group)

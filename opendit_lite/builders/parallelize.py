@@ -9,7 +9,6 @@ from typing import Optional
 import torch.distributed as dist
 import torch.nn as nn
 
-from ..models.experts import NoiseExperts
 from ..parallel import Links
 from ..parallelization import ParallelizeReport, parallelize
 from .geometry import sp_auto_inputs
@@ -44,10 +43,10 @@ def parallelize_from_config(model: nn.Module, cfg, sp_group: Optional[dist.Proce
     if cfg.sp_mode == "auto" and sp_group is not None and dist.get_world_size(sp_group) > 1:
         # The run's largest bucket and its node layout: the numbers the planner decides from too.
         ranks_per_node = int(os.environ.get("LOCAL_WORLD_SIZE", Links().ranks_per_node))
-        # The experts share one architecture; so do a pipeline distillation's networks (its first stands for all).
+        # A module of several networks (Wan 2.2's experts, a pipeline distillation's) declares them; they share
+        # one architecture, so the first stands for all.
         networks = getattr(model, "sequence_parallel_networks", None)
-        one = (model.transformer if isinstance(model, NoiseExperts) else
-               networks()[0][1] if networks is not None else model)
+        one = networks()[0][1] if networks is not None else model
         sp_auto = sp_auto_inputs(one, cfg, dist.get_world_size(sp_group), ranks_per_node)
     return parallelize(model, sp_group=sp_group, sp_mode=cfg.sp_mode, sp_ring_size=cfg.sp_ring_size,
                        sp_auto=sp_auto,

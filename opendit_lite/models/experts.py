@@ -71,6 +71,11 @@ class NoiseExperts(nn.Module):
         """(component name, expert) for both, the high-noise one first."""
         return ("transformer", self.transformer), ("transformer_2", self.transformer_2)
 
+    def sequence_parallel_networks(self) -> Tuple[Tuple[str, nn.Module], ...]:
+        """The networks sequence parallelism converts, each as if it were the model: both experts (one
+        architecture: ``sp_mode=auto`` decides from the first)."""
+        return self.experts()
+
     def forward(self, hidden_states: torch.Tensor, timestep: torch.Tensor, **kwargs):
         """hidden_states [B, ...], timestep [B], the other keywords as the experts take them (tensors
         whose first dimension is B are split with the batch) -> what the experts return, for the
